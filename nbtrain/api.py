@@ -1,0 +1,66 @@
+"""`nbtrain.fit`: train a model with a config, in this process or as DDP workers."""
+from __future__ import annotations
+
+import weakref
+
+from .config import TrainConfig
+from .engine import Engine
+from .metrics import MetricsLog
+from .recipe import Recipe
+from .result import RunResult
+
+# One live engine per model, so a second run continues with the same optimizer state.
+_engines: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _same_function(a, b) -> bool:
+    if a is b:
+        return True
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_b is None or (code_a.co_code, code_a.co_consts) != (code_b.co_code, code_b.co_consts):
+        return False
+    try:  # same code over different captured values (e.g. an optimizer's hyper-parameters) differs
+        cells_a = [c.cell_contents for c in a.__closure__ or ()]
+        cells_b = [c.cell_contents for c in b.__closure__ or ()]
+        return cells_a == cells_b and (a.__defaults__ == b.__defaults__)
+    except (ValueError, RuntimeError):
+        return False
+
+
+def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
+    """The live engine of `recipe.model`, adopting the recipe's data, loss and config."""
+    engine = _engines.get(recipe.model)
+    if engine is None or engine.running:
+        engine = Engine(recipe, config)
+        _engines[recipe.model] = engine
+        return engine
+    old = engine.recipe
+    engine.recipe = recipe
+    if not _same_function(old.optimizer, recipe.optimizer):
+        engine.replace_optimizer()
+    if old.train_data is not recipe.train_data or old.collate_fn is not recipe.collate_fn:
+        engine.rebuild_loader()
+    engine.reconfigure(config)
+    return engine
+
+
+def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimizer=None, val_data=None,
+        collate_fn=None, recipe: Recipe | None = None, config: TrainConfig | None = None,
+        log: MetricsLog | None = None, name: str | None = None, **options) -> RunResult:
+    """Train `model` on `train_data` (or a ready `recipe`) and return the measured result.
+
+    Options may be given as a TrainConfig and/or as keywords (`batch_size=64`), which
+    override it. With devices > 1 or num_nodes > 1 the run goes to DDP workers and the
+    trained weights come back into `model`.
+    """
+    if recipe is None:
+        recipe = Recipe(model=model, train_data=train_data, loss_fn=loss_fn, training_step=training_step,
+                        optimizer=optimizer, val_data=val_data, collate_fn=collate_fn)
+    config = (config or TrainConfig()).replace(**options) if options else (config or TrainConfig())
+    if config.world_size > 1:
+        from .launch import fit_distributed
+        result = fit_distributed(recipe, config, log=log)
+    else:
+        result = engine_for(recipe, config).run(log=log)
+    result.name = name
+    return result

@@ -1,0 +1,312 @@
+"""TrainConfig: the one description of a run, validated once, here.
+
+Every front-end (Python call, cell magic, panel, launcher) builds a TrainConfig and
+never re-checks values itself. Values may arrive as strings (a magic flag, a text
+box); each field's `Option` says how to read it and what is allowed, and every
+problem found is collected into one ConfigError.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import hardware
+
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
+_PRECISION_ALIASES = {
+    "32": "32-true", "32-true": "32-true", "fp32": "32-true",
+    "16": "16-mixed", "16-mixed": "16-mixed", "fp16": "16-mixed",
+    "bf16": "bf16-mixed", "bf16-mixed": "bf16-mixed",
+}
+ACCELERATORS = ("auto", "cpu", "cuda", "mps")
+STRATEGIES = ("auto", "ddp", "dp")
+LR_RULES = ("none", "linear", "sqrt")
+MAX_BATCH = 2**24
+MAX_WORKERS = 256
+
+
+@dataclass(frozen=True)
+class Problem:
+    option: str
+    value: Any
+    allowed: str
+
+    def __str__(self) -> str:
+        return f"{self.option}={self.value!r}: {self.allowed}"
+
+
+class ConfigError(ValueError):
+    """Every problem with a configuration, each naming the option, the value and what is allowed."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__(self.render())
+
+    def render(self, name: Callable[[str], str] = lambda option: option) -> str:
+        """The message, with option names spelled by `name` (e.g. as magic flags)."""
+        lines = [f"{name(p.option)}={p.value!r}: {p.allowed}" for p in self.problems]
+        head = "invalid training configuration" if len(lines) > 1 else "invalid training configuration:"
+        return head + (" " + lines[0] if len(lines) == 1 else "\n  " + "\n  ".join(lines))
+
+
+# --- how to read one value ----------------------------------------------------------
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+_NONE = {"none", "null", "auto", ""}
+
+
+class _Reject(Exception):
+    pass
+
+
+def _read_int(value):
+    if isinstance(value, bool):
+        raise _Reject
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip().replace("_", ""))
+        except ValueError:
+            pass
+    raise _Reject
+
+
+def _read_float(value):
+    if isinstance(value, bool):
+        raise _Reject
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise _Reject
+
+
+def _read_bool(value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _Reject
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one field is read and checked. `allowed` is the text users see on a bad value."""
+    kind: str  # "int", "float", "bool", "choice"
+    allowed: str
+    help: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    aliases: dict | None = None
+    nullable: bool = False
+
+    def read(self, value):
+        if value is None or (self.nullable and isinstance(value, str) and value.strip().lower() in _NONE):
+            if self.nullable:
+                return None
+            raise _Reject
+        if self.kind == "choice":
+            key = str(value).strip().lower()
+            key = (self.aliases or {}).get(key, key)
+            if key not in self.choices:
+                raise _Reject
+            return key
+        reader = {"int": _read_int, "float": _read_float, "bool": _read_bool}[self.kind]
+        out = reader(value)
+        if self.kind == "float" and not math.isfinite(out):
+            raise _Reject
+        if self.low is not None and out < self.low:
+            raise _Reject
+        if self.high is not None and out > self.high:
+            raise _Reject
+        return out
+
+
+def _opt(default, kind, allowed, help, **kw):
+    return field(default=default, metadata={"option": Option(kind, allowed, help, **kw)})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: device, precision, loader, batch, accumulation, budget, learning rate."""
+
+    accelerator: str = _opt("auto", "choice", "one of auto, cpu, cuda (or gpu), mps",
+                            "device type; auto picks cuda, then mps, then cpu",
+                            choices=ACCELERATORS, aliases={"gpu": "cuda"})
+    devices: int = _opt(1, "int", "a whole number >= 1 (processes per node; > 1 runs DDP)",
+                        "processes per node; more than 1 launches DDP workers", low=1)
+    num_nodes: int = _opt(1, "int", "a whole number >= 1", "machines (multi-node DDP)", low=1)
+    strategy: str = _opt("auto", "choice", "one of auto, ddp, dp",
+                         "multi-device strategy: ddp (default for devices > 1) or dp (DataParallel, for comparison)",
+                         choices=STRATEGIES)
+    precision: str = _opt("32-true", "choice", "one of 32-true, 16-mixed, bf16-mixed (or 32, 16, bf16)",
+                          "numeric precision", choices=PRECISIONS, aliases=_PRECISION_ALIASES)
+    batch_size: int = _opt(32, "int", f"a whole number from 1 to {MAX_BATCH}",
+                           "samples per batch, per process", low=1, high=MAX_BATCH)
+    accumulate_grad_batches: int = _opt(1, "int", "a whole number >= 1",
+                                        "micro-batches per optimizer step", low=1, high=2**20)
+    max_epochs: int | None = _opt(None, "int", "a whole number >= 1, or None",
+                                  "epochs to train in this run (default 1 when max_steps is unset)",
+                                  low=1, nullable=True)
+    max_steps: int | None = _opt(None, "int", "a whole number >= 1, or None / -1 for no step limit",
+                                 "optimizer steps to train in this run", low=1, nullable=True)
+    num_workers: int = _opt(0, "int", f"a whole number from 0 to {MAX_WORKERS}",
+                            "DataLoader worker processes", low=0, high=MAX_WORKERS)
+    pin_memory: bool | None = _opt(None, "bool", "true, false or auto (pinned when training on CUDA)",
+                                   "page-locked host batches for faster copies to the GPU", nullable=True)
+    persistent_workers: bool = _opt(False, "bool", "true or false (true needs num_workers >= 1)",
+                                    "keep loader workers alive between epochs")
+    prefetch_factor: int | None = _opt(None, "int", "a whole number >= 1, or None (needs num_workers >= 1)",
+                                       "batches each worker loads ahead", low=1, high=1024, nullable=True)
+    shuffle: bool = _opt(True, "bool", "true or false", "reshuffle the training data every epoch")
+    drop_last: bool = _opt(False, "bool", "true or false", "drop the last incomplete batch of an epoch")
+    lr: float | None = _opt(None, "float", "a number > 0, or None (keep the optimizer's own rate)",
+                            "base learning rate (before scaling)", low=1e-300, nullable=True)
+    scale_lr: str = _opt("none", "choice", "one of none, linear, sqrt",
+                         "scale the rate with global batch / base_batch_size", choices=LR_RULES)
+    base_batch_size: int | None = _opt(None, "int", "a whole number >= 1 (the global batch the rate was tuned for)",
+                                       "global batch the base learning rate belongs to", low=1, nullable=True)
+    warmup_steps: int = _opt(0, "int", "a whole number >= 0",
+                             "linear warm-up steps from the base to the scaled rate", low=0)
+    gradient_clip_val: float | None = _opt(None, "float", "a number > 0, or None",
+                                           "clip the gradient norm to this value", low=1e-300, nullable=True)
+    seed: int | None = _opt(0, "int", "a whole number >= 0, or None", "random seed (None: not seeded)",
+                            low=0, high=2**63 - 1, nullable=True)
+    log_every_n_steps: int = _opt(10, "int", "a whole number >= 1",
+                                  "read losses back from the device every N optimizer steps", low=1)
+
+    def __post_init__(self):
+        problems: list[Problem] = []
+        for f in dataclasses.fields(self):
+            option: Option = f.metadata["option"]
+            raw = getattr(self, f.name)
+            if f.name == "max_steps" and raw in (-1, "-1"):
+                raw = None
+            try:
+                object.__setattr__(self, f.name, option.read(raw))
+            except _Reject:
+                problems.append(Problem(f.name, raw, option.allowed))
+        if not problems:
+            problems += _combination_problems(self, hardware.inventory())
+        if problems:
+            raise ConfigError(problems)
+
+    # --- derived values (one place, so every front-end states the same numbers) -------
+
+    @property
+    def device_type(self) -> str:
+        return hardware.inventory().resolve(self.accelerator)
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.accumulate_grad_batches * self.world_size
+
+    @property
+    def epochs_budget(self) -> int | None:
+        if self.max_epochs is None and self.max_steps is None:
+            return 1
+        return self.max_epochs
+
+    @property
+    def pin(self) -> bool:
+        # Pinning only helps copies to a CUDA device; elsewhere torch would warn and ignore it.
+        return self.device_type == "cuda" and self.pin_memory is not False
+
+    def lr_factor(self) -> float:
+        """How much the base learning rate is multiplied by for this global batch."""
+        if self.scale_lr == "none":
+            return 1.0
+        ratio = self.global_batch_size / self.base_batch_size
+        return ratio if self.scale_lr == "linear" else math.sqrt(ratio)
+
+    # --- changes ----------------------------------------------------------------------
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A new config with `changes` applied, validated again."""
+        _check_names(changes)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        _check_names(values)
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def changed_from(self, other: "TrainConfig") -> dict:
+        """The options whose values differ from `other`, as {name: (old, new)}."""
+        return {f.name: (getattr(other, f.name), getattr(self, f.name))
+                for f in dataclasses.fields(self) if getattr(other, f.name) != getattr(self, f.name)}
+
+
+def option_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+def options() -> dict[str, tuple[Option, Any]]:
+    """Every option with its reading rules and default, in declaration order."""
+    return {f.name: (f.metadata["option"], f.default) for f in dataclasses.fields(TrainConfig)}
+
+
+def _check_names(values: dict) -> None:
+    known = option_names()
+    problems = []
+    for name in values:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            problems.append(Problem(name, values[name], f"unknown option; {hint}known options: {', '.join(known)}"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def _combination_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Problem]:
+    """Checks that involve several options or the hardware."""
+    out: list[Problem] = []
+    device = inv.resolve(c.accelerator)
+    if c.accelerator not in ("auto", "cpu") and c.accelerator not in inv.accelerators():
+        out.append(Problem("accelerator", c.accelerator,
+                           f"not available on this machine; available: {', '.join(inv.accelerators())}"))
+        return out
+    if c.precision == "16-mixed" and device != "cuda":
+        out.append(Problem("precision", c.precision,
+                           f"16-mixed needs a CUDA GPU (it uses a GradScaler); on {device} use 32-true or bf16-mixed"))
+    if c.precision == "bf16-mixed" and device == "cuda" and not inv.cuda_bf16:
+        out.append(Problem("precision", c.precision, "this GPU has no bf16 support; use 16-mixed or 32-true"))
+    if device == "cuda" and c.devices > inv.cuda_devices:
+        out.append(Problem("devices", c.devices, f"at most {inv.cuda_devices} (CUDA devices on this machine)"))
+    if device != "cuda" and c.devices > inv.cpu_cores:
+        out.append(Problem("devices", c.devices, f"at most {inv.cpu_cores} CPU processes (cores on this machine)"))
+    if device == "mps" and c.devices > 1:
+        out.append(Problem("devices", c.devices, "MPS runs one process; use devices=1"))
+    if c.strategy == "dp" and (device != "cuda" or inv.cuda_devices < 2):
+        out.append(Problem("strategy", c.strategy,
+                           f"DataParallel needs at least 2 CUDA devices; this machine has {inv.cuda_devices}; use ddp"))
+    if c.strategy == "dp" and c.num_nodes > 1:
+        out.append(Problem("strategy", c.strategy, "DataParallel runs on one machine; use ddp with num_nodes > 1"))
+    if c.scale_lr != "none" and c.base_batch_size is None:
+        out.append(Problem("scale_lr", c.scale_lr,
+                           "needs base_batch_size (the global batch the learning rate was tuned for)"))
+    if c.num_workers == 0 and c.persistent_workers:
+        out.append(Problem("persistent_workers", True, "needs num_workers >= 1"))
+    if c.num_workers == 0 and c.prefetch_factor is not None:
+        out.append(Problem("prefetch_factor", c.prefetch_factor, "needs num_workers >= 1"))
+    return out

@@ -1,0 +1,441 @@
+"""The training engine: one loop for every mode, on one live model.
+
+    for each optimizer step:
+        apply a requested config change (only here, between optimizer steps)
+        for each of the k = accumulate_grad_batches micro-batches:
+            batch = next(loader)                              # phase: data
+            batch = to_device(batch, non_blocking=pinned)     # phase: h2d
+            with no_sync unless last micro-batch, autocast:   # (null contexts when off)
+                loss = recipe.step_loss(model, batch) / k     # phase: forward
+            scaler.scale(loss).backward()                     # phase: backward
+        scaler.step(optimizer); scaler.update(); zero_grad     # phase: optimizer
+        keep the loss on the device; every log_every_n_steps read the window back
+        in one transfer and emit it to the MetricsLog
+
+The engine keeps the model, optimizer, loader and precision for the current config
+and, on a change, rebuilds only what the change touches. It knows nothing of Jupyter:
+front-ends subscribe views to its MetricsLog.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import signal
+import threading
+import time
+
+import torch
+
+from . import data, dist
+from .config import TrainConfig
+from .memory import PeakMemory
+from .metrics import MetricsLog
+from .precision import Precision
+from .recipe import Recipe, split_batch
+from .result import RunResult, summarize
+
+# Which parts of the live session each option touches.
+_LOADER_OPTIONS = {"batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
+                   "shuffle", "drop_last", "accelerator"}
+_LR_OPTIONS = {"lr", "scale_lr", "base_batch_size", "batch_size", "accumulate_grad_batches", "devices", "num_nodes"}
+_OUT_OF_PROCESS = {"devices", "num_nodes", "strategy"}
+
+
+class Engine:
+    def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None):
+        self.recipe = recipe
+        self.config = config or TrainConfig()
+        self.log = log or MetricsLog()
+        self.world = dist.world()
+        self.model = recipe.model
+        self.step = 0            # optimizer steps taken on this model by this engine
+        self.epoch = 0           # current epoch
+        self.epoch_offset = 0    # this rank's samples already used in the current epoch
+        self.samples = 0         # samples used, all ranks together
+        self.seed = self.config.seed if self.config.seed is not None else random.randrange(2**31)
+        self._pending: TrainConfig | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._stop_reason = ""
+        self.running = False
+        self._row_buffer: dict[str, list] = {name: [] for name in self.log.columns if name != "loss"}
+        self._losses: list[torch.Tensor] = []
+        self._clock = _Clock()
+        if self.config.seed is not None:
+            torch.manual_seed(self.config.seed)
+        self.device = dist.device_for(self.config.device_type, self.world)
+        self.model.to(self.device)
+        self._train_model = self._wrap(self.model)
+        self.precision = Precision(self.config.precision, self.device.type)
+        self.loader = self._build_loader()
+        self.replace_optimizer()
+
+    # --- building the parts ----------------------------------------------------------
+
+    def _wrap(self, model):
+        if self.world.distributed and torch.distributed.is_initialized():
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return model
+
+    def _build_loader(self):
+        return data.build_loader(self.recipe.train_data, self.config, self.world, self.seed, self.recipe.collate_fn)
+
+    def rebuild_loader(self) -> None:
+        """New training data: start its first epoch from the beginning."""
+        self.loader = self._build_loader()
+        self.epoch_offset = 0
+
+    def replace_optimizer(self) -> None:
+        """A new optimizer from the recipe's factory (fresh state), at the configured rate."""
+        self.optimizer = self.recipe.optimizer(self.model.parameters())
+        self._optimizer_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self._set_lr(self.step)
+
+    def _target_lrs(self) -> list[float]:
+        factor = self.config.lr_factor()
+        if self.config.lr is not None:
+            return [self.config.lr * factor for _ in self._optimizer_lrs]
+        return [lr * factor for lr in self._optimizer_lrs]
+
+    def _set_lr(self, step: int) -> None:
+        targets = self._target_lrs()
+        warm = self.config.warmup_steps
+        ramp = min(1.0, (step + 1) / warm) if warm else 1.0
+        for group, lr in zip(self.optimizer.param_groups, targets):
+            group["lr"] = lr * ramp
+
+    def lr_note(self) -> str:
+        c = self.config
+        lr = self._target_lrs()[0]
+        base = c.lr if c.lr is not None else self._optimizer_lrs[0]
+        note = f"{lr:.4g}"
+        if c.scale_lr != "none":
+            note += f" ({c.scale_lr} rule: base {base:.4g} x {c.lr_factor():.4g} for global batch " \
+                    f"{c.global_batch_size} vs {c.base_batch_size})"
+        if c.warmup_steps:
+            note += f", linear warm-up over {c.warmup_steps} steps"
+        return note
+
+    # --- changes between steps -------------------------------------------------------
+
+    def request(self, **changes) -> TrainConfig:
+        """Ask for a config change; it is validated now and applied at the next optimizer step."""
+        new = (self._pending or self.config).replace(**changes)
+        out_of_process = set(new.changed_from(self.config)) & _OUT_OF_PROCESS
+        if out_of_process:
+            raise ValueError(f"{', '.join(sorted(out_of_process))} cannot change inside a running process; "
+                             "start a new run with them instead")
+        with self._lock:
+            self._pending = new
+        if not self.running:
+            self._apply_pending()
+        return new
+
+    def reconfigure(self, config: TrainConfig) -> None:
+        """Switch to `config` (between runs, or at the next step boundary of a run)."""
+        self.request(**{name: new for name, (_, new) in config.changed_from(self.config).items()})
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            new, self._pending = self._pending, None
+        if new is None:
+            return
+        changes = new.changed_from(self.config)
+        if not changes:
+            return
+        self.config = new
+        names = set(changes)
+        if new.device_type != self.device.type:
+            self.device = dist.device_for(new.device_type, self.world)
+            self.model.to(self.device)
+            # Optimizer state (momentum, Adam moments) follows its parameters to the new device.
+            self.optimizer.load_state_dict(self.optimizer.state_dict())
+            self._train_model = self._wrap(self.model)
+        if {"precision", "accelerator"} & names:
+            self.precision = Precision(new.precision, self.device.type)
+        if _LOADER_OPTIONS & names:
+            self.loader = self._build_loader()
+        if _LR_OPTIONS & names or "warmup_steps" in names:
+            self._set_lr(self.step)
+        if self.running:  # between runs the next run's start event states the config
+            self.log.emit({"type": "change", "step": self.step,
+                           "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in changes.items()}})
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop at the next optimizer-step boundary (safe from any thread)."""
+        self._stop_reason = reason
+        self._stop.set()
+
+    # --- the run -----------------------------------------------------------------------
+
+    def run(self, log: MetricsLog | None = None) -> RunResult:
+        """Train for the config's budget (max_epochs / max_steps) from where the model is now.
+
+        Each run records into a fresh MetricsLog (or `log`, where views already listen).
+        """
+        self.log = log if log is not None else MetricsLog()
+        c = self.config
+        self._stop.clear()
+        self._stop_reason = ""
+        self.running = True
+        peak = PeakMemory(self.device)
+        peak.start()
+        start_step, start_samples, epochs_done = self.step, self.samples, 0
+        self._clock = _Clock()
+        self.log.emit({"type": "start", "config": _plain(c.to_dict()),
+                       "info": {**self._info(), "samples_start": self.samples, "step_start": self.step,
+                                "planned_steps": self._planned_steps()}})
+        status, message = "completed", ""
+        try:
+            with self._stop_on_sigint():
+                while True:
+                    c = self.config
+                    if c.max_steps is not None and self.step - start_step >= c.max_steps:
+                        break
+                    if c.epochs_budget is not None and epochs_done >= c.epochs_budget:
+                        break
+                    if self._stop.is_set():
+                        status = self._stop_reason or "stopped"
+                        break
+                    steps_left = None if c.max_steps is None else c.max_steps - (self.step - start_step)
+                    if self._train_some(steps_left):
+                        epochs_done += 1
+                        self._end_epoch()
+        except KeyboardInterrupt:
+            status = "interrupted"
+        finally:
+            self.running = False
+            self._flush()
+        if status != "completed":
+            message = f"stopped at step {self.step} (epoch {self.epoch}, {self.epoch_offset} samples into it)"
+        if self.recipe.val_data is not None and self.epoch_offset and self.world.is_main:
+            self._validate()  # a run ending mid-epoch still reports held-out numbers
+        per_epoch = self.loader.sampler.per_epoch * self.world.size
+        extra = {"epochs_trained": (self.samples - start_samples) / per_epoch, "status": status,
+                 "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - start_step}
+        extra.update(self._info())
+        summary = summarize(self.log, extra)
+        self.log.emit({"type": "end", "summary": _plain(summary), "status": status, "message": message})
+        return RunResult(self.config, self.log, summary, status, message)
+
+    def _planned_steps(self) -> int:
+        c = self.config
+        per_epoch = math.ceil(len(data.batch_sizes(self.loader.sampler.per_epoch, c.batch_size, c.drop_last))
+                              / c.accumulate_grad_batches)
+        by_epochs = per_epoch * c.epochs_budget if c.epochs_budget is not None else None
+        return min(x for x in (by_epochs, c.max_steps) if x is not None)
+
+    def _info(self) -> dict:
+        c = self.config
+        return {"device": str(self.device), "world_size": self.world.size, "global_batch": c.global_batch_size,
+                "lr": self._target_lrs()[0], "lr_note": self.lr_note(), "precision": c.precision,
+                "scaler": self.precision.scaler.is_enabled(), "pin_memory": c.pin, "seed": self.seed}
+
+    def _train_some(self, steps_left: int | None) -> bool:
+        """Train from the current position until the epoch ends (True) or a stop, budget or change (False)."""
+        c, recipe, precision = self.config, self.recipe, self.precision
+        model, optimizer, scaler = self._train_model, self.optimizer, precision.scaler
+        sampler = self.loader.sampler
+        sampler.set_position(self.epoch, self.epoch_offset)
+        sizes = data.batch_sizes(len(sampler), c.batch_size, c.drop_last)
+        if not sizes:
+            return True
+        k, n, world, on_cpu = c.accumulate_grad_batches, len(sizes), self.world.size, self.device.type == "cpu"
+        device, pinned, clock, perf = self.device, c.pin, self._clock, time.perf_counter
+        warm_until = c.warmup_steps
+        iterator = iter(self.loader)
+        micro, window, window_samples = 0, 0, 0
+        loss_sum = None
+        t_step = perf()
+        phase = [0.0, 0.0, 0.0, 0.0]
+        for i in range(n):
+            if micro == 0:
+                window = min(k, n - i)
+            t0 = perf()
+            batch = next(iterator)
+            t1 = perf()
+            if not on_cpu:
+                batch = data.to_device(batch, device, pinned)
+            t2 = perf()
+            boundary = micro + 1 == window
+            with dist.sync_context(model, boundary), precision.autocast():
+                loss = recipe.step_loss(model, batch)
+                if window > 1:
+                    loss = loss / window
+            t3 = perf()
+            scaler.scale(loss).backward()
+            t4 = perf()
+            detached = loss.detach()
+            loss_sum = detached if micro == 0 else loss_sum + detached
+            phase[0] += t1 - t0
+            phase[1] += t2 - t1
+            phase[2] += t3 - t2
+            phase[3] += t4 - t3
+            micro += 1
+            window_samples += sizes[i]
+            if not boundary:
+                continue
+            if c.gradient_clip_val is not None:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.gradient_clip_val)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            t5 = perf()
+            self.step += 1
+            self.epoch_offset += window_samples
+            self.samples += window_samples * world
+            self._record(loss_sum, t5 - t_step, phase, t5 - t4, clock.now(t5))
+            if self.step < warm_until or self.step == warm_until:
+                self._set_lr(self.step)
+            micro, window_samples, phase = 0, 0, [0.0, 0.0, 0.0, 0.0]
+            if steps_left is not None:
+                steps_left -= 1
+            if i + 1 < n and (steps_left == 0 or self._stop.is_set() or self._pending is not None):
+                self._after_boundary()
+                return False
+            t_step = perf()
+        self._after_boundary()
+        return True
+
+    def _after_boundary(self) -> None:
+        if self._pending is not None:
+            self._flush()
+            self._apply_pending()
+
+    # --- logging: losses stay on the device until a window is full ----------------------
+
+    def _record(self, loss, step_s, phase, optimizer_s, now):
+        rows = self._row_buffer
+        rows["step"].append(self.step)
+        rows["epoch"].append(self.epoch)
+        rows["samples"].append(self.samples)
+        rows["time"].append(now)
+        rows["lr"].append(self.optimizer.param_groups[0]["lr"])
+        rows["step_s"].append(step_s)
+        rows["data_s"].append(phase[0])
+        rows["h2d_s"].append(phase[1])
+        rows["forward_s"].append(phase[2])
+        rows["backward_s"].append(phase[3])
+        rows["optimizer_s"].append(optimizer_s)
+        self._losses.append(loss)
+        if len(self._losses) >= self.config.log_every_n_steps:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows = self._row_buffer
+        if not self._losses:
+            return
+        rows["loss"] = torch.stack(self._losses).float().tolist()  # the one host<->device sync per window
+        self.log.emit({"type": "steps", "rows": rows})
+        self._row_buffer = {name: [] for name in rows if name != "loss"}
+        self._losses = []
+
+    # --- epochs and validation ---------------------------------------------------------
+
+    def _end_epoch(self) -> None:
+        self._flush()
+        self.epoch += 1
+        self.epoch_offset = 0
+        event = {"type": "epoch", "epoch": self.epoch, "step": self.step}
+        if self.recipe.val_data is not None and self.world.is_main:
+            with self._clock.paused():
+                event.update(self._validate(emit=False))
+        self.log.emit(event)
+
+    def evaluate(self, dataset) -> dict:
+        """Mean loss (and accuracy for class targets) of the live model on `dataset`."""
+        model, recipe = self.model, self.recipe
+        loader = data.build_loader(dataset, self.config.replace(drop_last=False, persistent_workers=False),
+                                   dist.World(), self.seed, recipe.collate_fn, shuffle=False)
+        was_training = model.training
+        model.eval()
+        total_loss, correct, counted, seen = torch.zeros((), device=self.device), 0, 0, 0
+        correct_t = torch.zeros((), device=self.device, dtype=torch.long)
+        with torch.no_grad(), self.precision.autocast():
+            for batch in loader:
+                batch = data.to_device(batch, self.device, self.config.pin)
+                size = _batch_size(batch)
+                if recipe.training_step is not None:
+                    loss = recipe.training_step(model, batch)
+                else:
+                    inputs, target = split_batch(batch)
+                    output = model(inputs)
+                    loss = recipe.loss_fn(output, target)
+                    if output.ndim == 2 and target.ndim == 1 and not target.is_floating_point():
+                        correct_t += (output.argmax(1) == target).sum()
+                        counted += size
+                total_loss += loss.detach().float() * size
+                seen += size
+        model.train(was_training)
+        out = {"val_loss": total_loss.item() / seen}
+        correct = correct_t.item()
+        out["val_acc"] = correct / counted if counted else None
+        return out
+
+    def _validate(self, emit: bool = True) -> dict:
+        numbers = self.evaluate(self.recipe.val_data)
+        if emit:
+            self.log.emit({"type": "epoch", "epoch": self.epoch, "step": self.step, "partial": True, **numbers})
+        return numbers
+
+    @contextlib.contextmanager
+    def _stop_on_sigint(self):
+        """First Ctrl-C / kernel interrupt stops at the next step boundary; a second one aborts."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_interrupt(signum, frame):
+            if self._stop.is_set():
+                raise KeyboardInterrupt
+            self.stop("interrupted")
+
+        signal.signal(signal.SIGINT, on_interrupt)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+class _Clock:
+    """Training wall time, with validation paused out of it."""
+
+    def __init__(self):
+        self._start = time.perf_counter()
+        self._paused = 0.0
+
+    def now(self, t: float | None = None) -> float:
+        return (time.perf_counter() if t is None else t) - self._start - self._paused
+
+    @contextlib.contextmanager
+    def paused(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused += time.perf_counter() - t0
+
+
+def _batch_size(batch) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())))
+    return 1
+
+
+def _plain(value):
+    """JSON-able copy of a value (NaN stays a float; tuples become lists)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return str(value)
+    return value

@@ -1,0 +1,127 @@
+"""Recipe: what to train — the user's model, data, loss and optimizer.
+
+A recipe holds no settings (those live in TrainConfig), so the same recipe can be run
+with any config, in the kernel or shipped to DDP workers. In a notebook it is read
+from the namespace by conventional names (see `NAMES`), so a cell stays plain PyTorch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset
+
+# Conventional notebook names, first match wins.
+NAMES = {
+    "model": ("model",),
+    "train_data": ("train_data", "train_dataset", "dataset"),
+    "loss_fn": ("loss_fn", "criterion", "loss"),
+    "training_step": ("training_step",),
+    "optimizer": ("optimizer", "make_optimizer"),
+    "val_data": ("val_data", "val_dataset"),
+    "collate_fn": ("collate_fn",),
+}
+
+
+class RecipeError(ValueError):
+    """A missing or wrong piece of the recipe, named."""
+
+
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+
+
+def _default_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+def as_optimizer_factory(optimizer) -> OptimizerFactory:
+    """Accept a factory (params -> Optimizer) or an optimizer instance, and return a factory.
+
+    An instance is bound to one set of parameters; the engine needs to rebuild its
+    optimizer (in DDP workers, after a device change), so an instance is turned into
+    a factory of the same class and hyper-parameters.
+    """
+    if optimizer is None:
+        return _default_optimizer
+    if isinstance(optimizer, torch.optim.Optimizer):
+        cls, defaults = type(optimizer), dict(optimizer.defaults)
+        return lambda params: cls(params, **defaults)
+    if callable(optimizer):
+        return optimizer
+    raise RecipeError(f"optimizer: got {type(optimizer).__name__}; allowed: a function params -> "
+                      "torch.optim.Optimizer (e.g. lambda p: torch.optim.SGD(p, lr=0.1)) or an optimizer")
+
+
+@dataclass
+class Recipe:
+    model: nn.Module
+    train_data: Dataset
+    loss_fn: Callable | None = None
+    training_step: Callable | None = None  # (model, batch) -> scalar loss tensor
+    optimizer: Any = None  # factory params -> Optimizer, or an Optimizer instance
+    val_data: Dataset | None = None
+    collate_fn: Callable | None = None
+
+    def __post_init__(self):
+        problems = []
+        if not isinstance(self.model, nn.Module):
+            problems.append(f"model: got {type(self.model).__name__}; allowed: a torch.nn.Module")
+        for name in ("train_data", "val_data"):
+            data = getattr(self, name)
+            if data is None and name == "val_data":
+                continue
+            if isinstance(data, IterableDataset) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+                problems.append(f"{name}: got {type(data).__name__}; allowed: a map-style Dataset "
+                                "(with __len__ and __getitem__, e.g. TensorDataset)")
+            elif len(data) == 0:
+                problems.append(f"{name}: the dataset is empty")
+        if self.loss_fn is None and self.training_step is None:
+            problems.append("loss: neither loss_fn nor training_step is given; define loss_fn = nn.CrossEntropyLoss() "
+                            "(called as loss_fn(model(x), y)) or training_step(model, batch) returning the loss")
+        for name in ("loss_fn", "training_step", "collate_fn"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                problems.append(f"{name}: got {type(value).__name__}; allowed: a function")
+        if problems:
+            raise RecipeError("invalid recipe: " + "; ".join(problems))
+        self.optimizer = as_optimizer_factory(self.optimizer)
+
+    @classmethod
+    def from_namespace(cls, namespace: Mapping[str, Any]) -> "Recipe":
+        """Build a recipe from conventional names in a namespace (a notebook's globals)."""
+        found = {}
+        for part, names in NAMES.items():
+            for name in names:
+                if namespace.get(name) is not None:
+                    found[part] = namespace[name]
+                    break
+        missing = [NAMES[p][0] for p in ("model", "train_data") if p not in found]
+        if missing:
+            raise RecipeError(
+                f"the namespace defines no {' and no '.join(missing)}; define "
+                + ", ".join(f"`{m}`" for m in missing)
+                + " (a recipe needs model, train_data and loss_fn or training_step)")
+        if isinstance(found.get("loss_fn"), torch.Tensor):
+            del found["loss_fn"]  # a leftover `loss` tensor from an earlier cell is not a loss function
+        return cls(**found)
+
+    def step_loss(self, model: nn.Module, batch) -> torch.Tensor:
+        """The loss of one batch: training_step(model, batch), or loss_fn(model(x), y)."""
+        if self.training_step is not None:
+            return self.training_step(model, batch)
+        inputs, target = split_batch(batch)
+        return self.loss_fn(model(inputs), target)
+
+
+def split_batch(batch):
+    """(inputs, target) from a batch of pairs, with a clear message otherwise."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, Mapping) and {"x", "y"} <= set(batch):
+        return batch["x"], batch["y"]
+    raise RecipeError(
+        f"train_data items must be (input, target) pairs for loss_fn(model(input), target); got a "
+        f"{type(batch).__name__}{' of ' + str(len(batch)) if isinstance(batch, (tuple, list)) else ''}; "
+        "define training_step(model, batch) for other shapes")

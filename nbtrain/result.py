@@ -1,0 +1,99 @@
+"""RunResult: a finished (or stopped) run's config, history and measured summary."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .config import TrainConfig
+from .metrics import PHASES, MetricsLog
+
+
+def summarize(log: MetricsLog, extra: dict) -> dict:
+    """Numbers measured on this run's history; `extra` adds what only the engine knows."""
+    cols = log.columns
+    steps = len(cols["step"])
+    train_time = cols["time"][-1] if steps else 0.0
+    start = log.last("start")
+    samples_start = start["info"].get("samples_start", 0) if start else 0
+    samples = cols["samples"][-1] - samples_start if steps else 0
+    losses = [x for x in cols["loss"] if x is not None]
+    phase_totals = {p[:-2]: sum(cols[p]) for p in PHASES}
+    step_total = sum(cols["step_s"]) or float("nan")
+    last_epoch = log.last("epoch")
+    summary = {
+        "steps": steps,
+        "samples": samples,
+        "train_time_s": train_time,
+        "samples_per_s": samples / train_time if train_time > 0 else float("nan"),
+        "first_loss": losses[0] if losses else float("nan"),
+        "last_loss": losses[-1] if losses else float("nan"),
+        "val_loss": last_epoch.get("val_loss") if last_epoch else None,
+        "val_acc": last_epoch.get("val_acc") if last_epoch else None,
+        "phase_fraction": {k: v / step_total for k, v in phase_totals.items()},
+        "phase_ms_per_step": {k: 1000 * v / steps for k, v in phase_totals.items()} if steps else {},
+    }
+    summary.update(extra)
+    epochs = summary.get("epochs_trained")
+    summary["time_per_epoch_s"] = train_time / epochs if epochs else float("nan")
+    return summary
+
+
+def _fmt(value, unit="") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return text + unit
+    return f"{value:,}{unit}"
+
+
+@dataclass
+class RunResult:
+    config: TrainConfig
+    log: MetricsLog
+    summary: dict
+    status: str = "completed"  # completed | stopped | interrupted | failed
+    message: str = ""
+    name: str | None = None
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def history(self) -> dict[str, list]:
+        return self.log.columns
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The summary as (label, text) rows, the same for the console and the notebook."""
+        s = self.summary
+        phases = ", ".join(f"{k} {100 * v:.0f}%" for k, v in s.get("phase_fraction", {}).items()
+                           if not math.isnan(v))
+        return [
+            ("status", self.status + (f" — {self.message}" if self.message else "")),
+            ("device", f"{s.get('device', '-')} x{s.get('world_size', 1)}, {self.config.precision}"),
+            ("global batch", f"{_fmt(s.get('global_batch'))} (batch {self.config.batch_size} x accumulate "
+                             f"{self.config.accumulate_grad_batches} x {s.get('world_size', 1)} processes)"),
+            ("learning rate", s.get("lr_note", "-")),
+            ("steps / epochs", f"{s['steps']} / {_fmt(s.get('epochs_trained'))}"),
+            ("samples/s", _fmt(s["samples_per_s"])),
+            ("time/epoch", _fmt(s["time_per_epoch_s"], " s")),
+            ("peak memory", f"{_fmt(s.get('peak_mem_mb'), ' MB')} ({s.get('mem_kind', '-')})"),
+            ("step time by phase", phases or "-"),
+            ("loss first -> last", f"{_fmt(s['first_loss'])} -> {_fmt(s['last_loss'])}"),
+            ("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "
+                                         f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}"),
+        ]
+
+    def table(self) -> str:
+        rows = self.rows()
+        width = max(len(label) for label, _ in rows)
+        title = f"nbtrain run{' ' + self.name if self.name else ''}"
+        return "\n".join([title] + [f"  {label:<{width}}  {text}" for label, text in rows])
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"RunResult({self.name or 'unnamed'}: {self.status}, {s['steps']} steps, "
+                f"{_fmt(s['samples_per_s'])} samples/s, loss {_fmt(s['last_loss'])})")
+
+    def plot(self, path=None, ax=None):
+        """Loss against step (and samples/s on a twin axis); saved to `path` when given."""
+        from .plotting import plot_history
+        return plot_history(self.log, path=path, ax=ax, title=self.name)
