@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, TrainConfig
-from .flags import add_config_flags, config_from_flags
+from .flags import add_config_flags, config_from_flags, flag_name
 
 
 def _demo(args) -> int:
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     try:
         return _demo(args)
     except ConfigError as error:
-        print(f"nbtrain: {error.render(lambda o: '--' + o.replace('_', '-'))}", file=sys.stderr)
+        print(f"nbtrain: {error.render(flag_name, quote=False)}", file=sys.stderr)
         return 2
 
 

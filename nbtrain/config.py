@@ -45,9 +45,12 @@ class ConfigError(ValueError):
         self.problems = list(problems)
         super().__init__(self.render())
 
-    def render(self, name: Callable[[str], str] = lambda option: option) -> str:
-        """The message, with option names spelled by `name` (e.g. as magic flags)."""
-        lines = [f"{name(p.option)}={p.value!r}: {p.allowed}" for p in self.problems]
+    def render(self, name: Callable[[str], str] = lambda option: option, quote: bool = True) -> str:
+        """The message, with option names spelled by `name` (e.g. as magic flags).
+
+        `quote=False` shows values as typed on a command line (`--batch-size=0`).
+        """
+        lines = [f"{name(p.option)}={repr(p.value) if quote else p.value}: {p.allowed}" for p in self.problems]
         head = "invalid training configuration" if len(lines) > 1 else "invalid training configuration:"
         return head + (" " + lines[0] if len(lines) == 1 else "\n  " + "\n  ".join(lines))
 

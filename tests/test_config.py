@@ -1,0 +1,124 @@
+import pytest
+
+from nbtrain import ConfigError, TrainConfig
+from nbtrain.config import option_names
+from nbtrain.hardware import Inventory, assume
+
+CPU_ONLY = Inventory(cuda_devices=0, cuda_bf16=False, mps=False, cpu_cores=2)
+TWO_GPUS = Inventory(cuda_devices=2, cuda_bf16=True, mps=False, cpu_cores=16)
+
+
+def error_text(**values) -> str:
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**values)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("values, fragments", [
+    ({"batch_size": 0}, ["batch_size=0", "a whole number from 1 to"]),
+    ({"batch_size": -4}, ["batch_size=-4", "from 1 to"]),
+    ({"batch_size": 10**12}, ["batch_size=1000000000000", "from 1 to 16777216"]),
+    ({"batch_size": "abc"}, ["batch_size='abc'", "whole number"]),
+    ({"batch_size": 2.5}, ["batch_size=2.5"]),
+    ({"batch_size": True}, ["batch_size=True"]),
+    ({"num_workers": -1}, ["num_workers=-1", "from 0 to 256"]),
+    ({"precision": "fp8"}, ["precision='fp8'", "32-true, 16-mixed, bf16-mixed"]),
+    ({"accelerator": "tpu"}, ["accelerator='tpu'", "auto, cpu, cuda"]),
+    ({"accumulate_grad_batches": 0}, ["accumulate_grad_batches=0", ">= 1"]),
+    ({"max_epochs": 0}, ["max_epochs=0", ">= 1, or None"]),
+    ({"max_steps": 0}, ["max_steps=0", "None / -1"]),
+    ({"lr": -0.1}, ["lr=-0.1", "a number > 0"]),
+    ({"lr": float("nan")}, ["lr=nan"]),
+    ({"scale_lr": "cubic"}, ["scale_lr='cubic'", "none, linear, sqrt"]),
+    ({"scale_lr": "linear"}, ["scale_lr='linear'", "needs base_batch_size"]),
+    ({"persistent_workers": True}, ["persistent_workers=True", "needs num_workers >= 1"]),
+    ({"prefetch_factor": 4}, ["prefetch_factor=4", "needs num_workers >= 1"]),
+    ({"pin_memory": "maybe"}, ["pin_memory='maybe'", "true, false or auto"]),
+    ({"seed": -1}, ["seed=-1"]),
+    ({"log_every_n_steps": 0}, ["log_every_n_steps=0"]),
+    ({"devices": 0}, ["devices=0", ">= 1"]),
+    ({"num_nodes": 0}, ["num_nodes=0"]),
+])
+def test_each_bad_value_names_option_value_and_what_is_allowed(values, fragments):
+    with assume(CPU_ONLY):
+        text = error_text(**values)
+    for fragment in fragments:
+        assert fragment in text
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"accelerator": "cuda"}, "accelerator='cuda': not available on this machine; available: cpu"),
+    ({"precision": "16-mixed"}, "16-mixed needs a CUDA GPU"),
+    ({"precision": "16", "accelerator": "cpu"}, "precision='16-mixed': 16-mixed needs a CUDA GPU"),
+    ({"devices": 3}, "at most 2 CPU processes"),
+    ({"strategy": "dp"}, "DataParallel needs at least 2 CUDA devices; this machine has 0"),
+])
+def test_hardware_problems_on_a_cpu_only_machine(values, fragment):
+    with assume(CPU_ONLY):
+        assert fragment in error_text(**values)
+
+
+def test_hardware_problems_on_a_two_gpu_machine():
+    with assume(TWO_GPUS):
+        assert TrainConfig(accelerator="gpu", devices=2, precision="16").device_type == "cuda"
+        assert "at most 2 (CUDA devices" in error_text(accelerator="cuda", devices=3)
+        assert TrainConfig(strategy="dp", devices=2).strategy == "dp"
+
+
+def test_all_problems_are_reported_together():
+    with assume(CPU_ONLY), pytest.raises(ConfigError) as info:
+        TrainConfig(batch_size=0, num_workers=-2, precision="fp8")
+    assert [p.option for p in info.value.problems] == ["precision", "batch_size", "num_workers"]
+
+
+def test_aliases_and_strings_are_normalised():
+    with assume(CPU_ONLY):
+        config = TrainConfig(precision="bf16", accelerator="CPU", batch_size="64", pin_memory="false",
+                             max_steps=-1, lr="3e-4", seed="none")
+    assert config.precision == "bf16-mixed" and config.accelerator == "cpu"
+    assert config.batch_size == 64 and config.pin_memory is False
+    assert config.max_steps is None and config.lr == 3e-4 and config.seed is None
+    assert TrainConfig(precision=32).precision == "32-true"
+
+
+def test_replace_validates_again_and_names_unknown_options():
+    config = TrainConfig()
+    assert config.replace(batch_size=8).batch_size == 8
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        config.replace(batch_size=0)
+    with pytest.raises(ConfigError, match="batchsize.*did you mean 'batch_size'"):
+        config.replace(batchsize=8)
+
+
+def test_config_is_frozen():
+    with pytest.raises(AttributeError):
+        TrainConfig().batch_size = 4
+
+
+def test_global_batch_and_learning_rate_rules():
+    with assume(CPU_ONLY):
+        config = TrainConfig(batch_size=64, accumulate_grad_batches=2, devices=2, scale_lr="linear",
+                             base_batch_size=64)
+    assert config.global_batch_size == 256
+    assert config.lr_factor() == 4.0
+    assert config.replace(scale_lr="sqrt").lr_factor() == 2.0
+    assert config.replace(scale_lr="none").lr_factor() == 1.0
+
+
+def test_epoch_budget_defaults_to_one_epoch_only_without_a_step_limit():
+    assert TrainConfig().epochs_budget == 1
+    assert TrainConfig(max_steps=5).epochs_budget is None
+    assert TrainConfig(max_steps=5, max_epochs=2).epochs_budget == 2
+
+
+def test_round_trip_through_a_dict():
+    config = TrainConfig(batch_size=16, precision="bf16-mixed")
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    assert set(config.to_dict()) == set(option_names())
+
+
+def test_error_can_be_rendered_with_flag_names():
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(batch_size=0)
+    assert info.value.render(lambda o: "--" + o.replace("_", "-")).endswith(
+        "--batch-size=0: a whole number from 1 to 16777216")
