@@ -1,7 +1,9 @@
-"""Rank and world from the environment torchrun sets, and DDP's no_sync on accumulation steps."""
+"""Rank and world from the environment torchrun sets, and the device each rank trains on.
+
+(DDP's `no_sync` on accumulation micro-steps is applied inline in the engine's hot loop.)
+"""
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 
@@ -37,10 +39,3 @@ def device_for(device_type: str, w: World) -> torch.device:
     if device_type == "cuda":
         return torch.device("cuda", w.local_rank)
     return torch.device(device_type)
-
-
-def sync_context(model, boundary: bool):
-    """Skip DDP's gradient all-reduce on micro-steps that do not end an accumulation."""
-    if boundary or not hasattr(model, "no_sync"):
-        return contextlib.nullcontext()
-    return model.no_sync()

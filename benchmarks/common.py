@@ -1,0 +1,23 @@
+"""Shared pieces of the benchmarks: the machine line and side-by-side ratio printing."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+
+import torch
+
+
+def machine() -> str:
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {cuda}, "
+            f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def ratio_line(label: str, ours: list[float], theirs: list[float], target: str) -> str:
+    r = median(ours) / median(theirs)
+    return f"{label}: median {median(ours):.4f} s vs {median(theirs):.4f} s -> ratio {r:.3f} (target {target})"
