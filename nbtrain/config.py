@@ -24,6 +24,9 @@ _PRECISION_ALIASES = {
 ACCELERATORS = ("auto", "cpu", "cuda", "mps")
 STRATEGIES = ("auto", "ddp", "dp")
 LR_RULES = ("none", "linear", "sqrt")
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
 MAX_BATCH = 2**24
 MAX_WORKERS = 256
 
@@ -104,6 +107,21 @@ def _read_bool(value):
     raise _Reject
 
 
+def _read_names(value):
+    """None, 'auto', or submodule names (dotted paths) as a comma-separated text or a list."""
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in {"", "none", "false", "off"}):
+        return None
+    if value is True:
+        return "auto"
+    names = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if names is None:
+        raise _Reject
+    names = [str(n).strip() for n in names]
+    if not names or not all(part.isidentifier() or part.isdigit() for n in names for part in n.split(".")):
+        raise _Reject
+    return ",".join(names)
+
+
 @dataclass(frozen=True)
 class Option:
     """How one field is read and checked. `allowed` is the text users see on a bad value."""
@@ -117,6 +135,8 @@ class Option:
     nullable: bool = False
 
     def read(self, value):
+        if self.kind == "names":
+            return _read_names(value)
         if value is None or (self.nullable and isinstance(value, str) and value.strip().lower() in _NONE):
             if self.nullable:
                 return None
@@ -188,6 +208,20 @@ class TrainConfig:
                                            "clip the gradient norm to this value", low=1e-300, nullable=True)
     seed: int | None = _opt(0, "int", "a whole number >= 0, or None", "random seed (None: not seeded)",
                             low=0, high=2**63 - 1, nullable=True)
+    compile: str = _opt("none", "choice", "one of none, default, reduce-overhead, max-autotune (or true / false)",
+                        "torch.compile the model (compile time is measured apart from step time)",
+                        choices=COMPILE_MODES, aliases={"true": "default", "on": "default", "false": "none", "off": "none"})
+    channels_last: bool = _opt(False, "bool", "true or false", "channels-last memory format for conv models and inputs")
+    matmul_precision: str | None = _opt(None, "choice", "one of highest, high, medium (TF32 on Ampere+), or None",
+                                        "float32 matmul precision on CUDA", choices=MATMUL_PRECISIONS, nullable=True)
+    cudnn_benchmark: bool | None = _opt(None, "bool", "true, false or None (leave torch's setting)",
+                                        "let cuDNN pick the fastest convolution algorithms", nullable=True)
+    optimizer_impl: str = _opt("auto", "choice", "one of auto, for-loop, foreach, fused",
+                               "optimizer kernels: torch's default, per-tensor loop, foreach or fused",
+                               choices=OPTIMIZER_IMPLS)
+    activation_checkpointing: str | None = _opt(None, "names", "None, auto (every top-level block with "
+                                                "parameters) or submodule names separated by commas",
+                                                "recompute these submodules' activations in backward to save memory")
     log_every_n_steps: int = _opt(10, "int", "a whole number >= 1",
                                   "read losses back from the device every N optimizer steps", low=1)
 

@@ -22,12 +22,13 @@ import contextlib
 import math
 import random
 import signal
+import statistics
 import threading
 import time
 
 import torch
 
-from . import data, dist
+from . import data, dist, toggles
 from .config import TrainConfig
 from .memory import PeakMemory
 from .metrics import MetricsLog
@@ -40,6 +41,8 @@ _LOADER_OPTIONS = {"batch_size", "num_workers", "pin_memory", "persistent_worker
                    "shuffle", "drop_last", "accelerator"}
 _LR_OPTIONS = {"lr", "scale_lr", "base_batch_size", "batch_size", "accumulate_grad_batches", "devices", "num_nodes"}
 _OUT_OF_PROCESS = {"devices", "num_nodes", "strategy"}
+_TOGGLE_OPTIONS = {"compile", "channels_last", "matmul_precision", "cudnn_benchmark", "optimizer_impl",
+                   "activation_checkpointing", "accelerator"}
 
 
 class Engine:
@@ -64,12 +67,16 @@ class Engine:
         self._clock = _Clock()
         if self.config.seed is not None:
             torch.manual_seed(self.config.seed)
+        self.notes: dict[str, str] = {}  # option -> why it does not apply here
+        self._eager_step_s: float | None = None
+        self._compiled_fresh = False
         self.device = dist.device_for(self.config.device_type, self.world)
         self.model.to(self.device)
         self._train_model = self._wrap(self.model)
         self.precision = Precision(self.config.precision, self.device.type)
         self.loader = self._build_loader()
         self.replace_optimizer()
+        self._apply_toggles(_TOGGLE_OPTIONS)
 
     # --- building the parts ----------------------------------------------------------
 
@@ -90,8 +97,38 @@ class Engine:
     def replace_optimizer(self) -> None:
         """A new optimizer from the recipe's factory (fresh state), at the configured rate."""
         self.optimizer = self.recipe.optimizer(self.model.parameters())
+        self._use_optimizer_impl()
         self._optimizer_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self._set_lr(self.step)
+
+    def _use_optimizer_impl(self) -> None:
+        self.optimizer, note = toggles.with_implementation(self.optimizer, self.config.optimizer_impl)
+        self._note("optimizer_impl", note)
+
+    def _note(self, option: str, note: str | None) -> None:
+        if note:
+            self.notes[option] = note
+        else:
+            self.notes.pop(option, None)
+
+    def _apply_toggles(self, names: set) -> None:
+        """Apply the speed toggles among `names`; record why any does not apply here."""
+        c = self.config
+        if "channels_last" in names:
+            self._note("channels_last", toggles.set_memory_format(self.model, c.channels_last))
+        if "optimizer_impl" in names:
+            self._use_optimizer_impl()
+        if "activation_checkpointing" in names:
+            toggles.set_activation_checkpointing(self.model, c.activation_checkpointing)
+        if {"matmul_precision", "cudnn_benchmark", "accelerator"} & names:
+            self.notes.pop("matmul_precision", None)
+            self.notes.pop("cudnn_benchmark", None)
+            for note in toggles.matmul_settings(c.matmul_precision, c.cudnn_benchmark, self.device.type):
+                self.notes[note.split("=")[0]] = note
+        if {"compile", "accelerator", "activation_checkpointing"} & names:
+            wrapped = self._wrap(self.model)
+            self._train_model = wrapped if c.compile == "none" else torch.compile(wrapped, mode=c.compile)
+            self._compiled_fresh = c.compile != "none"
 
     def _target_lrs(self) -> list[float]:
         factor = self.config.lr_factor()
@@ -153,6 +190,8 @@ class Engine:
             # Optimizer state (momentum, Adam moments) follows its parameters to the new device.
             self.optimizer.load_state_dict(self.optimizer.state_dict())
             self._train_model = self._wrap(self.model)
+        if _TOGGLE_OPTIONS & names:
+            self._apply_toggles(names)
         if {"precision", "accelerator"} & names:
             self.precision = Precision(new.precision, self.device.type)
         if _LOADER_OPTIONS & names:
@@ -216,9 +255,34 @@ class Engine:
         extra = {"epochs_trained": (self.samples - start_samples) / per_epoch, "status": status,
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - start_step}
         extra.update(self._info())
+        extra["notes"] = list(self.notes.values()) + self._compile_accounting(extra)
         summary = summarize(self.log, extra)
         self.log.emit({"type": "end", "summary": _plain(summary), "status": status, "message": message})
         return RunResult(self.config, self.log, summary, status, message)
+
+    def _compile_accounting(self, extra: dict) -> list[str]:
+        """Compile time apart from step time, and the step count at which compiling pays off."""
+        steps = self.log.columns["step_s"]
+        if len(steps) < 3:
+            return []
+        steady = statistics.median(steps[1:])
+        if self.config.compile == "none":
+            self._eager_step_s = steady
+            return []
+        if not self._compiled_fresh:
+            return []
+        self._compiled_fresh = False
+        # Everything above the steady step time is compilation (the first step, and any recompiles).
+        cost = sum(steps) - steady * len(steps)
+        extra["compile_s"] = cost
+        note = f"compile cost {cost:.1f} s; compiled step {1000 * steady:.2f} ms"
+        if self._eager_step_s is None:
+            return [note + "; run once without compile on this model to see when it pays off"]
+        gain = self._eager_step_s - steady
+        if gain <= 0:
+            return [note + f" vs {1000 * self._eager_step_s:.2f} ms eager: no speed-up at this size, it never pays off"]
+        return [note + f" vs {1000 * self._eager_step_s:.2f} ms eager ({self._eager_step_s / steady:.2f}x): "
+                f"pays off after ~{math.ceil(cost / gain):,} steps"]
 
     def _planned_steps(self) -> int:
         c = self.config
@@ -243,8 +307,9 @@ class Engine:
         if not sizes:
             return True
         # Everything the hot loop touches is a local: this loop must cost no more than a hand-written one.
-        k, n, world, on_cpu = c.accumulate_grad_batches, len(sizes), self.world.size, self.device.type == "cpu"
-        device, pinned, perf, now = self.device, c.pin, time.perf_counter, self._clock.now
+        k, n, world = c.accumulate_grad_batches, len(sizes), self.world.size
+        move = self.device.type != "cpu" or c.channels_last
+        perf, now = time.perf_counter, self._clock.now
         no_sync = getattr(model, "no_sync", None)
         null = contextlib.nullcontext()
         clip, warm_until, log_every = c.gradient_clip_val, c.warmup_steps, c.log_every_n_steps
@@ -261,8 +326,8 @@ class Engine:
             t0 = perf()
             batch = next(iterator)
             t1 = perf()
-            if not on_cpu:
-                batch = data.to_device(batch, device, pinned)
+            if move:
+                batch = self._prepare(batch)
             t2 = perf()
             boundary = micro + 1 == window
             with (null if boundary or no_sync is None else no_sync()), precision.autocast():
@@ -309,6 +374,11 @@ class Engine:
         self._after_boundary()
         return True
 
+    def _prepare(self, batch):
+        """A batch on the training device, in the model's memory format."""
+        batch = data.to_device(batch, self.device, self.config.pin)
+        return toggles.to_channels_last(batch) if self.config.channels_last else batch
+
     def _after_boundary(self) -> None:
         if self._pending is not None:
             self._flush()
@@ -352,7 +422,7 @@ class Engine:
         correct_t = torch.zeros((), device=self.device, dtype=torch.long)
         with torch.no_grad(), self.precision.autocast():
             for batch in loader:
-                batch = data.to_device(batch, self.device, self.config.pin)
+                batch = self._prepare(batch)
                 size = _batch_size(batch)
                 if recipe.training_step is not None:
                     loss = recipe.training_step(model, batch)

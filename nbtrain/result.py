@@ -80,7 +80,7 @@ class RunResult:
             ("loss first -> last", f"{_fmt(s['first_loss'])} -> {_fmt(s['last_loss'])}"),
             ("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "
                                          f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}"),
-        ]
+        ] + [("note", note) for note in s.get("notes", [])]
 
     def table(self) -> str:
         rows = self.rows()
