@@ -107,6 +107,36 @@ def _read_bool(value):
     raise _Reject
 
 
+def _read_every(value):
+    """A checkpoint interval: N (optimizer steps) or a duration like 90s / 10m / 1h; None for never."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none", "never", "off"}):
+        return None
+    if isinstance(value, bool):
+        raise _Reject
+    text = str(value).strip().lower().replace(" ", "")
+    for suffixes, seconds in ((("h", "hour", "hours"), 3600), (("m", "min", "minutes"), 60), (("s", "sec", "seconds"), 1)):
+        for suffix in suffixes:
+            if text.endswith(suffix) and text[:-len(suffix)].replace(".", "", 1).isdigit():
+                amount = float(text[:-len(suffix)]) * seconds
+                if amount <= 0:
+                    raise _Reject
+                return f"{amount:g}s"
+    if text.isdigit() and int(text) >= 1:
+        return text
+    raise _Reject
+
+
+def _read_text(value):
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, (str, bytes)) and not hasattr(value, "__fspath__"):
+        raise _Reject
+    text = str(value.__fspath__() if hasattr(value, "__fspath__") else value)
+    if "\0" in text:
+        raise _Reject
+    return text
+
+
 def _read_names(value):
     """None, 'auto', or submodule names (dotted paths) as a comma-separated text or a list."""
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() in {"", "none", "false", "off"}):
@@ -135,8 +165,8 @@ class Option:
     nullable: bool = False
 
     def read(self, value):
-        if self.kind == "names":
-            return _read_names(value)
+        if self.kind in _SPECIAL_READERS:
+            return _SPECIAL_READERS[self.kind](value)
         if value is None or (self.nullable and isinstance(value, str) and value.strip().lower() in _NONE):
             if self.nullable:
                 return None
@@ -156,6 +186,9 @@ class Option:
         if self.high is not None and out > self.high:
             raise _Reject
         return out
+
+
+_SPECIAL_READERS = {"names": _read_names, "every": _read_every, "text": _read_text}
 
 
 def _opt(default, kind, allowed, help, **kw):
@@ -222,6 +255,15 @@ class TrainConfig:
     activation_checkpointing: str | None = _opt(None, "names", "None, auto (every top-level block with "
                                                 "parameters) or submodule names separated by commas",
                                                 "recompute these submodules' activations in backward to save memory")
+    checkpoint_every: str | None = _opt(None, "every", "N optimizer steps, a duration such as 90s / 10m / 1h, "
+                                        "or None", "write a checkpoint this often (atomically)")
+    checkpoint_dir: str | None = _opt(None, "text", "a folder path, or None (.nbtrain/checkpoints)",
+                                      "where checkpoints are written")
+    resume: str | None = _opt(None, "text", "a checkpoint file, 'last' (newest in checkpoint_dir), or None",
+                              "continue a run from a checkpoint")
+    on_nonfinite_loss: str = _opt("stop", "choice", "one of stop, continue",
+                                  "stop (naming the step) when the loss becomes NaN/inf, or continue",
+                                  choices=("stop", "continue"))
     log_every_n_steps: int = _opt(10, "int", "a whole number >= 1",
                                   "read losses back from the device every N optimizer steps", low=1)
 

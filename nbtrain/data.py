@@ -39,13 +39,13 @@ class EpochSampler(Sampler):
 def build_loader(dataset, config: TrainConfig, world: World, seed: int, collate_fn=None,
                  shuffle: bool | None = None) -> DataLoader:
     sampler = EpochSampler(dataset, world, config.shuffle if shuffle is None else shuffle, seed)
-    extra = {}
+    # The loader's own generator seeds its workers (reproducible augmentation) and keeps the
+    # loader from drawing on the global RNG, so a resumed run's random numbers match.
+    extra = {"generator": torch.Generator().manual_seed(seed)}
     if config.num_workers:
         extra["persistent_workers"] = config.persistent_workers
         if config.prefetch_factor is not None:
             extra["prefetch_factor"] = config.prefetch_factor
-        # Seeds each worker's RNG from the run's seed, so augmentation is reproducible.
-        extra["generator"] = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=config.batch_size, sampler=sampler,
                       num_workers=config.num_workers, pin_memory=config.pin,
                       drop_last=config.drop_last, collate_fn=collate_fn, **extra)

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from . import data, dist, toggles
+from . import checkpoint, data, dist, toggles
 from .config import TrainConfig
 from .memory import PeakMemory
 from .metrics import MetricsLog
@@ -65,6 +65,9 @@ class Engine:
         self._rows: list[tuple] = []  # one tuple per optimizer step, columns as in _ROW
         self._losses: list[torch.Tensor] = []
         self._clock = _Clock()
+        self._run_start = {"step": 0, "samples": 0, "epochs_done": 0}
+        self._nonfinite: tuple[int, float] | None = None
+        self._resumed_from: str | None = None
         if self.config.seed is not None:
             torch.manual_seed(self.config.seed)
         self.notes: dict[str, str] = {}  # option -> why it does not apply here
@@ -202,6 +205,18 @@ class Engine:
             self.log.emit({"type": "change", "step": self.step,
                            "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in changes.items()}})
 
+    def position(self) -> dict:
+        """Where training stands, for checkpoints: enough to continue exactly."""
+        return {"step": self.step, "epoch": self.epoch, "epoch_offset": self.epoch_offset, "samples": self.samples,
+                "seed": self.seed, "run_start": dict(self._run_start)}
+
+    def set_position(self, position: dict) -> None:
+        self.step, self.epoch = position["step"], position["epoch"]
+        self.epoch_offset, self.samples = position["epoch_offset"], position["samples"]
+        self.seed = position["seed"]
+        self._run_start = dict(position["run_start"])
+        self.loader = self._build_loader()
+
     def stop(self, reason: str = "stopped") -> None:
         """Stop at the next optimizer-step boundary (safe from any thread)."""
         self._stop_reason = reason
@@ -216,12 +231,17 @@ class Engine:
         """
         self.log = log if log is not None else MetricsLog()
         c = self.config
+        self._run_start = {"step": self.step, "samples": self.samples, "epochs_done": 0}
+        if c.resume and c.resume != self._resumed_from:
+            checkpoint.load(self, checkpoint.resolve(c))  # restores the interrupted run's start too
+            self._resumed_from = c.resume
         self._stop.clear()
         self._stop_reason = ""
+        self._nonfinite = None
         self.running = True
         peak = PeakMemory(self.device)
         peak.start()
-        start_step, start_samples, epochs_done = self.step, self.samples, 0
+        start_step, start_samples = self._run_start["step"], self._run_start["samples"]
         self._clock = _Clock()
         self.log.emit({"type": "start", "config": _plain(c.to_dict()),
                        "info": {**self._info(), "samples_start": self.samples, "step_start": self.step,
@@ -233,14 +253,14 @@ class Engine:
                     c = self.config
                     if c.max_steps is not None and self.step - start_step >= c.max_steps:
                         break
-                    if c.epochs_budget is not None and epochs_done >= c.epochs_budget:
+                    if c.epochs_budget is not None and self._run_start["epochs_done"] >= c.epochs_budget:
                         break
                     if self._stop.is_set():
                         status = self._stop_reason or "stopped"
                         break
                     steps_left = None if c.max_steps is None else c.max_steps - (self.step - start_step)
                     if self._train_some(steps_left):
-                        epochs_done += 1
+                        self._run_start["epochs_done"] += 1
                         self._end_epoch()
         except KeyboardInterrupt:
             status = "interrupted"
@@ -249,6 +269,12 @@ class Engine:
             self._flush()
         if status != "completed":
             message = f"stopped at step {self.step} (epoch {self.epoch}, {self.epoch_offset} samples into it)"
+        if self._nonfinite is not None:
+            bad_step, value = self._nonfinite
+            status = "failed"
+            message = (f"the loss became {value} at step {bad_step} ({c.precision}); training stopped at step "
+                       f"{self.step}, where the losses were read back; lower the learning rate, check the data, "
+                       f"or resume from a checkpoint written before step {bad_step}")
         if self.recipe.val_data is not None and self.epoch_offset and self.world.is_main:
             self._validate()  # a run ending mid-epoch still reports held-out numbers
         per_epoch = self.loader.sampler.per_epoch * self.world.size
@@ -315,6 +341,9 @@ class Engine:
         clip, warm_until, log_every = c.gradient_clip_val, c.warmup_steps, c.log_every_n_steps
         rows, losses, group = self._rows, self._losses, optimizer.param_groups[0]
         stop, step_loss = self._stop, recipe.step_loss
+        every = c.checkpoint_every
+        save_steps = int(every) if every and not every.endswith("s") else 0
+        save_seconds = float(every[:-1]) if every and every.endswith("s") else 0.0
         iterator = iter(self.loader)
         micro = window = window_samples = 0
         data_s = h2d_s = forward_s = backward_s = 0.0
@@ -363,6 +392,8 @@ class Engine:
                 self._flush()
             if self.step <= warm_until:
                 self._set_lr(self.step)
+            if (save_steps and self.step % save_steps == 0) or (save_seconds and t5 - self._saved_at >= save_seconds):
+                self.save_checkpoint()
             micro = window_samples = 0
             data_s = h2d_s = forward_s = backward_s = 0.0
             if steps_left is not None:
@@ -373,6 +404,15 @@ class Engine:
             t_step = perf()
         self._after_boundary()
         return True
+
+    _saved_at = float("-inf")
+
+    def save_checkpoint(self):
+        """Write a checkpoint now (the run's folder, step-N.pt); returns its path."""
+        self._saved_at = time.perf_counter()
+        if not self.world.is_main:
+            return None
+        return checkpoint.save(self, checkpoint.folder(self.config))
 
     def _prepare(self, batch):
         """A batch on the training device, in the model's memory format."""
@@ -395,6 +435,11 @@ class Engine:
             return
         columns = {name: list(values) for name, values in zip(self._ROW, zip(*self._rows))}
         columns["loss"] = torch.stack(self._losses).float().tolist()  # the one host<->device sync per window
+        if self._nonfinite is None and self.config.on_nonfinite_loss == "stop":
+            bad = next(((s, v) for s, v in zip(columns["step"], columns["loss"]) if not math.isfinite(v)), None)
+            if bad is not None:
+                self._nonfinite = bad
+                self.stop("failed")
         self._rows.clear()
         self._losses.clear()
         self.log.emit({"type": "steps", "rows": columns})

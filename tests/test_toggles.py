@@ -86,6 +86,7 @@ def test_compile_time_is_measured_apart_and_the_break_even_is_stated():
     engine.run()  # eager baseline on this model
     engine.reconfigure(engine.config.replace(compile="default"))
     result = engine.run()
-    assert result.summary["compile_s"] > 0.5
+    steady = sorted(result.history["step_s"])[len(result.history["step_s"]) // 2]
+    assert result.summary["compile_s"] > 10 * steady  # compilation dwarfs a step, even from a warm cache
     note = next(n for n in result.summary["notes"] if n.startswith("compile cost"))
     assert "eager" in note and ("pays off after" in note or "never pays off" in note)

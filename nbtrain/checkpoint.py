@@ -1,0 +1,99 @@
+"""Checkpoints: everything needed to continue a run exactly, written atomically.
+
+A checkpoint holds the model, optimizer and gradient-scaler states, every RNG state,
+and the engine's position (step, epoch, samples already used in the epoch), so a
+resumed run sees the same batches and random numbers as one never interrupted. It is
+written to a private temporary file beside the target and renamed over it, so a crash
+mid-write never leaves a broken checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEFAULT_DIR = Path(".nbtrain") / "checkpoints"
+_NAME = re.compile(r"step-(\d+)\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be found or does not fit the model."""
+
+
+def folder(config) -> Path:
+    return Path(config.checkpoint_dir) if config.checkpoint_dir else DEFAULT_DIR
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(engine, directory: Path) -> Path:
+    """Write the engine's state as step-N.pt in `directory`, atomically; returns the path."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    target = directory / f"step-{engine.step:08d}.pt"
+    state = {"model": engine.model.state_dict(), "optimizer": engine.optimizer.state_dict(),
+             "scaler": engine.precision.scaler.state_dict(), "rng": _rng_state(),
+             "position": engine.position(), "config": engine.config.to_dict()}
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".writing-", suffix=".pt")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            torch.save(state, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def latest(directory: Path) -> Path | None:
+    found = sorted((int(m.group(1)), p) for p in directory.glob("step-*.pt") if (m := _NAME.search(p.name)))
+    return found[-1][1] if found else None
+
+
+def resolve(config) -> Path:
+    """The file `config.resume` points at ('last' means the newest in the checkpoint folder)."""
+    if config.resume == "last":
+        path = latest(folder(config))
+        if path is None:
+            raise CheckpointError(f"resume='last': no checkpoint in {folder(config)}; "
+                                  "allowed: a checkpoint file, or 'last' once a run wrote one there")
+        return path
+    path = Path(config.resume)
+    if not path.is_file():
+        raise CheckpointError(f"resume={config.resume!r}: no such checkpoint file; allowed: a file written "
+                              f"by checkpoint_every, or 'last'")
+    return path
+
+
+def load(engine, path: Path) -> None:
+    """Put the engine back exactly where the checkpoint at `path` was written."""
+    try:
+        state = torch.load(path, map_location=engine.device, weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(f"resume={str(path)!r}: cannot read the checkpoint ({exc})") from None
+    try:
+        engine.model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"resume={str(path)!r}: the checkpoint does not fit this model ({exc})") from None
+    engine.optimizer.load_state_dict(state["optimizer"])
+    if state["scaler"]:  # a disabled scaler saves nothing
+        engine.precision.scaler.load_state_dict(state["scaler"])
+    _set_rng_state(state["rng"])
+    engine.set_position(state["position"])
