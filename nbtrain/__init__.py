@@ -7,7 +7,17 @@ from .recipe import Recipe, RecipeError
 from .result import RunResult
 
 __version__ = "0.1.0"
-__all__ = ["fit", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError", "RunResult"]
+__all__ = ["fit", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError", "RunResult"]
+
+
+def panel(recipe_or_namespace=None, config=None, display=True):
+    """An ipywidgets control panel over one live model (ipywidgets is imported only here).
+
+    `recipe_or_namespace`: a Recipe, a namespace such as globals(), or nothing for the
+    notebook's own names. See nbtrain.notebook.panel.
+    """
+    from .notebook.panel import panel as make_panel
+    return make_panel(recipe_or_namespace, config=config, display=display)
 
 
 def load_ipython_extension(ipython):

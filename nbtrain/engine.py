@@ -133,10 +133,11 @@ class Engine:
             self._train_model = wrapped if c.compile == "none" else torch.compile(wrapped, mode=c.compile)
             self._compiled_fresh = c.compile != "none"
 
-    def _target_lrs(self) -> list[float]:
-        factor = self.config.lr_factor()
-        if self.config.lr is not None:
-            return [self.config.lr * factor for _ in self._optimizer_lrs]
+    def _target_lrs(self, config: TrainConfig | None = None) -> list[float]:
+        config = config or self.config
+        factor = config.lr_factor()
+        if config.lr is not None:
+            return [config.lr * factor for _ in self._optimizer_lrs]
         return [lr * factor for lr in self._optimizer_lrs]
 
     def _set_lr(self, step: int) -> None:
@@ -146,9 +147,10 @@ class Engine:
         for group, lr in zip(self.optimizer.param_groups, targets):
             group["lr"] = lr * ramp
 
-    def lr_note(self) -> str:
-        c = self.config
-        lr = self._target_lrs()[0]
+    def lr_note(self, config: TrainConfig | None = None) -> str:
+        """The learning rate this run uses (or `config` would use), and why."""
+        c = config or self.config
+        lr = self._target_lrs(c)[0]
         base = c.lr if c.lr is not None else self._optimizer_lrs[0]
         note = f"{lr:.4g}"
         if c.scale_lr != "none":

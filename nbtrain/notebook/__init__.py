@@ -1,0 +1,1 @@
+"""Everything that imports IPython or ipywidgets lives here, and only here."""

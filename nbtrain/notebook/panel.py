@@ -1,0 +1,326 @@
+"""`nbtrain.panel(...)`: an ipywidgets control panel over one live model.
+
+The panel is a thin view. Its controls state config options; config.py reads and
+validates them (an invalid combination shows the ConfigError text in the status
+line); Run trains in a background thread (the engine in this kernel for one process,
+`nbtrain.fit` and its DDP launcher for more); "Apply now" hands the changes to
+`Engine.request`, which applies them at the next optimizer step on the same model
+and optimizer. Every callback reports its failure in the status line instead of
+losing it.
+
+    p = nbtrain.panel(recipe)                  # or a namespace: nbtrain.panel(globals())
+    p = nbtrain.panel(recipe, display=False)   # build without showing (tests, layouts)
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import html
+import threading
+import traceback
+import weakref
+from typing import Any, Mapping
+
+try:
+    import ipywidgets as widgets
+except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency, but say how to get it
+    raise ImportError("nbtrain.panel needs ipywidgets: pip install ipywidgets") from exc
+
+from .. import api
+from ..config import ConfigError, TrainConfig
+from ..recipe import Recipe
+from .panel_controls import Controls
+from .panel_runs import RunRecord, _number
+from .panel_views import CompareView, LivePlot, RunsTable
+
+# One panel per live model: a new panel for the same model closes the old one (and stops its run).
+_panels: "weakref.WeakKeyDictionary[Any, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+def _reported(method):
+    """Run a callback; show any failure in the status line (ConfigError as its own text)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except ConfigError as err:
+            self.say(err.render(), error=True)
+        except Exception as exc:
+            self.errors.append(traceback.format_exc())
+            self.say(f"{type(exc).__name__}: {exc}", error=True)
+    return wrapper
+
+
+class Panel:
+    def __init__(self, recipe: Recipe, config: TrainConfig | None = None):
+        self.recipe = recipe
+        self.base = config or TrainConfig()
+        # The kernel's engine is always one process; more processes are separate runs.
+        self.engine = api.engine_for(recipe, self.base.replace(devices=1, num_nodes=1))
+        self.runs: list[RunRecord] = []
+        self.errors: list[str] = []      # tracebacks behind every failure the status line showed
+        self.status_text = ""
+        self.config: TrainConfig | None = self.base
+        self._thread: threading.Thread | None = None
+        self._current: RunRecord | None = None
+        self._closed = False
+        self._displayed = False
+
+        self.controls = Controls(self.base, self._controls_changed)
+        self.readout = _html("nbtrain-readout")
+        self.progress = _html("nbtrain-progress")
+        self.status = _html("nbtrain-status")
+        self.run_button = _button("Run", "nbtrain-run", "success", self._on_run)
+        self.stop_button = _button("Stop", "nbtrain-stop", "danger", self._on_stop, disabled=True)
+        self.apply_button = _button("Apply now", "nbtrain-apply", "warning", self._on_apply)
+        self.close_button = _button("Close", "nbtrain-close", "", self._on_close)
+        self.plot = LivePlot()
+        self.table = RunsTable()
+        self.compare = CompareView()
+        self.compare.select.observe(lambda _change: self._draw_compare(), "value")
+        self.widget = widgets.VBox([
+            widgets.HTML("<b>nbtrain</b> — training settings for this live model"),
+            self.controls.widget, self.readout,
+            widgets.HBox([self.run_button, self.stop_button, self.apply_button, self.close_button]),
+            self.status, self.progress, self.plot.image,
+            widgets.HTML("<b>runs</b>"), self.table.html, self.compare.widget,
+        ])
+        self.widget.add_class("nbtrain-panel")
+        self.table.show(self.runs)
+        self._controls_changed()
+
+    # --- state --------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def say(self, text: str, error: bool = False) -> None:
+        """Set the status line (safe from any thread)."""
+        self.status_text = text
+        color = "#b00020" if error else "inherit"
+        self.status.value = f"<div style='white-space:pre-wrap;color:{color}'>{html.escape(text)}</div>"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the current run ends; True when it has."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return not self.running
+
+    # --- controls -----------------------------------------------------------------------
+
+    @_reported
+    def _controls_changed(self) -> None:
+        self.controls.refresh_choices()
+        self.config = None
+        self.readout.value = ""
+        self.config = self.base.replace(**self.controls.changes())
+        c = self.config
+        processes = f"{c.world_size} process{'es' if c.world_size > 1 else ''}"
+        budget = ", ".join(x for x in (f"{c.epochs_budget} epoch(s)" if c.epochs_budget else "",
+                                       f"at most {c.max_steps} steps" if c.max_steps else "") if x)
+        self.readout.value = (
+            f"<b>global batch {c.global_batch_size}</b> = batch {c.batch_size} × accumulate "
+            f"{c.accumulate_grad_batches} × {processes} · <b>learning rate {html.escape(self.engine.lr_note(c))}</b>"
+            f" · {c.precision} on {c.device_type} · {budget}")
+        if self.running:
+            self.say("changed: press Apply now to use this from the next optimizer step")
+        else:
+            self.say("ready: press Run to train with these settings")
+
+    # --- buttons ------------------------------------------------------------------------
+
+    @_reported
+    def _on_run(self, _button=None) -> None:
+        if self.running:
+            self.say(f"run #{self._current.number} is still going: Stop it, or Apply now to change it")
+            return
+        config = self.base.replace(**self.controls.changes())  # a ConfigError lands in the status line
+        record = RunRecord(len(self.runs) + 1, config)
+        if config.world_size == 1:
+            self.engine = api.engine_for(self.recipe, config)
+        record.log.subscribe(functools.partial(self._on_run_event, record))
+        self.runs.append(record)
+        self._current = record
+        self.table.show(self.runs)
+        self.plot.follow(record.log, record.label())
+        self._set_running(True)
+        self.say(f"run #{record.number} starting ({record.label()})")
+        self._thread = threading.Thread(target=self._train, args=(record,), name="nbtrain-panel-run", daemon=True)
+        self._thread.start()
+
+    @_reported
+    def _on_stop(self, _button=None) -> None:
+        if not self.running:
+            self.say("no run in progress")
+            return
+        self._request_stop()
+        self.say(f"stopping run #{self._current.number} at the next optimizer step…")
+
+    @_reported
+    def _on_apply(self, _button=None) -> None:
+        config = self.base.replace(**self.controls.changes())
+        if not self.running:
+            if config.world_size > 1:
+                self.say(f"{config.world_size} processes: they start with the next Run")
+                return
+            self.engine.reconfigure(config)
+            self.say("applied to the live model; the next Run continues with it")
+            return
+        if self._current.config.world_size > 1:
+            self.say("a multi-process run cannot change while it runs: Stop it and Run again with the new settings")
+            return
+        changes = {name: new for name, (_, new) in config.changed_from(self.engine.config).items()}
+        if not changes:
+            self.say("nothing to apply: the run already uses these settings")
+            return
+        self.engine.request(**changes)  # validated now, applied at the next optimizer step
+        self.say(f"requested {_describe({k: (getattr(self.engine.config, k), v) for k, v in changes.items()})}; "
+                 "it applies at the next optimizer step")
+
+    @_reported
+    def _on_close(self, _button=None) -> None:
+        self.close()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop this panel's run (at a step boundary), then remove the panel's widgets."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.running:
+            self._request_stop()
+            self.wait(timeout)
+        self.plot.finish()
+        if _panels.get(self.recipe.model, lambda: None)() is self:
+            del _panels[self.recipe.model]
+        for widget in _descendants(self.widget):
+            widget.close()
+
+    def _request_stop(self) -> None:
+        if self._current.config.world_size > 1:
+            # A multi-process run is the launcher's loop in our thread: interrupt it as a kernel
+            # interrupt would interrupt a cell, so the launcher ends its workers as it does then.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread.ident),
+                                                       ctypes.py_object(KeyboardInterrupt))
+        else:
+            self.engine.stop()
+
+    def _set_running(self, running: bool) -> None:
+        self.run_button.disabled = running
+        self.stop_button.disabled = not running
+        self.controls.set_running(running)
+
+    # --- the run (background thread) ------------------------------------------------------
+
+    def _train(self, record: RunRecord) -> None:
+        message, error = "", False
+        try:
+            if record.config.world_size > 1:
+                result = api.fit(recipe=self.recipe, config=record.config, log=record.log)
+            else:
+                result = self.engine.run(log=record.log)
+            record.result, record.status = result, result.status
+            s = result.summary
+            message = (f"run #{record.number} {result.status}"
+                       + (f": {result.message}" if result.message else f" after {s['steps']} steps")
+                       + f" — {_number(s['samples_per_s'])} samples/s, final loss {_number(s['last_loss'])}")
+        except BaseException as exc:  # KeyboardInterrupt included: it is how a multi-process run stops
+            self.errors.append(traceback.format_exc())
+            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+            message, error = f"run #{record.number} failed: {record.error}", True
+        finally:
+            try:
+                self.plot.finish()
+                if self.plot.error:
+                    message += f" ({self.plot.error})"
+                self.table.show(self.runs)
+                self.compare.offer(self.runs)
+                self._draw_compare()
+                self._set_running(False)
+            except Exception as exc:
+                self.errors.append(traceback.format_exc())
+                message, error = f"{message}; updating the panel failed: {exc!r}", True
+            self.say(message, error=error)
+
+    def _on_run_event(self, record: RunRecord, event: dict, log) -> None:
+        kind = event["type"]
+        if kind == "change":
+            self.say(f"applied at step {event['step']}: {_describe(event['changes'])} (same model and optimizer)")
+        elif kind == "start":
+            self.table.show(self.runs)
+        elif kind == "steps" and event["rows"]["step"]:
+            rows = event["rows"]
+            planned = log.last("start")["info"].get("planned_steps")
+            self.progress.value = (f"<small>run #{record.number}: step {rows['step'][-1]}"
+                                   f"{f' of {planned}' if planned else ''} · loss {rows['loss'][-1]:.4f}</small>")
+
+    @_reported
+    def _draw_compare(self) -> None:
+        self.compare.draw()
+
+    # --- showing ------------------------------------------------------------------------
+
+    def show(self) -> "Panel":
+        from IPython.display import display
+        display(self.widget)
+        self._displayed = True
+        return self
+
+    def _ipython_display_(self):
+        # `nbtrain.panel(...)` as a cell's last line has shown itself already.
+        if not self._displayed:
+            self.show()
+
+    def __repr__(self) -> str:
+        return f"<nbtrain panel: {len(self.runs)} run(s), {'running' if self.running else 'idle'}>"
+
+
+def panel(recipe_or_namespace: Recipe | Mapping | None = None, config: TrainConfig | None = None,
+          display: bool = True) -> Panel:
+    """A control panel over the live model of `recipe_or_namespace` (default: the notebook's names)."""
+    recipe = _as_recipe(recipe_or_namespace)
+    previous = _panels.get(recipe.model)
+    if previous is not None and previous() is not None:
+        previous().close()
+    made = Panel(recipe, config)
+    _panels[recipe.model] = weakref.ref(made)
+    return made.show() if display else made
+
+
+def _as_recipe(source) -> Recipe:
+    if isinstance(source, Recipe):
+        return source
+    if source is None:
+        from IPython import get_ipython
+        shell = get_ipython()
+        if shell is None:
+            raise TypeError("nbtrain.panel(): outside a notebook, pass a Recipe or a namespace such as globals()")
+        source = shell.user_ns
+    if isinstance(source, Mapping):
+        return Recipe.from_namespace(source)
+    raise TypeError(f"nbtrain.panel(): got {type(source).__name__}; allowed: a nbtrain.Recipe, "
+                    "a namespace dict (e.g. globals()) or nothing (the notebook's names)")
+
+
+def _describe(changes: dict) -> str:
+    return ", ".join(f"{name} {old} → {new}" for name, (old, new) in changes.items())
+
+
+def _html(css_class: str) -> widgets.HTML:
+    widget = widgets.HTML()
+    widget.add_class(css_class)
+    return widget
+
+
+def _button(text: str, css_class: str, style: str, on_click, disabled: bool = False) -> widgets.Button:
+    button = widgets.Button(description=text, button_style=style, disabled=disabled)
+    button.add_class(css_class)
+    button.on_click(on_click)
+    return button
+
+
+def _descendants(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _descendants(child)

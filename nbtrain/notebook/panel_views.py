@@ -1,0 +1,165 @@
+"""The panel's views: a live plot, the runs table and the compare view.
+
+Training runs in a background thread, so these views never use an Output widget's
+context manager (it captures output per thread unreliably). They only assign widget
+values (Image bytes, HTML text), which ipywidgets sends safely from any thread.
+Figures are drawn with matplotlib's object API on an Agg canvas, never pyplot, so a
+background thread owns its figure outright.
+"""
+from __future__ import annotations
+
+import html
+import io
+import math
+import threading
+
+import ipywidgets as widgets
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .. import plotting
+from ..metrics import MetricsLog
+from .panel_runs import RunRecord
+
+
+def render_png(figure: Figure) -> bytes:
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()
+
+
+class LivePlot:
+    """Loss and samples/s against step for the current run, redrawn on its own thread.
+
+    The training thread only marks the plot stale (a cheap event handler), so drawing
+    never sits inside the measured step time.
+    """
+
+    def __init__(self, interval_s: float = 0.7):
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
+        self.image.add_class("nbtrain-live-plot")
+        self.interval_s = interval_s
+        self._log: MetricsLog | None = None
+        self._title = ""
+        self._stale = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def follow(self, log: MetricsLog, title: str) -> None:
+        """Draw `log` as it grows until `finish()`."""
+        self.finish()
+        self._log, self._title = log, title
+        self._done.clear()
+        log.subscribe(self._on_event)
+        self._thread = threading.Thread(target=self._loop, name="nbtrain-panel-plot", daemon=True)
+        self._thread.start()
+
+    def _on_event(self, event, log) -> None:
+        if event["type"] in ("steps", "change", "end"):
+            self._stale.set()
+
+    def _loop(self) -> None:
+        while not self._done.is_set():
+            self._done.wait(self.interval_s)
+            if self._stale.is_set():
+                self._stale.clear()
+                self.redraw()
+
+    def finish(self) -> None:
+        """Stop following and draw the final state once."""
+        if self._thread is None:
+            return
+        self._done.set()
+        self._thread.join()
+        self._thread = None
+        self.redraw()
+
+    def redraw(self) -> None:
+        if self._log is None:
+            return
+        try:
+            # Replaying the events gives a consistent copy while training appends to the original.
+            snapshot = MetricsLog.from_events(list(self._log.events))
+            if not len(snapshot):
+                return
+            figure = Figure(figsize=(8.4, 2.8), layout="constrained")
+            loss_ax, rate_ax = figure.subplots(1, 2)
+            plotting.draw(snapshot, loss_ax, rate_ax, title=self._title)
+            self.image.value = render_png(figure)
+        except Exception as exc:  # shown by the panel's status; training goes on
+            self.error = f"live plot failed: {exc!r}"
+
+
+COLUMNS = ("run", "status", "device", "precision", "batch", "accum", "workers", "processes", "global batch",
+           "lr", "steps", "samples/s", "time/epoch", "peak memory", "final loss")
+
+
+class RunsTable:
+    def __init__(self):
+        self.html = widgets.HTML()
+        self.html.add_class("nbtrain-runs")
+
+    def show(self, runs: list[RunRecord]) -> None:
+        head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+        rows = "".join(
+            f"<tr class='nbtrain-run-row' data-run='{r.number}' data-status='{html.escape(r.status)}'>"
+            + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.cells()) + "</tr>"
+            for r in runs)
+        style = "border-collapse:collapse;font-size:12px"
+        self.html.value = (f"<table style='{style}' border='1' cellpadding='3'><thead><tr>{head}</tr></thead>"
+                           f"<tbody>{rows}</tbody></table>" if runs else "<i>no runs yet</i>")
+
+
+class CompareView:
+    """Chosen runs side by side: loss against training time, throughput, and measured ratios."""
+
+    def __init__(self):
+        self.select = widgets.SelectMultiple(description="compare", rows=4)
+        self.select.add_class("nbtrain-compare-select")
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
+        self.image.add_class("nbtrain-compare-plot")
+        self.summary = widgets.HTML()
+        self.summary.add_class("nbtrain-compare-summary")
+        self.widget = widgets.VBox([self.select, self.summary, self.image])
+        self._runs: dict[int, RunRecord] = {}
+
+    def offer(self, runs: list[RunRecord]) -> None:
+        """Make finished runs selectable; the newest few are chosen."""
+        finished = [r for r in runs if r.result is not None]
+        self._runs = {r.number: r for r in finished}
+        self.select.options = [(r.label(), r.number) for r in finished]
+        self.select.value = tuple(r.number for r in finished[-4:])
+
+    def draw(self) -> None:
+        chosen = [self._runs[n] for n in self.select.value if n in self._runs]
+        if not chosen:
+            self.summary.value, self.image.value = "", b""
+            return
+        self.summary.value = comparison_text(chosen)
+        figure = Figure(figsize=(8.4, 2.8), layout="constrained")
+        loss_ax, rate_ax = figure.subplots(1, 2)
+        for run in chosen:
+            cols = run.result.log.columns
+            loss_ax.plot(cols["time"], cols["loss"], lw=1.2, label=f"#{run.number}")
+        loss_ax.set_xlabel("training time (s)")
+        loss_ax.set_ylabel("training loss")
+        loss_ax.legend(fontsize=7)
+        rates = [run.result.summary["samples_per_s"] for run in chosen]
+        rate_ax.bar([f"#{run.number}" for run in chosen], [0 if math.isnan(x) else x for x in rates],
+                    color="tab:orange")
+        rate_ax.set_ylabel("samples/s")
+        self.image.value = render_png(figure)
+
+
+def comparison_text(runs: list[RunRecord]) -> str:
+    """Each run's measured throughput relative to the first chosen one."""
+    first = runs[0]
+    base = first.result.summary["samples_per_s"]
+    parts = []
+    for run in runs[1:]:
+        rate = run.result.summary["samples_per_s"]
+        if base > 0 and not math.isnan(rate):
+            parts.append(f"#{run.number} runs at {rate / base:.2f}x the samples/s of #{first.number}")
+    return "<small>" + html.escape("; ".join(parts) or f"#{first.number} alone") + "</small>"
