@@ -175,9 +175,10 @@ class Panel:
         if not changes:
             self.say("nothing to apply: the run already uses these settings")
             return
-        self.engine.request(**changes)  # validated now, applied at the next optimizer step
+        # Said first: the training thread may apply the change and report it before request() returns.
         self.say(f"requested {_describe({k: (getattr(self.engine.config, k), v) for k, v in changes.items()})}; "
                  "it applies at the next optimizer step")
+        self.engine.request(**changes)  # validated now, applied at the next optimizer step
 
     @_reported
     def _on_close(self, _button=None) -> None:

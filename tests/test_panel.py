@@ -1,0 +1,309 @@
+"""The control panel's logic, without a browser: real widgets, a real engine, real training.
+
+Each test builds the panel with display=False, sets widget values and clicks buttons as
+a user would, and checks the live engine and the panel's own status text.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import nbtrain
+from nbtrain import hardware
+from nbtrain.demo import digits_recipe
+from nbtrain.recipe import Recipe
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+NO_GPU = hardware.Inventory(cuda_devices=0, cuda_bf16=False, mps=False, cpu_cores=2)
+
+
+@pytest.fixture
+def make_panel():
+    made = []
+
+    def make(recipe=None, config=None):
+        panel = nbtrain.panel(recipe or digits_recipe(), config, display=False)
+        made.append(panel)
+        return panel
+
+    yield make
+    for panel in made:
+        panel.close()
+
+
+def wait_until(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.01)
+
+
+def start_long_run(panel):
+    panel.controls.max_epochs.value = "1000"
+    panel.run_button.click()
+    wait_until(lambda: panel.engine.running and panel.engine.step >= 5)
+
+
+def test_importing_nbtrain_does_not_import_ipywidgets_until_panel_is_called():
+    code = ("import sys, nbtrain; assert 'ipywidgets' not in sys.modules, 'imported early'; "
+            "import nbtrain.demo; assert 'ipywidgets' not in sys.modules, 'demo imported it'; "
+            "p = nbtrain.panel(nbtrain.demo.digits_recipe(), display=False); "
+            "assert 'ipywidgets' in sys.modules; p.close(); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_run_trains_the_live_model_with_the_settings_chosen_in_the_panel(make_panel):
+    recipe = digits_recipe()
+    panel = make_panel(recipe)
+    before = [p.detach().clone() for p in recipe.model.parameters()]
+    panel.controls.batch_size.value = "64"
+    panel.controls.precision.select("bf16-mixed")
+    panel.controls.max_steps.value = "12"
+    panel.run_button.click()
+    assert panel.run_button.disabled and not panel.stop_button.disabled  # while it runs
+    assert panel.wait(60)
+    engine = panel.engine
+    assert engine.model is recipe.model
+    assert (engine.config.batch_size, engine.config.precision, engine.step) == (64, "bf16-mixed", 12)
+    assert any(not torch.equal(a, b) for a, b in zip(before, recipe.model.parameters()))
+    assert re.fullmatch(r"run #1 completed after 12 steps — [\d,.]+ samples/s, final loss [\d.]+",
+                        panel.status_text), panel.status_text
+    row = re.search(r"<tr class='nbtrain-run-row' data-run='1' data-status='completed'>(.*?)</tr>",
+                    panel.table.html.value).group(1)
+    cells = re.findall(r"<td>(.*?)</td>", row)
+    assert cells[:9] == ["#1", "completed", "cpu", "bf16-mixed", "64", "1", "0", "1", "64"]
+    assert not panel.run_button.disabled and panel.stop_button.disabled
+    assert panel.errors == []
+
+
+def test_readout_states_the_global_batch_and_the_scaled_learning_rate(make_panel):
+    panel = make_panel()
+    assert "global batch 32</b> = batch 32 × accumulate 1 × 1 process" in panel.readout.value
+    assert "learning rate 0.003" in panel.readout.value  # digits recipe: AdamW(lr=3e-3)
+    panel.controls.batch_size.value = "64"
+    panel.controls.accumulate.value = 2
+    panel.controls.scale_lr.value = "linear"  # tuned for the starting global batch, 32
+    text = panel.readout.value
+    assert "global batch 128</b> = batch 64 × accumulate 2 × 1 process" in text
+    assert "learning rate 0.012 (linear rule: base 0.003 x 4 for global batch 128 vs 32)" in text
+    panel.controls.scale_lr.value = "sqrt"
+    assert "learning rate 0.006 (sqrt rule" in panel.readout.value
+
+
+def test_invalid_batch_size_shows_the_config_error_and_run_starts_nothing(make_panel):
+    panel = make_panel()
+    panel.controls.batch_size.value = "lots"
+    assert panel.status_text == "invalid training configuration: batch_size='lots': a whole number from 1 to 16777216"
+    assert panel.readout.value == ""
+    panel.run_button.click()
+    assert panel.runs == [] and not panel.running
+    assert "batch_size='lots'" in panel.status_text and "#b00020" in panel.status.value
+    panel.controls.batch_size.value = "48"  # free entry, not a power of two
+    assert panel.status_text.startswith("ready")
+    assert "global batch 48" in panel.readout.value
+
+
+def test_an_invalid_combination_names_every_problem_in_the_status_line(make_panel):
+    panel = make_panel()
+    panel.controls.base_batch.value = ""
+    panel.controls.scale_lr.value = "linear"
+    panel.controls.max_steps.value = "0"
+    panel.controls.workers.value = 3
+    panel.controls.batch_size.value = "0"
+    assert panel.status_text == ("invalid training configuration\n"
+                                 "  batch_size='0': a whole number from 1 to 16777216\n"
+                                 "  max_steps='0': a whole number >= 1, or None / -1 for no step limit")
+    panel.controls.batch_size.value = "16"
+    panel.controls.max_steps.value = ""
+    assert panel.status_text == ("invalid training configuration: scale_lr='linear': needs base_batch_size "
+                                 "(the global batch the learning rate was tuned for)")
+    panel.apply_button.click()
+    assert panel.status_text.startswith("invalid training configuration: scale_lr='linear'")
+
+
+def test_unavailable_device_and_precision_are_disabled_with_the_configs_reason(make_panel):
+    with hardware.assume(NO_GPU):
+        panel = make_panel()
+    device, precision = panel.controls.device, panel.controls.precision
+    assert device.value == "cpu" and not device.buttons["cpu"].disabled
+    assert device.buttons["cuda"].disabled
+    assert device.buttons["cuda"].tooltip == "not available on this machine; available: cpu"
+    assert "<b>cuda</b>: not available on this machine" in device.reasons.value
+    assert precision.buttons["16-mixed"].disabled
+    assert precision.buttons["16-mixed"].tooltip.startswith("16-mixed needs a CUDA GPU")
+    assert not precision.buttons["bf16-mixed"].disabled and not precision.buttons["32-true"].disabled
+
+
+def test_choice_buttons_act_as_one_choice(make_panel):
+    panel = make_panel()
+    precision = panel.controls.precision
+    precision.buttons["bf16-mixed"].value = True
+    assert precision.value == "bf16-mixed"
+    assert [b.value for b in precision.buttons.values()] == [False, False, True]
+    precision.buttons["bf16-mixed"].value = False  # unpressing the chosen one keeps it chosen
+    assert precision.value == "bf16-mixed" and precision.buttons["bf16-mixed"].value
+    assert "bf16-mixed on cpu" in panel.readout.value
+
+
+def test_apply_now_during_a_run_changes_the_batch_at_the_next_step_on_the_same_model_and_optimizer(make_panel):
+    recipe = digits_recipe()
+    panel = make_panel(recipe)
+    start_long_run(panel)
+    engine, optimizer = panel.engine, panel.engine.optimizer
+    panel.controls.batch_size.value = "128"
+    assert panel.status_text == "changed: press Apply now to use this from the next optimizer step"
+    assert engine.config.batch_size == 32  # nothing changes before Apply now
+    panel.apply_button.click()
+    assert panel.status_text.startswith(("requested batch_size 32 → 128; it applies at the next optimizer step",
+                                         "applied at step"))  # the training thread may be that quick
+    wait_until(lambda: panel.runs[0].log.of_type("change"))
+    change = panel.runs[0].log.of_type("change")[0]
+    assert change["changes"] == {"batch_size": [32, 128]}
+    wait_until(lambda: panel.status_text.startswith("applied"))
+    assert panel.status_text == (f"applied at step {change['step']}: batch_size 32 → 128 "
+                                 "(same model and optimizer)")
+    assert engine.running and engine.config.batch_size == 128
+    assert panel.engine is engine and engine.optimizer is optimizer and engine.model is recipe.model
+    adam_steps = optimizer.state[next(recipe.model.parameters())]["step"].item()
+    assert adam_steps >= change["step"]  # the optimizer's state carried over the change
+    panel.stop_button.click()
+    assert panel.wait(30)
+    assert panel.runs[0].status == "stopped"
+
+
+def test_stop_ends_the_run_at_a_step_boundary_and_says_where(make_panel):
+    panel = make_panel()
+    start_long_run(panel)
+    panel.stop_button.click()
+    assert panel.status_text == "stopping run #1 at the next optimizer step…"
+    assert panel.wait(30)
+    steps = panel.engine.step
+    assert re.fullmatch(rf"run #1 stopped: stopped at step {steps} \(epoch \d+, \d+ samples into it\) — .*",
+                        panel.status_text), panel.status_text
+    assert steps < 45 * 1000 and not panel.engine.running
+    assert panel.runs[0].result.summary["run_steps"] == steps
+    panel.stop_button.click()
+    assert panel.status_text == "no run in progress"
+
+
+def test_a_second_run_while_one_is_going_is_refused_in_the_status_line(make_panel):
+    panel = make_panel()
+    start_long_run(panel)
+    panel._on_run()  # the button is disabled in the browser; the logic refuses too
+    assert panel.status_text == "run #1 is still going: Stop it, or Apply now to change it"
+    assert len(panel.runs) == 1
+
+
+def test_changing_processes_inside_a_run_is_refused_with_the_engines_reason(make_panel):
+    panel = make_panel()
+    start_long_run(panel)
+    assert panel.controls.processes.disabled
+    panel.controls.processes.value = 2
+    panel.apply_button.click()
+    assert panel.status_text == ("ValueError: devices cannot change inside a running process; "
+                                 "start a new run with them instead")
+    assert panel.engine.running and panel.engine.config.devices == 1
+    assert "Traceback" in panel.errors[-1]
+
+
+def test_a_failing_training_step_is_reported_in_the_status_line_and_the_runs_table(make_panel):
+    recipe = digits_recipe()
+
+    def training_step(model, batch):
+        raise RuntimeError("the model's forward failed on purpose")
+
+    broken = Recipe(model=recipe.model, train_data=recipe.train_data, training_step=training_step)
+    panel = make_panel(broken)
+    panel.run_button.click()
+    assert panel.wait(30)
+    assert panel.status_text == "run #1 failed: RuntimeError: the model's forward failed on purpose"
+    assert "data-status='failed'" in panel.table.html.value
+    assert "RuntimeError" in panel.errors[-1]
+    assert not panel.run_button.disabled  # the panel stays usable
+
+
+def test_a_new_panel_for_the_same_model_stops_the_old_ones_run(make_panel):
+    recipe = digits_recipe()
+    first = make_panel(recipe)
+    start_long_run(first)
+    second = make_panel(recipe)
+    assert not first.running and not first.engine.running
+    assert first.runs[0].status == "stopped"
+    assert second.engine is first.engine  # the same live model and optimizer
+    assert first.widget.comm is None  # the old panel's widgets are closed
+
+
+def test_close_stops_the_run_and_closes_the_widgets(make_panel):
+    panel = make_panel()
+    start_long_run(panel)
+    panel.close_button.click()
+    assert not panel.running and panel.runs[0].status == "stopped"
+    assert panel.widget.comm is None and panel.run_button.comm is None
+
+
+def test_live_plot_and_compare_view_are_drawn_from_measured_runs(make_panel):
+    panel = make_panel()
+    panel.controls.max_steps.value = "15"
+    panel.run_button.click()
+    assert panel.wait(60)
+    panel.controls.batch_size.value = "128"
+    panel.run_button.click()
+    assert panel.wait(60)
+    assert bytes(panel.plot.image.value).startswith(b"\x89PNG")
+    assert panel.compare.select.value == (1, 2)
+    rates = [r.result.summary["samples_per_s"] for r in panel.runs]
+    assert panel.compare.summary.value == f"<small>#2 runs at {rates[1] / rates[0]:.2f}x the samples/s of #1</small>"
+    assert bytes(panel.compare.image.value).startswith(b"\x89PNG")
+    panel.compare.select.value = (2,)
+    assert panel.compare.summary.value == "<small>#2 alone</small>"
+
+
+def test_panel_reads_a_namespace_and_names_what_it_accepts(make_panel):
+    recipe = digits_recipe()
+    panel = make_panel({"model": recipe.model, "train_data": recipe.train_data, "loss_fn": recipe.loss_fn})
+    assert panel.recipe.model is recipe.model
+    with pytest.raises(TypeError, match=r"got int; allowed: a nbtrain.Recipe, a namespace dict"):
+        nbtrain.panel(42, display=False)
+    with pytest.raises(nbtrain.RecipeError, match="the namespace defines no model"):
+        nbtrain.panel({"train_data": recipe.train_data}, display=False)
+
+
+@pytest.mark.slow
+def test_processes_above_one_run_through_the_ddp_launcher(make_panel):
+    pytest.importorskip("nbtrain.launch", reason="the DDP launcher (nbtrain/launch.py) is not in this tree")
+    recipe = digits_recipe()
+    panel = make_panel(recipe, nbtrain.TrainConfig(accelerator="cpu"))
+    before = [p.detach().clone() for p in recipe.model.parameters()]
+    panel.controls.processes.value = 2
+    panel.controls.max_steps.value = "4"
+    assert "× 2 processes" in panel.readout.value
+    panel.run_button.click()
+    assert panel.wait(240), panel.status_text
+    assert panel.runs[0].status == "completed", panel.status_text
+    assert panel.runs[0].result.config.world_size == 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, recipe.model.parameters()))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_moving_a_running_model_to_the_gpu_with_16_mixed_applies_at_the_next_step(make_panel):
+    recipe = digits_recipe()
+    panel = make_panel(recipe, nbtrain.TrainConfig(accelerator="cpu"))
+    start_long_run(panel)
+    panel.controls.device.select("cuda")
+    panel.controls.precision.select("16-mixed")
+    panel.apply_button.click()
+    wait_until(lambda: panel.engine.config.accelerator == "cuda")
+    wait_until(lambda: panel.status_text.startswith("applied"))
+    assert next(recipe.model.parameters()).device.type == "cuda"
+    assert panel.engine.precision.scaler.is_enabled()
+    panel.stop_button.click()
+    assert panel.wait(30) and panel.runs[0].status == "stopped"
+    assert panel.errors == []
