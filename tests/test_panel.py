@@ -188,6 +188,7 @@ def test_stop_ends_the_run_at_a_step_boundary_and_says_where(make_panel):
     assert re.fullmatch(rf"run #1 stopped: stopped at step {steps} \(epoch \d+, \d+ samples into it\) — .*",
                         panel.status_text), panel.status_text
     assert steps < 45 * 1000 and not panel.engine.running
+    assert f"run #1: step {steps} of 45000 · loss" in panel.progress.value  # 1437 samples / 32 = 45 steps/epoch
     assert panel.runs[0].result.summary["run_steps"] == steps
     panel.stop_button.click()
     assert panel.status_text == "no run in progress"

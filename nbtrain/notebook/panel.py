@@ -251,9 +251,9 @@ class Panel:
         elif kind == "start":
             self.table.show(self.runs)
         elif kind == "steps" and event["rows"]["step"]:
-            rows = event["rows"]
-            planned = log.last("start")["info"].get("planned_steps")
-            self.progress.value = (f"<small>run #{record.number}: step {rows['step'][-1]}"
+            rows, info = event["rows"], log.last("start")["info"]
+            planned, done = info.get("planned_steps"), rows["step"][-1] - info.get("step_start", 0)
+            self.progress.value = (f"<small>run #{record.number}: step {done}"
                                    f"{f' of {planned}' if planned else ''} · loss {rows['loss'][-1]:.4f}</small>")
 
     @_reported
