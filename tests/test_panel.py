@@ -266,6 +266,17 @@ def test_live_plot_and_compare_view_are_drawn_from_measured_runs(make_panel):
     assert panel.compare.summary.value == "<small>#2 alone</small>"
 
 
+def test_further_toggles_apply_and_say_why_one_does_not_apply_here(make_panel):
+    panel = make_panel(config=nbtrain.TrainConfig(accelerator="cpu"))
+    panel.controls.optimizer_impl.value = "foreach"
+    panel.controls.matmul.value = "high"
+    panel.controls.max_steps.value = "3"
+    panel.run_button.click()
+    assert panel.wait(60)
+    assert (panel.engine.config.optimizer_impl, panel.engine.config.matmul_precision) == ("foreach", "high")
+    assert panel.status_text.endswith("\nnote: matmul_precision=high: not applicable on cpu (TF32 is a CUDA feature)")
+
+
 def test_panel_reads_a_namespace_and_names_what_it_accepts(make_panel):
     recipe = digits_recipe()
     panel = make_panel({"model": recipe.model, "train_data": recipe.train_data, "loss_fn": recipe.loss_fn})

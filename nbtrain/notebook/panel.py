@@ -225,7 +225,8 @@ class Panel:
             s = result.summary
             message = (f"run #{record.number} {result.status}"
                        + (f": {result.message}" if result.message else f" after {s['steps']} steps")
-                       + f" — {_number(s['samples_per_s'])} samples/s, final loss {_number(s['last_loss'])}")
+                       + f" — {_number(s['samples_per_s'])} samples/s, final loss {_number(s['last_loss'])}"
+                       + "".join(f"\nnote: {note}" for note in s.get("notes", [])))
         except BaseException as exc:  # KeyboardInterrupt included: it is how a multi-process run stops
             self.errors.append(traceback.format_exc())
             record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"

@@ -12,7 +12,8 @@ import os
 import ipywidgets as widgets
 
 from .. import hardware
-from ..config import ACCELERATORS, LR_RULES, PRECISIONS, ConfigError, TrainConfig
+from ..config import (ACCELERATORS, COMPILE_MODES, LR_RULES, MATMUL_PRECISIONS, OPTIMIZER_IMPLS, PRECISIONS,
+                      ConfigError, TrainConfig)
 
 BATCH_CHOICES = [str(2**i) for i in range(13)]  # 1 .. 4096; any other whole number may be typed
 DEVICE_CHOICES = tuple(a for a in ACCELERATORS if a != "auto")
@@ -109,9 +110,19 @@ class Controls:
                                        description="epochs", placeholder="none", continuous_update=False)
         self.max_steps = widgets.Text(value="" if config.max_steps is None else str(config.max_steps),
                                       description="steps", placeholder="none", continuous_update=False)
+        # The further checklist toggles, folded away: each applies live like the rest.
+        self.compile = widgets.Dropdown(options=COMPILE_MODES, value=config.compile, description="compile")
+        self.channels_last = widgets.Checkbox(value=config.channels_last, description="channels_last",
+                                              indent=False)
+        self.optimizer_impl = widgets.Dropdown(options=OPTIMIZER_IMPLS, value=config.optimizer_impl,
+                                               description="optimizer")
+        self.matmul = widgets.Dropdown(options=[("torch's", "none")] + [(m, m) for m in MATMUL_PRECISIONS],
+                                       value=config.matmul_precision or "none", description="matmul")
         self.fields = {"batch-size": self.batch_size, "accumulate": self.accumulate, "workers": self.workers,
                        "processes": self.processes, "scale-lr": self.scale_lr, "base-batch": self.base_batch,
-                       "lr": self.lr, "max-epochs": self.max_epochs, "max-steps": self.max_steps}
+                       "lr": self.lr, "max-epochs": self.max_epochs, "max-steps": self.max_steps,
+                       "compile": self.compile, "channels-last": self.channels_last,
+                       "optimizer-impl": self.optimizer_impl, "matmul": self.matmul}
         for name, widget in self.fields.items():
             widget.add_class(f"nbtrain-{name}")
             widget.style.description_width = "80px"
@@ -121,6 +132,8 @@ class Controls:
             widgets.HBox([widgets.VBox([self.batch_size, self.accumulate, self.processes]),
                           widgets.VBox([self.workers, self.max_epochs, self.max_steps]),
                           widgets.VBox([self.scale_lr, self.base_batch, self.lr])]),
+            _folded("more speed toggles", widgets.HBox([self.compile, self.optimizer_impl, self.matmul,
+                                                        self.channels_last])),
         ])
         self.refresh_choices()
 
@@ -132,6 +145,8 @@ class Controls:
             "num_workers": self.workers.value, "devices": self.processes.value,
             "scale_lr": self.scale_lr.value, "base_batch_size": self.base_batch.value,
             "lr": self.lr.value, "max_epochs": self.max_epochs.value, "max_steps": self.max_steps.value,
+            "compile": self.compile.value, "channels_last": self.channels_last.value,
+            "optimizer_impl": self.optimizer_impl.value, "matmul_precision": self.matmul.value,
         }
 
     def refresh_choices(self) -> None:
@@ -148,6 +163,12 @@ class Controls:
 def _labelled(text: str, widget) -> widgets.HBox:
     label = widgets.Label(text, layout=widgets.Layout(width="84px"))
     return widgets.HBox([label, widget])
+
+
+def _folded(title: str, widget) -> widgets.Accordion:
+    folded = widgets.Accordion(children=[widget], titles=(title,), selected_index=None)
+    folded.add_class("nbtrain-more")
+    return folded
 
 
 def _escape(text: str) -> str:
