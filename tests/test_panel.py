@@ -26,6 +26,8 @@ def make_panel():
     made = []
 
     def make(recipe=None, config=None):
+        # On the CPU unless a test says otherwise, so the numbers checked are the same on a GPU machine.
+        config = config or nbtrain.TrainConfig(accelerator="cpu")
         panel = nbtrain.panel(recipe or digits_recipe(), config, display=False)
         made.append(panel)
         return panel
