@@ -184,7 +184,7 @@ def test_stop_ends_the_run_at_a_step_boundary_and_says_where(make_panel):
     panel = make_panel()
     start_long_run(panel)
     panel.stop_button.click()
-    assert panel.status_text == "stopping run #1 at the next optimizer step…"
+    assert panel.status_text.startswith(("stopping run #1 at the next optimizer step…", "run #1 stopped"))
     assert panel.wait(30)
     steps = panel.engine.step
     assert re.fullmatch(rf"run #1 stopped: stopped at step {steps} \(epoch \d+, \d+ samples into it\) — .*",
@@ -303,6 +303,25 @@ def test_processes_above_one_run_through_the_ddp_launcher(make_panel):
     assert panel.runs[0].status == "completed", panel.status_text
     assert panel.runs[0].result.config.world_size == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, recipe.model.parameters()))
+
+
+@pytest.mark.slow
+def test_stop_ends_a_multi_process_run_and_refuses_live_changes_to_it(make_panel):
+    pytest.importorskip("nbtrain.launch", reason="the DDP launcher (nbtrain/launch.py) is not in this tree")
+    panel = make_panel()
+    panel.controls.processes.value = 2
+    panel.controls.max_epochs.value = "1000"
+    panel.run_button.click()
+    wait_until(lambda: len(panel.runs[0].log) > 0, timeout=120)
+    panel.controls.batch_size.value = "64"
+    panel.apply_button.click()
+    assert panel.status_text == ("a multi-process run cannot change while it runs: "
+                                 "Stop it and Run again with the new settings")
+    panel.stop_button.click()
+    assert panel.status_text.startswith(("stopping run #1 by ending its worker processes…", "run #1 interrupted"))
+    assert panel.wait(60)
+    assert panel.runs[0].status == "interrupted"
+    assert panel.status_text.startswith("run #1 interrupted"), panel.status_text
 
 
 @pytest.mark.cuda

@@ -155,8 +155,10 @@ class Panel:
         if not self.running:
             self.say("no run in progress")
             return
+        record = self._current
+        how = "by ending its worker processes…" if record.config.world_size > 1 else "at the next optimizer step…"
+        self.say(f"stopping run #{record.number} {how}")  # before stopping: the run's last word comes after
         self._request_stop()
-        self.say(f"stopping run #{self._current.number} at the next optimizer step…")
 
     @_reported
     def _on_apply(self, _button=None) -> None:
