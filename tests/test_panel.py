@@ -141,6 +141,12 @@ def test_unavailable_device_and_precision_are_disabled_with_the_configs_reason(m
     assert precision.buttons["16-mixed"].disabled
     assert precision.buttons["16-mixed"].tooltip.startswith("16-mixed needs a CUDA GPU")
     assert not precision.buttons["bf16-mixed"].disabled and not precision.buttons["32-true"].disabled
+    with hardware.assume(NO_GPU):  # a disabled choice set from code still meets config.py's check
+        precision.select("16-mixed")
+    assert panel.status_text == ("invalid training configuration: precision='16-mixed': 16-mixed needs a CUDA GPU "
+                                 "(it uses a GradScaler); on cpu use 32-true or bf16-mixed")
+    panel.run_button.click()
+    assert panel.runs == []
 
 
 def test_choice_buttons_act_as_one_choice(make_panel):

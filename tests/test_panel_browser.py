@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -147,6 +148,9 @@ def test_panel_in_jupyterlab_runs_with_changed_settings_and_stops_on_request(lab
     status = panel.locator(".nbtrain-status")
     expect(status).to_contain_text("ready: press Run")
 
+    if not torch.cuda.is_available():  # the kernel runs on this machine: no CUDA there either
+        expect(panel.locator(".nbtrain-device-cuda")).to_be_disabled()
+        expect(panel.locator(".nbtrain-device-reasons")).to_contain_text("cuda: not available on this machine")
     batch = panel.locator(".nbtrain-batch-size input")
     batch.fill("64")
     batch.press("Enter")
