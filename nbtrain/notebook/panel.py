@@ -239,8 +239,7 @@ class Panel:
                 if self.plot.error:
                     message += f" ({self.plot.error})"
                 self.table.show(self.runs)
-                self.compare.offer(self.runs)
-                self._draw_compare()
+                self.compare.offer(self.runs)  # the new selection redraws the compare view
                 self._set_running(False)
             except Exception as exc:
                 self.errors.append(traceback.format_exc())
