@@ -1,5 +1,6 @@
 """nbtrain: try the PyTorch training-speed checklist on your own live model, and see the effect."""
 from .api import fit
+from .compare import compare
 from .config import ConfigError, TrainConfig
 from .engine import Engine
 from .metrics import MetricsLog
@@ -7,7 +8,7 @@ from .recipe import Recipe, RecipeError
 from .result import RunResult
 
 __version__ = "0.1.0"
-__all__ = ["fit", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError", "RunResult"]
+__all__ = ["fit", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError", "RunResult"]
 
 
 def panel(recipe_or_namespace=None, config=None, display=True):

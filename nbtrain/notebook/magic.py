@@ -1,0 +1,288 @@
+"""IPython magics: `%%nbtrain` trains the cell's recipe; `%nbtrain` sets defaults; runs are kept.
+
+    %load_ext nbtrain
+    %%nbtrain --max-epochs 2 --batch-size 128 --precision bf16-mixed --name run_a
+    model = Net()
+    train_data = DigitsDataset()
+    loss_fn = nn.CrossEntropyLoss()
+
+The cell body runs in the notebook's namespace like any cell; then the recipe is read
+from it by conventional names, the flags become a TrainConfig (which alone checks
+them), and `nbtrain.fit` trains with live views subscribed to the run's MetricsLog.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import keyword
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from ..api import fit
+from ..compare import compare
+from ..config import ConfigError, TrainConfig, options
+from ..flags import add_config_flags
+from ..metrics import MetricsLog
+from ..recipe import NAMES, Recipe, RecipeError
+from ..result import RunResult
+from ..store import RunStore, StoreError
+from . import errors
+from .views import LivePlot, LiveProgress, RunsTable, Summary
+
+CONVENTIONS = "\n".join(
+    [f"  {part:<14} {' or '.join(names)}" for part, names in NAMES.items()]
+    + ["  lr             lr (a number: the base learning rate, unless --lr is given)"])
+
+HELP_EPILOG = f"""\
+The cell body runs first, in the notebook's namespace; then these names are read from it
+(names from earlier cells count too, so a cell that does not build a new `model` continues
+training the one already trained):
+{CONVENTIONS}
+`model` and `train_data` are needed, and `loss_fn` (called as loss_fn(model(x), y)) or
+`training_step(model, batch)` returning the loss. The trained model stays in the namespace.
+The result (config, history, summary) is kept in `_nbtrain` (and in the --name variable) and
+recorded in the run store; `%nbtrain_runs` lists stored runs, `%nbtrain_compare a b` draws them
+side by side. `%nbtrain FLAGS` (line magic) sets defaults for later cells; `%nbtrain --reset`
+forgets them. Interrupting the kernel stops at the next step and keeps what was trained."""
+
+_RUN_OPTIONS = ("name", "config", "store", "no_plot", "no_progress", "reset", "help")
+
+
+class _FlagParser(MagicArgumentParser):
+    def error(self, message):
+        # argparse's own messages ("argument --batch-size: expected one argument") gain what is allowed.
+        for name, (option, _) in options().items():
+            if f"argument {errors.flag(name)}:" in message:
+                message += f"; allowed: {option.allowed}"
+        raise UsageError(f"%%nbtrain: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _FlagParser(prog="%%nbtrain", usage="%(prog)s [FLAGS]  (cell)   /   %%nbtrain [FLAGS]  (defaults)",
+                         description="Train the cell's model with these settings, live progress and plot; keep "
+                                     "and record the result.", epilog=HELP_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.allow_abbrev = False  # `--batch 64` is a typo, not --batch-size
+    run = parser.add_argument_group("this run")
+    run.add_argument("--name", help="also keep the result in this variable, and record the run under this name")
+    run.add_argument("--config", metavar="VAR", help="take flags from a dict (or TrainConfig) in this variable; "
+                                                     "flags on the line win")
+    run.add_argument("--store", metavar="PATH", help="run-store file (default: $NBTRAIN_STORE or "
+                                                     ".nbtrain/runs.sqlite here)")
+    run.add_argument("--no-plot", action="store_true", help="no live plot")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--reset", action="store_true", help="(line magic) forget the defaults set before")
+    run.add_argument("-h", "--help", action="store_true", help="show this help")
+    add_config_flags(parser)
+    return parser
+
+
+def _known_flags(parser) -> list[str]:
+    return [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+
+
+def _unknown_flag_error(parser, unknown: list[str]) -> UsageError:
+    token = unknown[0]
+    if not token.startswith("-"):
+        return UsageError(f"%%nbtrain: unexpected value {token!r}; allowed: flags written --flag VALUE, "
+                          "one value each (see %%nbtrain?)")
+    name, _, value = token.partition("=")
+    if not value and len(unknown) > 1 and not unknown[1].startswith("--"):
+        value = unknown[1]
+    known = _known_flags(parser)
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    shown = f" {value}" if value else ""
+    return UsageError(f"%%nbtrain: unknown flag {name}{shown}; {hint}allowed flags: {', '.join(known)}")
+
+
+@magics_class
+class NbtrainMagics(Magics):
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.parser = build_parser()
+        self.defaults: dict = {}       # config options set by `%nbtrain FLAGS`
+        self.run_defaults: dict = {}   # --store / --no-plot / --no-progress set the same way
+
+    # --- reading the flags (nothing runs before they are all good) ----------------------
+
+    def _parse(self, line: str):
+        try:
+            tokens = shlex.split(line)
+        except ValueError as error:
+            raise UsageError(f"%%nbtrain: cannot read the flags ({error}): {line!r}") from None
+        args, unknown = self.parser.parse_known_args(tokens)
+        if unknown:
+            raise _unknown_flag_error(self.parser, unknown)
+        given = {k: v for k, v in vars(args).items() if k not in _RUN_OPTIONS}
+        return args, given
+
+    def _values_from_variable(self, var: str) -> dict:
+        if var not in self.shell.user_ns:
+            raise UsageError(f"%%nbtrain: --config {var}: no variable named {var!r} in the namespace; allowed: "
+                             "the name of a dict of options, e.g. cfg = dict(batch_size=64)")
+        value = self.shell.user_ns[var]
+        if isinstance(value, TrainConfig):
+            return value.to_dict()
+        if not isinstance(value, dict):
+            raise UsageError(f"%%nbtrain: --config {var}: got a {type(value).__name__}; allowed: a dict of options "
+                             "(e.g. dict(batch_size=64, precision='bf16-mixed')) or a TrainConfig")
+        return {str(k).lstrip("-").replace("-", "_"): v for k, v in value.items()}
+
+    def _config(self, args, given: dict) -> TrainConfig:
+        values = dict(self.defaults)
+        if args.config:
+            values.update(self._values_from_variable(args.config))
+        values.update(given)
+        try:
+            return TrainConfig.from_dict(values)
+        except ConfigError as error:
+            raise errors.config_usage_error(error) from None
+
+    # --- the magics ---------------------------------------------------------------------
+
+    @line_cell_magic
+    def nbtrain(self, line, cell=None):
+        args, given = self._parse(line)
+        if args.help:
+            print(self.parser.format_help())
+            return
+        if cell is None:
+            return self._set_defaults(args, given)
+        if args.reset:
+            raise UsageError("%%nbtrain: --reset applies to the line magic (%nbtrain --reset)")
+        if args.name is not None and (not args.name.isidentifier() or keyword.iskeyword(args.name)):
+            raise UsageError(f"%%nbtrain: --name {args.name!r}: allowed: a Python variable name "
+                             "(letters, digits and _, not starting with a digit), e.g. run_a")
+        config = self._config(args, given)
+        self._run_body(cell)
+        namespace = self.shell.user_ns
+        try:
+            recipe = Recipe.from_namespace(namespace)
+        except RecipeError as error:
+            raise UsageError(f"%%nbtrain: {error}") from None
+        if "lr" not in given and isinstance(namespace.get("lr"), (int, float)) and not isinstance(namespace["lr"], bool):
+            try:
+                config = config.replace(lr=namespace["lr"])
+            except ConfigError as error:
+                raise UsageError(f"%%nbtrain: {error.render(lambda o: 'lr (in the namespace)')}") from None
+        result = self._train(recipe, config, args)
+        if result is None:
+            return
+        self._keep(result, recipe, args)
+
+    def _set_defaults(self, args, given: dict) -> None:
+        if args.name is not None:
+            raise UsageError("%nbtrain: --name applies to a %%nbtrain cell, not to the defaults")
+        if args.reset:
+            self.defaults, self.run_defaults = {}, {}
+        values = {**self.defaults, **(self._values_from_variable(args.config) if args.config else {}), **given}
+        try:
+            TrainConfig.from_dict(values)  # check now, so a bad default never reaches a cell
+        except ConfigError as error:
+            raise errors.config_usage_error(error, "%nbtrain") from None
+        self.defaults = values
+        for key in ("store", "no_plot", "no_progress"):
+            if getattr(args, key):
+                self.run_defaults[key] = getattr(args, key)
+        shown = ", ".join(f"{errors.flag(k)} {v}" for k, v in {**self.defaults, **self.run_defaults}.items())
+        print(f"nbtrain defaults for later cells: {shown or 'none (TrainConfig defaults)'}")
+
+    def _run_body(self, cell: str) -> None:
+        """Run the cell body as the cell itself: its line numbers, the notebook's namespace."""
+        shell = self.shell
+        raw = "\n" + cell  # line 1 is the %%nbtrain line, so body lines keep the cell's numbers
+        source = shell.transform_cell(raw)
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=raw)
+        code = shell.compile(source, filename, "exec")
+        try:
+            exec(code, shell.user_global_ns, shell.user_ns)
+        except (Exception, KeyboardInterrupt) as error:
+            raise errors.show_as_user_error(shell, error, errors.from_cell(error.__traceback__, filename)) from None
+
+    def _option(self, args, key):
+        return getattr(args, key) or self.run_defaults.get(key)
+
+    def _train(self, recipe: Recipe, config: TrainConfig, args) -> RunResult | None:
+        log = MetricsLog()
+        progress = None if self._option(args, "no_progress") else log.subscribe(LiveProgress(args.name or ""))
+        if not self._option(args, "no_plot"):
+            log.subscribe(LivePlot(title=args.name))
+        try:
+            return fit(recipe=recipe, config=config, log=log, name=args.name)
+        except KeyboardInterrupt:
+            if len(log):
+                raise  # a second interrupt inside a step: the engine could not finish it
+            print("nbtrain: interrupted before the first step; nothing was trained.")
+            return None
+        except Exception as error:
+            raise errors.training_failure(self.shell, error) from None
+        finally:
+            if progress is not None:
+                progress.close()
+
+    def _keep(self, result: RunResult, recipe: Recipe, args) -> None:
+        namespace = self.shell.user_ns
+        notes = []
+        if result.status != "completed":
+            planned = (result.log.last("start") or {}).get("info", {}).get("planned_steps", "?")
+            notes.append(f"{result.status} after {result.summary.get('run_steps', result.summary['steps'])} of "
+                         f"{planned} planned steps: {result.message}. The partial history is kept and the model "
+                         "keeps its training so far.")
+        params = sum(p.numel() for p in recipe.model.parameters())
+        model = f"{type(recipe.model).__name__} ({params:,} parameters)"
+        store = RunStore(self._option(args, "store"))
+        run_id = store.record(result, model=model)
+        result.extras.update(run_id=run_id, model=model, store=str(store.path))
+        if result.name is None and run_id is not None:
+            result.name = f"#{run_id}"
+        notes.append(f"recorded as run #{run_id} in {store.path}" if run_id is not None
+                     else "not recorded: the run store is unusable (see the warning)")
+        namespace["_nbtrain"] = result
+        if args.name:
+            namespace[args.name] = result
+        notes.append(f"result in {args.name + ' and ' if args.name else ''}_nbtrain")
+        display(Summary(result, notes))
+
+    @line_magic
+    @magic_arguments()
+    @argument("--last", type=int, default=None, help="only the newest N runs")
+    @argument("--store", default=None, help="run-store file (default: $NBTRAIN_STORE or .nbtrain/runs.sqlite)")
+    def nbtrain_runs(self, line):
+        """List the runs recorded in the run store (they survive kernel restarts)."""
+        args = parse_argstring(self.nbtrain_runs, line)
+        store = RunStore(args.store or self.run_defaults.get("store"))
+        try:
+            display(RunsTable(store.runs(last=args.last), store.path))
+        except StoreError as error:
+            raise UsageError(f"%nbtrain_runs: {error}") from None
+
+    @line_magic
+    @magic_arguments()
+    @argument("runs", nargs="+", help="result variables, stored run names, or run ids (#3)")
+    @argument("--loss", type=float, default=None, help="the loss to time (default: the lowest every run reached)")
+    @argument("--store", default=None, help="run-store file (default: $NBTRAIN_STORE or .nbtrain/runs.sqlite)")
+    @argument("--save", default=None, metavar="PATH", help="also save the figure to this file")
+    def nbtrain_compare(self, line):
+        """Draw runs side by side: loss against time, time to a loss, samples/s, peak memory."""
+        args = parse_argstring(self.nbtrain_compare, line)
+        store = RunStore(args.store or self.run_defaults.get("store"))
+        namespace = self.shell.user_ns
+        runs = [namespace[r] if isinstance(namespace.get(r), RunResult) else r for r in args.runs]
+        try:
+            comparison = compare(*runs, loss=args.loss, store=store, path=args.save)
+        except StoreError as error:
+            raise UsageError(f"%nbtrain_compare: {error}") from None
+        namespace["_nbtrain_compare"] = comparison
+        display(comparison)
+
+
+NbtrainMagics.nbtrain.__doc__ = build_parser().format_help()
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(NbtrainMagics)
