@@ -195,8 +195,11 @@ class NbtrainMagics(Magics):
     def _run_body(self, cell: str) -> None:
         """Run the cell body as the cell itself: its line numbers, the notebook's namespace."""
         shell = self.shell
-        raw = "\n" + cell  # line 1 is the %%nbtrain line, so body lines keep the cell's numbers
-        source = shell.transform_cell(raw)
+        raw = "\n" + cell
+        # IPython's transforms drop leading blank lines; put them back, plus one for the %%nbtrain
+        # line, so the body's line numbers in a traceback are the cell's.
+        blank = next((i for i, text in enumerate(cell.splitlines()) if text.strip()), 0)
+        source = "\n" * (1 + blank) + shell.transform_cell(cell)
         filename = shell.compile.cache(source, shell.execution_count, raw_code=raw)
         code = shell.compile(source, filename, "exec")
         try:

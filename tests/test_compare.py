@@ -1,0 +1,64 @@
+"""nbtrain.compare: runs side by side, from results or from the run store, without Jupyter."""
+import subprocess
+import sys
+
+import pytest
+
+import nbtrain
+from nbtrain import TrainConfig
+from nbtrain.compare import smoothed, time_to_loss
+from nbtrain.demo import digits_recipe
+from nbtrain.store import RunStore, StoreError
+
+
+@pytest.fixture(scope="module")
+def runs():
+    small = nbtrain.fit(recipe=digits_recipe(), name="b16",
+                        config=TrainConfig(max_steps=8, batch_size=16, log_every_n_steps=2, accelerator="cpu"))
+    large = nbtrain.fit(recipe=digits_recipe(), name="b128",
+                        config=TrainConfig(max_steps=8, batch_size=128, log_every_n_steps=2, accelerator="cpu"))
+    return small, large
+
+
+def test_smoothed_is_a_trailing_mean():
+    assert smoothed([4.0, 2.0, 0.0, 2.0], 2) == [4.0, 3.0, 1.0, 1.0]
+
+
+def test_compare_measures_each_run_against_the_first(runs, tmp_path):
+    small, large = runs
+    result = nbtrain.compare(small, large, path=tmp_path / "cmp.png")
+    assert result.labels == ["b16", "b128"]
+    assert [row["run"] for row in result.rows] == ["b16", "b128"]
+    ratio = large.summary["samples_per_s"] / small.summary["samples_per_s"]
+    assert result.rows[1]["vs first"] == f"x{ratio:.2f}"
+    assert result.rows[1]["changed from first"] == "batch_size=128"
+    # By default the target is the lowest loss every run reached, so every run has a time.
+    assert all(time_to_loss(r, result.target_loss) is not None for r in runs)
+    assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    titles = [ax.get_title() for ax in result.figure.axes]
+    assert titles == ["loss against time", f"time to loss {result.target_loss:.3g}", "throughput", "peak memory"]
+    bundle = result._repr_mimebundle_()
+    assert "b128" in bundle["text/plain"] and "data:image/png;base64," in bundle["text/html"]
+
+
+def test_a_loss_never_reached_says_so(runs):
+    result = nbtrain.compare(*runs, loss=1e-6)
+    assert all(row["time to loss 1e-06"] == "not reached" for row in result.rows)
+
+
+def test_compare_reads_runs_by_name_from_the_store(runs, tmp_path):
+    store = RunStore(tmp_path / "runs.sqlite")
+    for run in runs:
+        store.record(run)
+    result = nbtrain.compare("b16", "b128", store=store)
+    assert [r.history["loss"] for r in result.runs] == [r.history["loss"] for r in runs]
+    with pytest.raises(StoreError, match="no run named 'b64'.*stored runs: b128, b16"):
+        nbtrain.compare("b16", "b64", store=store)
+    with pytest.raises(TypeError, match="compare: got float; allowed: a RunResult, a run name or a run id"):
+        nbtrain.compare(1.5, store=store)
+
+
+def test_compare_module_imports_no_jupyter():
+    code = "import sys, nbtrain.compare, nbtrain.store; print(sorted(m for m in sys.modules if m.split('.')[0] in {'IPython', 'ipywidgets', 'ipykernel'}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,262 @@
+"""%%nbtrain and friends, through a real IPython InteractiveShell."""
+import copy
+import warnings
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from nbtrain.config import options
+from nbtrain.notebook.magic import build_parser
+
+DIGITS = """
+from nbtrain.demo import DigitsDataset, DigitsMLP
+import torch
+model = DigitsMLP()
+train_data = DigitsDataset()
+loss_fn = torch.nn.CrossEntropyLoss()
+"""
+
+
+@pytest.fixture(scope="module")
+def shell():
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbtrain")
+    ip.run_line_magic("colors", "nocolor")
+    return ip
+
+
+@pytest.fixture
+def ip(shell, tmp_path, monkeypatch):
+    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
+    shell.reset(new_session=False)
+    shell.run_line_magic("nbtrain", "--reset")
+    return shell
+
+
+def fails_with(ip, capsys, cell):
+    """Run a cell that must fail with one UsageError line; its text (stdout + stderr)."""
+    result = ip.run_cell(cell)
+    out = capsys.readouterr()
+    assert isinstance(result.error_in_exec, UsageError), (out.out, out.err)
+    text = out.out + out.err
+    assert "Traceback" not in text
+    return text
+
+
+# --- flags -------------------------------------------------------------------------------
+
+
+def test_every_config_field_is_a_dashed_flag():
+    flags = {s for action in build_parser()._actions for s in action.option_strings}
+    for name in options():
+        assert "--" + name.replace("_", "-") in flags
+
+
+def test_help_shows_every_flag_and_the_recipe_names(ip, capsys):
+    ip.run_cell("%%nbtrain?")
+    out = capsys.readouterr().out
+    for flag in ("--accumulate-grad-batches", "--precision", "--num-workers", "--name", "--config"):
+        assert flag in out
+    assert "training_step" in out and "val_data" in out and "`model` and `train_data` are needed" in out
+
+
+def test_cell_trains_the_namespace_recipe_and_keeps_the_named_result(ip, capsys):
+    result = ip.run_cell("%%nbtrain --max-steps 6 --batch-size 16 --name run_a --no-progress" + DIGITS)
+    out = capsys.readouterr().out
+    assert result.error_in_exec is None, out
+    ns = ip.user_ns
+    run_a = ns["run_a"]
+    assert run_a is ns["_nbtrain"]
+    assert (run_a.status, run_a.summary["steps"], run_a.config.batch_size) == ("completed", 6, 16)
+    assert "samples/s" in out and "step time by phase" in out
+    assert "recorded as run #1 in" in out and "result in run_a and _nbtrain" in out
+    assert ns["model"].training and isinstance(ns["model"], torch.nn.Module)
+
+
+def test_flags_become_the_config(ip):
+    ip.run_cell("%%nbtrain --max-steps 3 --accumulate-grad-batches 2 --precision bf16 --pin-memory false "
+                "--lr 0.01 --no-plot --no-progress" + DIGITS)
+    config = ip.user_ns["_nbtrain"].config
+    assert (config.accumulate_grad_batches, config.precision, config.pin_memory, config.lr) == (2, "bf16-mixed",
+                                                                                               False, 0.01)
+    assert ip.user_ns["_nbtrain"].summary["lr"] == 0.01
+
+
+def test_config_variable_supplies_flags_and_the_line_wins(ip):
+    ip.user_ns["cfg"] = {"batch-size": 8, "max_steps": 3, "seed": 5}
+    ip.run_cell("%%nbtrain --config cfg --batch-size 4 --no-plot --no-progress" + DIGITS)
+    config = ip.user_ns["_nbtrain"].config
+    assert (config.batch_size, config.max_steps, config.seed) == (4, 3, 5)
+
+
+def test_lr_in_the_namespace_is_the_base_rate_unless_flagged(ip):
+    ip.run_cell("%%nbtrain --max-steps 2 --no-plot --no-progress" + DIGITS + "lr = 0.02\n")
+    assert ip.user_ns["_nbtrain"].config.lr == 0.02
+    ip.run_cell("%%nbtrain --max-steps 2 --lr 0.5 --no-plot --no-progress\nlr = 0.02")
+    assert ip.user_ns["_nbtrain"].config.lr == 0.5
+
+
+def test_line_magic_sets_defaults_for_later_cells(ip, capsys):
+    ip.run_cell("%nbtrain --max-steps 2 --batch-size 8 --no-plot --no-progress")
+    assert "defaults for later cells: --max-steps 2, --batch-size 8" in capsys.readouterr().out
+    ip.run_cell("%%nbtrain" + DIGITS)
+    assert ip.user_ns["_nbtrain"].config.batch_size == 8 and ip.user_ns["_nbtrain"].summary["steps"] == 2
+    ip.run_cell("%%nbtrain --batch-size 4" + DIGITS)
+    assert ip.user_ns["_nbtrain"].config.batch_size == 4
+    text = fails_with(ip, capsys, "%nbtrain --num-workers -1")
+    assert "%nbtrain: invalid training configuration: --num-workers='-1': a whole number from 0 to 256" in text
+
+
+def test_next_cell_continues_the_same_model_unless_it_builds_one(ip):
+    ip.run_cell("%%nbtrain --max-steps 4 --no-plot --no-progress" + DIGITS)
+    model = ip.user_ns["model"]
+    trained = copy.deepcopy(model.state_dict())
+    ip.run_cell("%%nbtrain --max-steps 3 --batch-size 64 --no-plot --no-progress\nnote = 'same model'")
+    second = ip.user_ns["_nbtrain"]
+    assert ip.user_ns["model"] is model
+    assert second.log.last("start")["info"]["step_start"] == 4
+    assert second.history["step"] == [5, 6, 7]
+    assert any(not torch.equal(trained[k], v) for k, v in model.state_dict().items())
+    ip.run_cell("%%nbtrain --max-steps 2 --no-plot --no-progress" + DIGITS)
+    assert ip.user_ns["_nbtrain"].log.last("start")["info"]["step_start"] == 0
+
+
+# --- bad input: one line, nothing runs ----------------------------------------------------
+
+
+def test_unknown_flag_names_it_and_suggests_nothing_runs(ip, capsys):
+    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2 --bath-size 32\nran = True")
+    assert "%%nbtrain: unknown flag --bath-size 32; did you mean --batch-size? allowed flags: --name," in text
+    assert "ran" not in ip.user_ns
+
+
+def test_bad_values_are_all_named_with_what_is_allowed(ip, capsys):
+    text = fails_with(ip, capsys, "%%nbtrain --batch-size 0 --precision fp8\nran = True")
+    assert "--batch-size='0': a whole number from 1 to 16777216" in text
+    assert "--precision='fp8': one of 32-true, 16-mixed, bf16-mixed" in text
+    assert "ran" not in ip.user_ns
+
+
+def test_bad_combination_is_named(ip, capsys):
+    text = fails_with(ip, capsys, "%%nbtrain --persistent-workers\nran = True")
+    assert "--persistent-workers=True: needs num_workers >= 1" in text
+    assert "ran" not in ip.user_ns
+
+
+def test_missing_flag_value_says_what_is_allowed(ip, capsys):
+    text = fails_with(ip, capsys, "%%nbtrain --max-steps\nran = True")
+    assert "argument --max-steps: expected one argument; allowed: a whole number >= 1, or None" in text
+
+
+def test_stray_value_and_bad_name_and_bad_config_variable(ip, capsys):
+    assert "unexpected value '64'" in fails_with(ip, capsys, "%%nbtrain --batch-size 32 64\nx = 1")
+    assert "--name 'run a': allowed: a Python variable name" in fails_with(ip, capsys, "%%nbtrain --name 'run a'\nx = 1")
+    assert "--config cfg: no variable named 'cfg'" in fails_with(ip, capsys, "%%nbtrain --config cfg\nx = 1")
+    ip.user_ns["cfg"] = [1, 2]
+    assert "--config cfg: got a list; allowed: a dict" in fails_with(ip, capsys, "%%nbtrain --config cfg\nx = 1")
+    ip.user_ns["cfg"] = {"bach_size": 3}
+    text = fails_with(ip, capsys, "%%nbtrain --config cfg\nx = 1")
+    assert "--bach-size=3: unknown option; did you mean 'batch_size'?" in text
+
+
+def test_missing_model_or_data_is_named(ip, capsys):
+    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2\nimport torch\nloss_fn = torch.nn.MSELoss()")
+    assert "the namespace defines no model and no train_data" in text
+    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2" + DIGITS + "train_data = 5\n")
+    assert "train_data: got int; allowed: a map-style Dataset" in text
+
+
+def test_exception_in_the_cell_shows_the_users_traceback_with_cell_lines(ip, capsys):
+    result = ip.run_cell("%%nbtrain --max-steps 2\n\nx = 1\ny = x / 0\n")
+    text = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    assert "----> 4 y = x / 0" in text
+    assert "magic.py" not in text and "nbtrain" not in text.replace("%%nbtrain", "")
+
+
+def test_exception_in_user_code_during_training_shows_only_user_frames(ip, capsys):
+    cell = ("%%nbtrain --max-steps 3 --no-plot --no-progress" + DIGITS
+            + "def training_step(model, batch):\n    x, y = batch\n    return undefined_loss(model(x), y)\n")
+    result = ip.run_cell(cell)
+    text = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, NameError)
+    assert "in training_step" in text and "----> 9     return undefined_loss(model(x), y)" in text
+    for internal in ("engine.py", "api.py", "magic.py", "recipe.py"):
+        assert internal not in text
+
+
+def test_interrupt_stops_at_a_step_boundary_and_keeps_the_partial_run(ip, capsys):
+    cell = ("%%nbtrain --max-steps 50 --log-every-n-steps 1 --name cut --no-progress" + DIGITS + """
+import os, signal
+calls = []
+def training_step(model, batch):
+    calls.append(1)
+    if len(calls) == 3:
+        os.kill(os.getpid(), signal.SIGINT)
+    x, y = batch
+    return loss_fn(model(x), y)
+""")
+    result = ip.run_cell(cell)
+    out = capsys.readouterr().out
+    assert result.error_in_exec is None, out
+    cut = ip.user_ns["cut"]
+    assert cut.status == "interrupted"
+    assert cut.history["step"] == [1, 2, 3]
+    assert "interrupted after 3 of 50 planned steps: stopped at step 3" in out
+    assert "the model keeps its training so far" in out
+    assert ip.user_ns["calls"] == [1, 1, 1]
+
+
+# --- views, store, compare ----------------------------------------------------------------
+
+
+def test_live_plot_is_one_image_updated_in_place(ip):
+    with capture_output() as captured:
+        ip.run_cell("%%nbtrain --max-steps 30 --log-every-n-steps 2 --no-progress" + DIGITS)
+    images = [o for o in captured.outputs if "image/png" in o.data]
+    assert len(images) >= 2  # the first frame and the final one at least
+    ids = {o.transient.get("display_id") for o in images}
+    assert len(ids) == 1 and None not in ids
+    assert not images[0].update and all(o.update for o in images[1:])
+    assert any("text/html" in o.data and "samples/s" in o.data["text/html"] for o in captured.outputs)
+
+
+def test_corrupt_store_warns_once_and_training_goes_on(ip, tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "corrupt.sqlite"
+    bad.write_bytes(b"not sqlite at all " * 100)
+    monkeypatch.setenv("NBTRAIN_STORE", str(bad))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ip.run_cell("%%nbtrain --max-steps 2 --no-plot --no-progress --name one" + DIGITS)
+        ip.run_cell("%%nbtrain --max-steps 2 --no-plot --no-progress --name two\nx = 1")
+    assert ip.user_ns["one"].status == ip.user_ns["two"].status == "completed"
+    messages = [str(w.message) for w in caught if "run store" in str(w.message)]
+    assert len(messages) == 1 and "is unusable (file is not a database)" in messages[0]
+    assert "not recorded: the run store is unusable" in capsys.readouterr().out
+
+
+def test_runs_are_listed_and_compared_from_the_store(ip, capsys):
+    ip.run_cell("%%nbtrain --max-steps 4 --batch-size 16 --name small --no-plot --no-progress" + DIGITS)
+    ip.run_cell("%%nbtrain --max-steps 4 --batch-size 64 --name big --no-plot --no-progress" + DIGITS)
+    capsys.readouterr()
+    ip.run_cell("%nbtrain_runs")
+    listing = capsys.readouterr().out
+    assert "small" in listing and "big" in listing and "DigitsMLP (26,122 parameters)" in listing
+    del ip.user_ns["small"]  # read from the store, as after a restart
+    ip.run_cell("%nbtrain_compare small big")
+    table = capsys.readouterr().out
+    comparison = ip.user_ns["_nbtrain_compare"]
+    assert comparison.labels == ["small", "big"] and comparison.runs[0].config.batch_size == 16
+    assert "batch_size=64" in table
+    text = fails_with(ip, capsys, "%nbtrain_compare small nope")
+    assert "%nbtrain_compare: no run named 'nope'" in text and "stored runs: big, small" in text
+
+
+def test_devices_above_one_go_through_the_launcher(ip):
+    pytest.importorskip("nbtrain.launch")
+    ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 3 --no-plot --no-progress" + DIGITS)
+    result = ip.user_ns["_nbtrain"]
+    assert result.status == "completed" and result.summary["world_size"] == 2

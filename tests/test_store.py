@@ -1,0 +1,150 @@
+"""The SQLite run store: round trips, where it lives, and what happens when the file is bad or busy."""
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+
+import nbtrain
+from nbtrain import TrainConfig, hardware
+from nbtrain.demo import digits_recipe
+from nbtrain.metrics import MetricsLog
+from nbtrain.result import RunResult
+from nbtrain.store import RunStore, StoreError, default_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def run():
+    config = TrainConfig(max_steps=6, batch_size=32, log_every_n_steps=2, accelerator="cpu")
+    return nbtrain.fit(recipe=digits_recipe(), config=config, name="small")
+
+
+def test_record_and_load_round_trip_keeps_config_history_and_summary(tmp_path, run):
+    store = RunStore(tmp_path / "runs.sqlite")
+    run_id = store.record(run, model="DigitsMLP")
+    loaded = store.load("small")
+    assert loaded.extras["run_id"] == run_id
+    assert loaded.config == run.config
+    assert loaded.history == run.history
+    assert loaded.summary["samples_per_s"] == run.summary["samples_per_s"]
+    assert loaded.status == "completed" and loaded.name == "small"
+    assert [e["type"] for e in loaded.log.events] == [e["type"] for e in run.log.events]
+    listed = store.runs()
+    assert [(r.id, r.name, r.model, r.status) for r in listed] == [(run_id, "small", "DigitsMLP", "completed")]
+    assert listed[0].config["batch_size"] == 32
+
+
+def test_load_by_name_gives_the_newest_and_by_id_any(tmp_path, run):
+    store = RunStore(tmp_path / "runs.sqlite")
+    first = store.record(run, name="again")
+    second = store.record(run, name="again")
+    assert store.load("again").extras["run_id"] == second
+    assert store.load(first).extras["run_id"] == first
+    assert store.load(f"#{first}").extras["run_id"] == first
+    assert [r.id for r in store.runs(last=1)] == [second]
+
+
+def test_unknown_run_is_an_error_listing_stored_runs(tmp_path, run):
+    store = RunStore(tmp_path / "runs.sqlite")
+    store.record(run, name="kept")
+    with pytest.raises(StoreError, match=r"no run named 'gone' in .*runs.sqlite; stored runs: kept"):
+        store.load("gone")
+
+
+def test_default_path_is_project_local_and_env_overrides(tmp_path, monkeypatch):
+    monkeypatch.delenv("NBTRAIN_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_path() == tmp_path / ".nbtrain" / "runs.sqlite"
+    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "elsewhere.sqlite"))
+    assert RunStore().path == tmp_path / "elsewhere.sqlite"
+    assert RunStore(tmp_path / "given.sqlite").path == tmp_path / "given.sqlite"
+
+
+def test_store_folder_is_created_private(tmp_path, run):
+    store = RunStore(tmp_path / "project" / ".nbtrain" / "runs.sqlite")
+    assert store.record(run) is not None
+    assert stat.S_IMODE(os.stat(store.path.parent).st_mode) == 0o700
+
+
+def test_corrupt_file_warns_once_and_recording_returns_none(tmp_path, run):
+    path = tmp_path / "runs.sqlite"
+    path.write_bytes(b"this is not a database, just some bytes " * 200)
+    store = RunStore(path)
+    with pytest.warns(RuntimeWarning, match=r"run store .*runs.sqlite is unusable \(file is not a database\); "
+                                            r"training goes on"):
+        assert store.record(run) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second failure on the same file stays quiet
+        assert RunStore(path).record(run) is None
+    with pytest.raises(StoreError, match="cannot read the run store .*runs.sqlite: file is not a database"):
+        store.runs()
+
+
+def test_locked_file_warns_and_gives_up_quickly_then_recovers(tmp_path, run):
+    path = tmp_path / "runs.sqlite"
+    RunStore(path).record(run)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.perf_counter()
+        with pytest.warns(RuntimeWarning, match="database is locked"):
+            assert RunStore(path, timeout=0.2).record(run) is None
+        assert time.perf_counter() - started < 3
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    assert RunStore(path).record(run) == 2
+
+
+def test_stored_gpu_run_loads_on_a_machine_without_one(tmp_path, run):
+    gpu = hardware.Inventory(cuda_devices=8, cuda_bf16=True, mps=False, cpu_cores=64)
+    with hardware.assume(gpu):
+        config = TrainConfig(accelerator="cuda", devices=4, precision="16-mixed")
+    store = RunStore(tmp_path / "runs.sqlite")
+    store.record(RunResult(config, run.log, run.summary), name="on_gpus")
+    loaded = store.load("on_gpus")
+    assert (loaded.config.accelerator, loaded.config.devices, loaded.config.precision) == ("cuda", 4, "16-mixed")
+
+
+WRITER = textwrap.dedent("""
+    import json, os, sys, time
+    from nbtrain import TrainConfig
+    from nbtrain.metrics import MetricsLog
+    from nbtrain.result import RunResult
+    from nbtrain.store import RunStore
+    path, events, summary, go, worker = sys.argv[1:]
+    result = RunResult(TrainConfig(), MetricsLog.from_events(json.load(open(events))), json.load(open(summary)))
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    store = RunStore(path)
+    for i in range(15):
+        assert store.record(result, name=f"w{worker}-{i}") is not None
+""")
+
+
+def test_concurrent_writers_in_separate_processes_all_land(tmp_path, run):
+    (tmp_path / "events.json").write_text(json.dumps(run.log.events))
+    (tmp_path / "summary.json").write_text(json.dumps(run.summary))
+    path, go = tmp_path / "runs.sqlite", tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    workers = [subprocess.Popen([sys.executable, "-W", "error::RuntimeWarning", "-c", WRITER, str(path),
+                                 str(tmp_path / "events.json"), str(tmp_path / "summary.json"), str(go), str(k)],
+                                env=env, stderr=subprocess.PIPE, text=True) for k in range(4)]
+    time.sleep(1.0)  # let every writer import and wait at the line
+    go.touch()
+    for worker in workers:
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+    runs = RunStore(path).runs()
+    assert len(runs) == 60
+    assert {r.name for r in runs} == {f"w{k}-{i}" for k in range(4) for i in range(15)}
+    assert len({r.id for r in runs}) == 60
+    assert RunStore(path).load("w3-14").history == run.history
