@@ -213,10 +213,12 @@ class NbtrainMagics(Magics):
     def _train(self, recipe: Recipe, config: TrainConfig, args) -> RunResult | None:
         log = MetricsLog()
         progress = None if self._option(args, "no_progress") else log.subscribe(LiveProgress(args.name or ""))
-        if not self._option(args, "no_plot"):
-            log.subscribe(LivePlot(title=args.name))
+        plot = None if self._option(args, "no_plot") else log.subscribe(LivePlot(title=args.name))
         try:
-            return fit(recipe=recipe, config=config, log=log, name=args.name)
+            result = fit(recipe=recipe, config=config, log=log, name=args.name)
+            # What the live views cost inside the loop, measured, so the benchmark (and a user) can check it.
+            result.extras["views_s"] = sum(view.cost_s for view in (progress, plot) if view is not None)
+            return result
         except KeyboardInterrupt:
             if len(log):
                 raise  # a second interrupt inside a step: the engine could not finish it

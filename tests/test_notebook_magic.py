@@ -1,0 +1,79 @@
+"""A real notebook in a real kernel (nbclient): two %%nbtrain cells, compared, and again after a restart."""
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SETUP = """\
+%load_ext nbtrain
+import torch
+from torch import nn
+from nbtrain.demo import DigitsDataset, DigitsMLP
+"""
+RUN_A = """\
+%%nbtrain --max-steps 20 --batch-size 32 --log-every-n-steps 5 --name run_a
+model = DigitsMLP()
+train_data = DigitsDataset()
+loss_fn = nn.CrossEntropyLoss()
+"""
+RUN_B = """\
+%%nbtrain --max-steps 20 --batch-size 128 --log-every-n-steps 5 --name run_b
+model = DigitsMLP()
+train_data = DigitsDataset()
+loss_fn = nn.CrossEntropyLoss()
+"""
+CHECK = "import nbtrain; print(nbtrain.__file__); print(run_a.status, run_b.status, run_a.config.batch_size, run_b.config.batch_size, len(run_b.history['step']))"
+
+
+def execute(cells, folder):
+    notebook = new_notebook(cells=[new_code_cell(source) for source in cells])
+    # The kernel imports this tree's nbtrain, and starts in `folder` (where the run store goes).
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env.pop("NBTRAIN_STORE", None)
+    client = NotebookClient(notebook, timeout=240, kernel_name="python3",
+                            resources={"metadata": {"path": str(folder)}})
+    client.execute(env=env)
+    return notebook
+
+
+def outputs(cell, kind):
+    return [o for o in cell.outputs if kind in o.get("data", {})]
+
+
+def text_of(cell):
+    parts = [o.get("text", "") for o in cell.outputs if o.output_type == "stream"]
+    parts += [o["data"].get("text/plain", "") + o["data"].get("text/html", "")
+              for o in cell.outputs if "data" in o]
+    return "\n".join(parts)
+
+
+def test_two_cells_with_different_settings_are_trained_kept_and_compared(tmp_path):
+    nb = execute([SETUP, RUN_A, RUN_B, "%nbtrain_compare run_a run_b", "%nbtrain_runs", CHECK], tmp_path)
+    _, cell_a, cell_b, compared, listed, check = nb.cells
+    for cell, name in ((cell_a, "run_a"), (cell_b, "run_b")):
+        assert len(outputs(cell, "image/png")) == 1  # the live plot, updated in place, is one output
+        assert any("widget-view" in key for o in cell.outputs for key in o.get("data", {}))  # progress widget
+        summary = text_of(cell)
+        assert f"nbtrain run {name}" in summary and "samples/s" in summary and "peak memory" in summary
+    assert "recorded as run #1" in text_of(cell_a) and "recorded as run #2" in text_of(cell_b)
+    table = text_of(compared)
+    assert "run_a" in table and "run_b" in table and "batch_size=128" in table
+    assert outputs(compared, "text/html") and "data:image/png;base64," in outputs(compared, "text/html")[0]["data"]["text/html"]
+    assert "run_a" in text_of(listed) and "run_b" in text_of(listed)
+    where, numbers = check.outputs[0]["text"].splitlines()
+    assert where.startswith(ROOT)
+    assert numbers.split() == ["completed", "completed", "32", "128", "20"]
+    assert (tmp_path / ".nbtrain" / "runs.sqlite").exists()
+
+    # A fresh kernel in the same folder compares the same runs from the store.
+    again = execute(["%load_ext nbtrain", "%nbtrain_compare run_a run_b\n_nbtrain_compare.labels"], tmp_path)
+    assert "['run_a', 'run_b']" in text_of(again.cells[1])
+    nbformat.validate(again)
+    nbformat.write(nb, tmp_path / "executed.ipynb")
