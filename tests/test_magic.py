@@ -260,3 +260,16 @@ def test_devices_above_one_go_through_the_launcher(ip):
     ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 3 --no-plot --no-progress" + DIGITS)
     result = ip.user_ns["_nbtrain"]
     assert result.status == "completed" and result.summary["world_size"] == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cell_on_the_gpu_reports_cuda_memory_and_is_stored(ip, capsys):
+    ip.run_cell("%%nbtrain --accelerator cuda --precision bf16-mixed --max-steps 5 --name gpu_run" + DIGITS)
+    out = capsys.readouterr().out
+    run = ip.user_ns["gpu_run"]
+    assert run.status == "completed", out
+    assert run.summary["device"].startswith("cuda") and run.summary["mem_kind"] == "CUDA allocated"
+    assert next(ip.user_ns["model"].parameters()).is_cuda  # the live model stays where it trained
+    ip.run_cell("%nbtrain_compare gpu_run")
+    assert ip.user_ns["_nbtrain_compare"].runs[0].config.precision == "bf16-mixed"

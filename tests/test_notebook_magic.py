@@ -1,5 +1,9 @@
-"""A real notebook in a real kernel (nbclient): two %%nbtrain cells, compared, and again after a restart."""
+"""A real notebook in a real kernel (nbclient): two %%nbtrain cells compared, an interrupted run,
+and the comparison again from the run store in a fresh kernel."""
 import os
+import signal
+import threading
+import time
 
 import nbformat
 import pytest
@@ -30,16 +34,47 @@ loss_fn = nn.CrossEntropyLoss()
 """
 CHECK = "import nbtrain; print(nbtrain.__file__); print(run_a.status, run_b.status, run_a.config.batch_size, run_b.config.batch_size, len(run_b.history['step']))"
 
+INTERRUPTED = """\
+%%nbtrain --max-steps 20000 --log-every-n-steps 5 --batch-size 16 --name cut
+import pathlib
+model = DigitsMLP()
+train_data = DigitsDataset()
+loss_fn = nn.CrossEntropyLoss()
+def training_step(model, batch):
+    pathlib.Path({marker!r}).touch()  # tells the test that training has started
+    x, y = batch
+    return loss_fn(model(x), y)
+"""
 
-def execute(cells, folder):
-    notebook = new_notebook(cells=[new_code_cell(source) for source in cells])
-    # The kernel imports this tree's nbtrain, and starts in `folder` (where the run store goes).
+
+def kernel_env():
+    """The kernel imports this tree's nbtrain and keeps its run store in its own folder."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     env.pop("NBTRAIN_STORE", None)
-    client = NotebookClient(notebook, timeout=240, kernel_name="python3",
+    return env
+
+
+def execute(cells, folder, interrupt_when=None):
+    """Run the cells in a fresh kernel; when the file `interrupt_when` appears, interrupt the kernel once."""
+    notebook = new_notebook(cells=[new_code_cell(source) for source in cells])
+    client = NotebookClient(notebook, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(folder)}})
-    client.execute(env=env)
+
+    def interrupt():
+        deadline = time.monotonic() + 100
+        while time.monotonic() < deadline and not interrupt_when.exists():
+            time.sleep(0.05)
+        time.sleep(0.5)
+        # What the notebook's interrupt button does to a local kernel: SIGINT to its process.
+        os.kill(client.km.provisioner.process.pid, signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt, daemon=True) if interrupt_when else None
+    if interrupter:
+        interrupter.start()
+    client.execute(env=kernel_env())
+    if interrupter:
+        interrupter.join(5)
     return notebook
 
 
@@ -54,9 +89,13 @@ def text_of(cell):
     return "\n".join(parts)
 
 
-def test_two_cells_with_different_settings_are_trained_kept_and_compared(tmp_path):
-    nb = execute([SETUP, RUN_A, RUN_B, "%nbtrain_compare run_a run_b", "%nbtrain_runs", CHECK], tmp_path)
-    _, cell_a, cell_b, compared, listed, check = nb.cells
+def test_two_cells_trained_compared_interrupted_and_compared_again_after_a_restart(tmp_path):
+    marker = tmp_path / "training"
+    nb = execute([SETUP, RUN_A, RUN_B, "%nbtrain_compare run_a run_b", "%nbtrain_runs", CHECK,
+                  INTERRUPTED.format(marker=str(marker)),
+                  "print(cut.status, len(cut.history['step']) > 0, cut.history['step'][-1] < 20000)"],
+                 tmp_path, interrupt_when=marker)
+    _, cell_a, cell_b, compared, listed, check, cut, cut_check = nb.cells
     for cell, name in ((cell_a, "run_a"), (cell_b, "run_b")):
         assert len(outputs(cell, "image/png")) == 1  # the live plot, updated in place, is one output
         assert any("widget-view" in key for o in cell.outputs for key in o.get("data", {}))  # progress widget
@@ -72,8 +111,13 @@ def test_two_cells_with_different_settings_are_trained_kept_and_compared(tmp_pat
     assert numbers.split() == ["completed", "completed", "32", "128", "20"]
     assert (tmp_path / ".nbtrain" / "runs.sqlite").exists()
 
+    # Interrupting the kernel mid-run stops at a step boundary; the partial run is kept.
+    summary = text_of(cut)
+    assert "interrupted after" in summary and "of 20000 planned steps: stopped at step" in summary
+    assert "the model keeps its training so far" in summary
+    assert cut_check.outputs[0]["text"].split() == ["interrupted", "True", "True"]
+
     # A fresh kernel in the same folder compares the same runs from the store.
     again = execute(["%load_ext nbtrain", "%nbtrain_compare run_a run_b\n_nbtrain_compare.labels"], tmp_path)
     assert "['run_a', 'run_b']" in text_of(again.cells[1])
     nbformat.validate(again)
-    nbformat.write(nb, tmp_path / "executed.ipynb")
