@@ -61,6 +61,8 @@ def test_help_shows_every_flag_and_the_recipe_names(ip, capsys):
     for flag in ("--accumulate-grad-batches", "--precision", "--num-workers", "--name", "--config"):
         assert flag in out
     assert "training_step" in out and "val_data" in out and "`model` and `train_data` are needed" in out
+    ip.run_cell("%%nbtrain --help\nran = True")
+    assert "--accumulate-grad-batches" in capsys.readouterr().out and "ran" not in ip.user_ns
 
 
 def test_cell_trains_the_namespace_recipe_and_keeps_the_named_result(ip, capsys):
