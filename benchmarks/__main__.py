@@ -13,7 +13,7 @@ from contextlib import redirect_stdout
 
 from .common import machine
 
-BENCHMARKS = ("parity", "launch_latency", "checklist_vs_grid", "batch_search")
+BENCHMARKS = ("parity", "launch_latency", "checklist_vs_grid", "batch_search", "magic_views_overhead")
 
 
 def main(argv=None) -> int:

@@ -25,7 +25,7 @@ def flag(option: str) -> str:
 
 
 def config_usage_error(error: ConfigError, prefix: str = "%%nbtrain") -> UsageError:
-    return UsageError(f"{prefix}: {error.render(flag)}")
+    return UsageError(f"{prefix}: {error.render(flag, quote=False)}")
 
 
 def _file(tb) -> str:

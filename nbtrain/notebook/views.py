@@ -4,7 +4,7 @@ Views are MetricsLog subscribers (`view(event, log)`), called in the training lo
 `log_every_n_steps` steps, so each one keeps its own cost small: the bar is tqdm's
 (rate-limited by tqdm), and the plot renders only when the time since its last render is
 at least `1 / budget` times what that render cost (and at least `min_interval`), so drawing
-costs the loop about `budget` (1.5%) of its time. The final frame is always drawn.
+costs the loop about `budget` (1%) of its time. The final frame is always drawn.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class LivePlot:
     so the first frame inside the loop is already spaced by the budget.
     """
 
-    def __init__(self, title: str | None = None, budget: float = 0.015, min_interval: float = 1.0,
+    def __init__(self, title: str | None = None, budget: float = 0.01, min_interval: float = 1.0,
                  figsize=(8.5, 2.8), dpi: int = 72):
         from matplotlib.figure import Figure  # Agg only: no pyplot figure that the inline backend re-shows
         from ..metrics import MetricsLog
