@@ -8,11 +8,12 @@ costs the loop about `budget` (1%) of its time. The final frame is always drawn.
 """
 from __future__ import annotations
 
+import base64
 import html
 import io
 import time
 
-from IPython.display import Image, display
+from IPython.display import display
 
 from ..plotting import draw
 
@@ -103,11 +104,14 @@ class LivePlot:
         return buffer.getvalue()
 
     def render(self, log) -> None:
-        image = Image(data=self.png(log), format="png")
+        steps = log.columns["step"]
+        bundle = {"image/png": base64.b64encode(self.png(log)).decode(),
+                  "text/plain": f"nbtrain live plot{' ' + self.title if self.title else ''}: loss and samples/s, "
+                                f"{'step ' + str(steps[-1]) if steps else 'waiting for the first steps'}"}
         if self.handle is None:
-            self.handle = display(image, display_id=True)
+            self.handle = display(bundle, raw=True, display_id=True)
         else:
-            self.handle.update(image)
+            self.handle.update(bundle, raw=True)
         self.renders += 1
 
 
