@@ -13,6 +13,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAILS = "# fails\n"  # cells that start with this are expected to raise
 
 SETUP = """\
 %load_ext nbtrain
@@ -31,6 +32,13 @@ RUN_B = """\
 model = DigitsMLP()
 train_data = DigitsDataset()
 loss_fn = nn.CrossEntropyLoss()
+"""
+BAD_FLAG = FAILS + "%%nbtrain --batch-size 0 --bath-size 3\nran = True\n"
+USER_ERROR = FAILS + """\
+%%nbtrain --max-steps 3
+def training_step(model, batch):
+    x, y = batch
+    return undefined_loss(model(x), y)
 """
 CHECK = "import nbtrain; print(nbtrain.__file__); print(run_a.status, run_b.status, run_a.config.batch_size, run_b.config.batch_size, len(run_b.history['step']))"
 
@@ -57,7 +65,8 @@ def kernel_env():
 
 def execute(cells, folder, interrupt_when=None):
     """Run the cells in a fresh kernel; when the file `interrupt_when` appears, interrupt the kernel once."""
-    notebook = new_notebook(cells=[new_code_cell(source) for source in cells])
+    notebook = new_notebook(cells=[new_code_cell(source.removeprefix(FAILS), metadata={"tags": ["raises-exception"]})
+                                   if source.startswith(FAILS) else new_code_cell(source) for source in cells])
     client = NotebookClient(notebook, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(folder)}})
 
@@ -93,9 +102,10 @@ def test_two_cells_trained_compared_interrupted_and_compared_again_after_a_resta
     marker = tmp_path / "training"
     nb = execute([SETUP, RUN_A, RUN_B, "%nbtrain_compare run_a run_b", "%nbtrain_runs", CHECK,
                   INTERRUPTED.format(marker=str(marker)),
-                  "print(cut.status, len(cut.history['step']) > 0, cut.history['step'][-1] < 20000)"],
+                  "print(cut.status, len(cut.history['step']) > 0, cut.history['step'][-1] < 20000)",
+                  BAD_FLAG, USER_ERROR],
                  tmp_path, interrupt_when=marker)
-    _, cell_a, cell_b, compared, listed, check, cut, cut_check = nb.cells
+    _, cell_a, cell_b, compared, listed, check, cut, cut_check, bad_flag, user_error = nb.cells
     for cell, name in ((cell_a, "run_a"), (cell_b, "run_b")):
         assert len(outputs(cell, "image/png")) == 1  # the live plot, updated in place, is one output
         assert any("widget-view" in key for o in cell.outputs for key in o.get("data", {}))  # progress widget
@@ -116,6 +126,15 @@ def test_two_cells_trained_compared_interrupted_and_compared_again_after_a_resta
     assert "interrupted after" in summary and "of 20000 planned steps: stopped at step" in summary
     assert "the model keeps its training so far" in summary
     assert cut_check.outputs[0]["text"].split() == ["interrupted", "True", "True"]
+
+    # A bad flag is one line and nothing runs; a failure in user code shows the user's frames only.
+    text = text_of(bad_flag)
+    assert "UsageError: %%nbtrain: unknown flag --bath-size 3; did you mean --batch-size?" in text
+    assert "Traceback" not in text
+    error = [o for o in user_error.outputs if o.output_type == "error"][0]
+    frames = "\n".join(error["traceback"])
+    assert error["ename"] == "NameError" and "undefined_loss" in error["evalue"]
+    assert "training_step" in frames and "engine.py" not in frames and "magic.py" not in frames
 
     # A fresh kernel in the same folder compares the same runs from the store.
     again = execute(["%load_ext nbtrain", "%nbtrain_compare run_a run_b\n_nbtrain_compare.labels"], tmp_path)
