@@ -14,7 +14,6 @@ import pytest
 import nbtrain
 from nbtrain import TrainConfig, hardware
 from nbtrain.demo import digits_recipe
-from nbtrain.metrics import MetricsLog
 from nbtrain.result import RunResult
 from nbtrain.store import RunStore, StoreError, default_path
 
