@@ -275,3 +275,24 @@ def test_cell_on_the_gpu_reports_cuda_memory_and_is_stored(ip, capsys):
     assert next(ip.user_ns["model"].parameters()).is_cuda  # the live model stays where it trained
     ip.run_cell("%nbtrain_compare gpu_run")
     assert ip.user_ns["_nbtrain_compare"].runs[0].config.precision == "bf16-mixed"
+
+
+def test_a_checkpoint_that_is_not_there_is_one_line(ip, capsys):
+    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2 --resume /nonexistent/run.pt" + DIGITS)
+    assert "%%nbtrain: resume='/nonexistent/run.pt': no such checkpoint file; allowed:" in text
+
+
+def test_nbtrain_error_types_show_their_message_without_nbtrain_frames(ip, tmp_path):
+    from nbtrain.compare import smoothed
+    from nbtrain.notebook.errors import training_failure
+    from nbtrain.store import RunStore, StoreError
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"garbage " * 100)
+    with pytest.raises(StoreError) as caught:
+        RunStore(bad).runs()
+    shown = training_failure(ip, caught.value)
+    text = "\n".join(shown._render_traceback_())
+    assert "StoreError: cannot read the run store" in text and "store.py" not in text
+    with pytest.raises(TypeError) as bug:  # a plain error inside nbtrain's code is a bug: shown whole
+        smoothed(None, 2)
+    assert training_failure(ip, bug.value) is bug.value and not hasattr(bug.value, "_render_traceback_")

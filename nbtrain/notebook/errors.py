@@ -79,13 +79,19 @@ def show_as_user_error(shell, error: BaseException, tb) -> BaseException:
 
 def training_failure(shell, error: Exception) -> BaseException:
     """What to raise for an exception out of training: a one-line error when nbtrain refused the
-    input, the user's traceback when user code failed, everything when nbtrain itself failed."""
+    input, nbtrain's own error types as their message, the user's traceback when user code failed,
+    everything when nbtrain itself failed unexpectedly."""
     frames = list(_frames(error.__traceback__))
     raised_by_nbtrain = bool(frames) and is_nbtrain_frame(frames[-1])
     if isinstance(error, ConfigError):
         return config_usage_error(error)
     if raised_by_nbtrain and isinstance(error, ValueError):  # RecipeError and the engine's own refusals
         return UsageError(f"%%nbtrain: {error}")
+    if raised_by_nbtrain and type(error).__module__.startswith("nbtrain."):
+        # nbtrain's own errors (a DDP worker's failure, carrying the worker's user traceback) are
+        # messages: their type and text, without the kernel-side frames that raised them.
+        error._render_traceback_ = lambda: shell.InteractiveTB.get_exception_only(type(error), error)
+        return error
     if raised_by_nbtrain:
         return error  # a bug in nbtrain: its frames are what a report needs
     return show_as_user_error(shell, error, user_traceback(error.__traceback__))
