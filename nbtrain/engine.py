@@ -19,6 +19,7 @@ front-ends subscribe views to its MetricsLog.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 import signal
@@ -63,6 +64,9 @@ class Engine:
         self._stop_reason = ""
         self.running = False
         self._rows: list[tuple] = []  # one tuple per optimizer step, columns as in _ROW
+        # Profiling only: synchronise the device at each phase boundary so CUDA phase times are
+        # honest. Off by default, so the hot loop never waits on the device (rule 5).
+        self.sync_phases = False
         self._losses: list[torch.Tensor] = []
         self._clock = _Clock()
         self._run_start = {"step": 0, "samples": 0, "epochs_done": 0}
@@ -346,6 +350,8 @@ class Engine:
         every = c.checkpoint_every
         save_steps = int(every) if every and not every.endswith("s") else 0
         save_seconds = float(every[:-1]) if every and every.endswith("s") else 0.0
+        sync = functools.partial(torch.cuda.synchronize, self.device) \
+            if self.sync_phases and self.device.type == "cuda" else _no_sync
         iterator = iter(self.loader)
         micro = window = window_samples = 0
         data_s = h2d_s = forward_s = backward_s = 0.0
@@ -359,14 +365,17 @@ class Engine:
             t1 = perf()
             if move:
                 batch = self._prepare(batch)
+            sync()
             t2 = perf()
             boundary = micro + 1 == window
             with (null if boundary or no_sync is None else no_sync()), precision.autocast():
                 loss = step_loss(model, batch)
                 if window > 1:
                     loss = loss / window
+            sync()
             t3 = perf()
             scaler.scale(loss).backward()
+            sync()
             t4 = perf()
             loss_sum = loss.detach() if micro == 0 else loss_sum + loss.detach()
             data_s += t1 - t0
@@ -383,6 +392,7 @@ class Engine:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
+            sync()
             t5 = perf()
             self.step += 1
             self.epoch_offset += window_samples
@@ -512,6 +522,10 @@ class Engine:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def _no_sync() -> None:
+    pass
 
 
 class _Clock:

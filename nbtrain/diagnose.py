@@ -1,0 +1,180 @@
+"""Bottleneck breakdown: where a training step's time goes, measured on the live model, in words.
+
+    d = nbtrain.profile(recipe, config=TrainConfig(batch_size=64), steps=20)
+    print(d.table())      # per-phase ms/step and share, and the verdict
+    d.plot("phases.png")  # one stacked bar
+
+A few steps are trained with the engine's own loop and its per-phase clocks; on CUDA the
+device is synchronised at every phase boundary while profiling (only then), so kernel time
+is charged to the phase that launched it. The model is restored afterwards. With
+`trace="run.json"` a second, short trial runs under torch.profiler and writes a Chrome
+trace (open it in Perfetto); its timings are not mixed into the breakdown.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import trial
+from .config import TrainConfig
+
+PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward", "backward": "backward",
+                "optimizer": "optimizer", "grad_sync": "gradient sync", "other": "other (loop, logging)"}
+PHASE_COLORS = {"data": "tab:red", "h2d": "tab:orange", "forward": "tab:blue", "backward": "tab:cyan",
+                "optimizer": "tab:green", "grad_sync": "tab:purple", "other": "tab:grey"}
+BOUND_SHARE = 0.3  # a phase with this share of the step (and the largest share) is the bottleneck
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Diagnosis:
+    config: TrainConfig
+    device: str
+    phase_ms: dict              # measured mean ms per optimizer step, by phase
+    step_ms: float
+    samples_per_s: float
+    steps: int
+    synced: bool                # phase clocks synchronised with the device
+    kind: str                   # data-bound | transfer-bound | compute-bound | optimizer-bound | sync-bound
+    verdict: str
+    suggestions: list = field(default_factory=list)
+    trace_path: str | None = None
+
+    @property
+    def fractions(self) -> dict:
+        return {k: v / self.step_ms for k, v in self.phase_ms.items()} if self.step_ms > 0 else {}
+
+    def table(self) -> str:
+        lines = [f"nbtrain bottleneck breakdown ({self.steps} steps measured on {self.device}, "
+                 f"batch {self.config.batch_size}, {self.config.num_workers} workers, {self.config.precision}"
+                 f"{', device synchronised per phase' if self.synced else ''})"]
+        width = max(len(label) for label in PHASE_LABELS.values())
+        for name, ms in self.phase_ms.items():
+            lines.append(f"  {PHASE_LABELS[name]:<{width}}  {ms:9.3f} ms  {100 * self.fractions[name]:5.1f}%")
+        lines.append(f"  {'step':<{width}}  {self.step_ms:9.3f} ms  ({self.samples_per_s:,.0f} samples/s)")
+        lines.append(f"verdict: {self.verdict}")
+        lines += [f"  try: {s}" for s in self.suggestions[1:]]
+        if self.trace_path:
+            lines.append(f"torch.profiler trace: {self.trace_path} (open in https://ui.perfetto.dev)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Diagnosis({self.verdict!r})"
+
+    def plot(self, path=None, ax=None):
+        """One horizontal stacked bar of the step, by phase; saved to `path` when given."""
+        import matplotlib
+        if path is not None and ax is None:
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+        fig = None
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(8, 1.9), layout="constrained")
+        left = 0.0
+        for name, ms in self.phase_ms.items():
+            ax.barh([0], [ms], left=left, color=PHASE_COLORS[name], label=f"{PHASE_LABELS[name]} {ms:.2f} ms")
+            left += ms
+        ax.set_yticks([])
+        ax.set_xlabel("ms per optimizer step")
+        ax.set_title(self.verdict, fontsize=9, loc="left")
+        ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
+        fig = fig or ax.figure
+        if path is not None:
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+        return fig
+
+
+def verdict_for(phase_ms: dict, step_ms: float, config: TrainConfig, device: str, cores: int | None = None):
+    """(kind, verdict sentence, suggestions) from measured phase times."""
+    cores = cores or usable_cores()
+    share = {k: v / step_ms for k, v in phase_ms.items()} if step_ms > 0 else {}
+    compute = share.get("forward", 0) + share.get("backward", 0)
+    candidates = {"data": share.get("data", 0), "h2d": share.get("h2d", 0), "optimizer": share.get("optimizer", 0),
+                  "grad_sync": share.get("grad_sync", 0), "compute": compute}
+    top = max(candidates, key=candidates.get)
+    pct = f"{100 * candidates[top]:.0f}%"
+    workers = config.num_workers
+    if top == "data" and candidates["data"] >= BOUND_SHARE:
+        more = min(max(2, 2 * workers), max(cores - 1, 1))
+        tips = []
+        if more > workers:
+            tips.append(f"num_workers={more}")
+        if workers > 0:  # workers already run and still cannot keep up
+            tips.append("precompute the deterministic per-sample work once: nbtrain.cache(dataset, path)")
+        if not config.persistent_workers and workers > 0:
+            tips.append("persistent_workers=True (no worker restart each epoch)")
+        if not tips:
+            tips.append("nbtrain.cache(dataset, path), or lighter per-sample work")
+        return "data-bound", f"data-bound: {pct} of the step waits for the DataLoader; try {tips[0]}", tips
+    if top == "h2d" and candidates["h2d"] >= BOUND_SHARE:
+        tips = ["pin_memory=True (copies then overlap with compute)" if not config.pin else
+                "send smaller tensors (e.g. uint8 images) and convert them on the device"]
+        return "transfer-bound", f"transfer-bound: {pct} of the step copies batches to {device}; try {tips[0]}", tips
+    if top == "optimizer" and candidates["optimizer"] >= BOUND_SHARE:
+        tips = ["a larger batch_size (fewer optimizer steps per sample)",
+                "a fused or foreach optimizer (e.g. torch.optim.AdamW(params, fused=True) on CUDA)"]
+        return "optimizer-bound", f"optimizer-bound: {pct} of the step is the optimizer update; try {tips[0]}", tips
+    if top == "grad_sync" and candidates["grad_sync"] >= BOUND_SHARE:
+        tips = ["accumulate_grad_batches=2 (gradients sync once per optimizer step)", "a larger batch_size"]
+        return "sync-bound", f"sync-bound: {pct} of the step synchronises gradients; try {tips[0]}", tips
+    tips = []
+    if device == "cpu":
+        from .hardware import inventory
+        if "cuda" in inventory().accelerators():
+            tips.append("accelerator='cuda'")
+        tips.append("precision='bf16-mixed' (if this CPU has fast bf16)")
+    elif config.precision == "32-true":
+        tips.append("precision='bf16-mixed'")
+    tips.append("a larger batch_size (nbtrain.tune.find_batch_size) with scale_lr='linear'")
+    return ("compute-bound", f"compute-bound: {100 * compute:.0f}% of the step is forward and backward; "
+            f"try {tips[0]}", tips)
+
+
+def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 20,
+             warmup_steps: int = 3, seconds: float | None = None, trace: str | os.PathLike | None = None,
+             **parts) -> Diagnosis:
+    """Measure where the step time goes for the current config; the model is restored afterwards."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}: a whole number >= 1 (optimizer steps to measure)")
+    if not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps!r}: a whole number >= 0 (steps not counted)")
+    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    config = trial.plain_config(engine.config)
+    snapshot = trial.Snapshot(engine)
+    trace_path = None
+    try:
+        m = trial.measure(engine, config, steps=steps + warmup_steps, seconds=seconds,
+                          warmup_steps=warmup_steps, sync_phases=True)
+        snapshot.restore()
+        if trace is not None:
+            trace_path = _write_trace(engine, config, trace)
+    finally:
+        snapshot.restore()
+    if not m.ok:
+        raise RuntimeError(f"nbtrain.profile: {m.error}")
+    phases = dict(m.phase_ms)
+    phases["other"] = max(m.step_ms - sum(phases.values()), 0.0)
+    device = engine.device.type
+    kind, verdict, tips = verdict_for(phases, m.step_ms, config, device)
+    return Diagnosis(config, str(engine.device), phases, m.step_ms, m.samples_per_s,
+                     max(m.steps - warmup_steps, 1), device == "cuda", kind, verdict, tips, trace_path)
+
+
+profile = diagnose
+
+
+def _write_trace(engine, config: TrainConfig, path) -> str:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        trial.measure(engine, config, steps=3, warmup_steps=0)
+    path = os.fspath(path)
+    prof.export_chrome_trace(path)
+    return path

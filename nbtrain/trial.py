@@ -1,0 +1,149 @@
+"""Trials on the live model: measure a config for a while, then put everything back exactly.
+
+Every checklist tool (diagnose, tune, leaks, checklist) tries settings by really training a
+few steps on the user's own engine. A `Snapshot` taken before a trial restores the weights,
+buffers, gradients, optimizer and scaler state, RNG streams, step counters and config
+afterwards, bit for bit, so a trial never changes what the user has trained.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import ctypes
+import gc
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import TrainConfig
+from .recipe import Recipe
+
+
+def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config: TrainConfig | None = None,
+            loss_fn=None, training_step=None, optimizer=None, val_data=None, collate_fn=None):
+    """The live engine for a recipe (or for a model + data given like `nbtrain.fit`)."""
+    from .api import engine_for
+    if isinstance(model, Recipe):
+        recipe, model = model, None
+    if recipe is None:
+        recipe = Recipe(model=model, train_data=train_data, loss_fn=loss_fn, training_step=training_step,
+                        optimizer=optimizer, val_data=val_data, collate_fn=collate_fn)
+    config = config or TrainConfig()
+    return engine_for(recipe, config)
+
+
+class Snapshot:
+    """Everything a trial can change on an engine, copied so it can be put back exactly."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.config = engine.config
+        self.model = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+        self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
+        self.optimizer = copy.deepcopy(engine.optimizer.state_dict())
+        self.scaler = copy.deepcopy(engine.precision.scaler.state_dict())
+        self.counters = (engine.step, engine.epoch, engine.epoch_offset, engine.samples)
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore(self, config: TrainConfig | None = None) -> None:
+        """Put the state back; the engine ends configured with `config` (default: the one taken)."""
+        engine = self.engine
+        engine.reconfigure(config or self.config)
+        engine.model.load_state_dict(self.model)
+        for p, g in zip(engine.model.parameters(), self.grads):
+            p.grad = None if g is None else g.clone().to(p.device)
+        engine.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        if engine.precision.scaler.is_enabled() and self.scaler:
+            engine.precision.scaler.load_state_dict(self.scaler)
+        engine.step, engine.epoch, engine.epoch_offset, engine.samples = self.counters
+        engine._set_lr(engine.step)
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+@dataclass
+class Measurement:
+    """Throughput of one trial, from the steps after the warm-up (worker start-up excluded)."""
+    config: TrainConfig
+    samples_per_s: float
+    steps: int
+    seconds: float          # wall time of the whole trial, start-up included
+    phase_ms: dict = field(default_factory=dict)  # mean per measured step
+    step_ms: float = float("nan")
+    peak_bytes: int = 0
+    status: str = "completed"
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+def release_memory() -> None:
+    """Hand freed memory back before a memory trial, so one trial's peak does not carry into the next."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    try:  # glibc keeps freed heap pages; malloc_trim returns them so RSS reflects live memory
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps: int | None = None,
+            warmup_steps: int = 2, sync_phases: bool = False, log=None) -> Measurement:
+    """Train `config` on the live engine for `steps` optimizer steps or `seconds` (whichever first).
+
+    The caller restores state (a Snapshot); this only measures. Throughput counts the steps after
+    `warmup_steps`, so worker start-up and first-call costs are not charged to a config.
+    """
+    from .memory import PeakMemory
+    cap = steps if steps is not None else 10**9
+    engine.reconfigure(config.replace(max_steps=cap, max_epochs=None))
+    timer = threading.Timer(seconds, engine.stop, args=("time",)) if seconds is not None else None
+    engine.sync_phases = sync_phases
+    # Trials measure training only: held-out evaluation at epoch ends would be charged to them.
+    recipe = engine.recipe
+    if recipe.val_data is not None:
+        engine.recipe = dataclasses.replace(recipe, val_data=None)
+    peak = PeakMemory(engine.device)
+    t0 = time.perf_counter()
+    try:
+        if timer is not None:
+            timer.start()
+        peak.start()
+        result = engine.run(log=log)
+        peak_bytes = peak.peak()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        engine.sync_phases = False
+        engine.recipe = recipe
+    wall = time.perf_counter() - t0
+    cols = result.log.columns
+    n = len(cols["step"])
+    first = min(warmup_steps, max(n - 2, 0))  # keep at least two measured steps when there are few
+    if n == 0:
+        return Measurement(config, float("nan"), 0, wall, peak_bytes=peak_bytes, status=result.status,
+                           error="no optimizer step finished")
+    if first == 0:
+        start = result.log.last("start")["info"].get("samples_start", 0)
+        span, done = cols["time"][-1], cols["samples"][-1] - start
+    else:
+        span = cols["time"][-1] - cols["time"][first - 1]
+        done = cols["samples"][-1] - cols["samples"][first - 1]
+    measured = range(first, n)
+    phase_ms = {name[:-2]: 1000 * sum(cols[name][i] for i in measured) / len(measured)
+                for name in ("data_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")}
+    step_ms = 1000 * sum(cols["step_s"][i] for i in measured) / len(measured)
+    return Measurement(config, done / span if span > 0 else float("nan"), n, wall, phase_ms, step_ms,
+                       peak_bytes, result.status)
+
+
+def plain_config(config: TrainConfig) -> TrainConfig:
+    """The config a trial measures: no per-run budget of its own (the trial sets one)."""
+    return config.replace(max_steps=None, max_epochs=None)

@@ -1,0 +1,327 @@
+"""Tuning by measurement on the live model: DataLoader workers, the largest batch, the LR.
+
+    w = nbtrain.tune.find_workers(recipe, config=cfg)          # throughput per worker setting
+    b = nbtrain.tune.find_batch_size(recipe, config=cfg)       # largest batch under a memory budget
+    print(b.table()); cfg = b.config                           # batch, LR rule and warm-up applied
+    lr = nbtrain.tune.find_lr(recipe, config=cfg); lr.plot()   # exponential sweep, steepest descent
+
+Every trial trains real steps on the user's engine and is undone afterwards (trial.Snapshot),
+so weights, optimizer state and counters are exactly as before the search.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+
+from . import trial
+from .config import TrainConfig
+from .diagnose import usable_cores
+from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
+
+
+def _bar_plot(labels, values, title, xlabel, path=None, ax=None, highlight=None):
+    import matplotlib
+    if path is not None and ax is None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1.2), layout="constrained")
+    colors = ["tab:green" if i == highlight else "tab:blue" for i in range(len(labels))]
+    ax.barh(range(len(labels)), values, color=colors)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=9, loc="left")
+    fig = fig or ax.figure
+    if path is not None:
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return fig
+
+
+# --- DataLoader workers -------------------------------------------------------------------
+
+@dataclass
+class WorkerSearch:
+    measurements: list          # trial.Measurement per setting tried
+    best: TrainConfig
+    baseline: float             # samples/s of the starting config
+
+    @staticmethod
+    def label(c: TrainConfig) -> str:
+        text = f"num_workers={c.num_workers}"
+        if c.num_workers:
+            text += f", persistent_workers={c.persistent_workers}"
+        return text + (f", pin_memory={c.pin}" if c.device_type == "cuda" else "")
+
+    def table(self) -> str:
+        lines = ["nbtrain DataLoader worker search (training samples/s, measured after warm-up)"]
+        for m in self.measurements:
+            mark = "  <- best" if m.config == self.best else ""
+            lines.append(f"  {self.label(m.config):<58} {m.samples_per_s:10,.0f}  "
+                         f"x{m.samples_per_s / self.baseline:5.2f}{mark}")
+        return "\n".join(lines)
+
+    def plot(self, path=None, ax=None):
+        labels = [self.label(m.config) for m in self.measurements]
+        best = next(i for i, m in enumerate(self.measurements) if m.config == self.best)
+        return _bar_plot(labels, [m.samples_per_s for m in self.measurements], "DataLoader worker search",
+                         "samples/s", path, ax, best)
+
+
+def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
+                 candidates=None, seconds: float = 2.0, warmup_steps: int = 2, **parts) -> WorkerSearch:
+    """Measure training throughput for a few worker counts, then persistent workers (and pinning on CUDA)."""
+    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    start = trial.plain_config(engine.config)
+    if candidates is None:
+        cores = usable_cores()
+        candidates = sorted({start.num_workers} | {n for n in (0, 1, 2, 4, 8, 16) if n <= cores})
+    bad = [c for c in candidates if not isinstance(c, int) or isinstance(c, bool) or c < 0]
+    if not candidates or bad:
+        raise ValueError(f"candidates={candidates!r}: a list of whole numbers >= 0 (worker counts to try)")
+    if not seconds > 0:
+        raise ValueError(f"seconds={seconds!r}: a number > 0 (measuring time per setting)")
+    snapshot = trial.Snapshot(engine)
+    measured = []
+
+    def run(c: TrainConfig):
+        m = trial.measure(engine, c, seconds=seconds, warmup_steps=warmup_steps)
+        snapshot.restore()
+        measured.append(m)
+        return m
+
+    try:
+        for n in candidates:
+            run(start.replace(num_workers=n, persistent_workers=start.persistent_workers and n > 0,
+                              prefetch_factor=start.prefetch_factor if n > 0 else None))
+        best = max(measured, key=lambda m: m.samples_per_s).config
+        if best.num_workers:
+            run(best.replace(persistent_workers=not best.persistent_workers))
+        if best.device_type == "cuda":
+            run(best.replace(pin_memory=not best.pin))
+    finally:
+        snapshot.restore()
+    best = max(measured, key=lambda m: m.samples_per_s).config
+    baseline = next((m.samples_per_s for m in measured if m.config.num_workers == start.num_workers),
+                    measured[0].samples_per_s)
+    return WorkerSearch(measured, best, baseline)
+
+
+# --- largest batch --------------------------------------------------------------------------
+
+@dataclass
+class BatchTrial:
+    batch_size: int
+    fits: bool
+    peak_bytes: int | None
+    reason: str = ""
+
+
+@dataclass
+class BatchSearch:
+    batch_size: int              # largest batch that fit
+    trials: list                 # BatchTrial, in the order tried
+    max_trials: int
+    limit_bytes: int | None      # the enforced peak-memory budget (None: out-of-memory only)
+    memory_kind: str
+    config: TrainConfig          # the starting config with the batch, LR rule and warm-up applied
+    lr_base: float
+    lr_scaled: float
+    warmup_suggested: bool
+    notes: list = field(default_factory=list)
+
+    def summary(self) -> str:
+        c = self.config
+        warm = (f"linear warm-up over {c.warmup_steps} steps"
+                + (" (suggested: one epoch at the new batch)" if self.warmup_suggested else "")
+                if c.warmup_steps else "no warm-up")
+        return (f"largest batch {self.batch_size} in {len(self.trials)} trials (at most {self.max_trials}); "
+                f"learning rate {self.lr_base:.4g} -> {self.lr_scaled:.4g} by the {c.scale_lr} rule "
+                f"(global batch {c.global_batch_size} vs base {c.base_batch_size}), {warm}")
+
+    def table(self) -> str:
+        limit = "out-of-memory only" if self.limit_bytes is None else f"{self.limit_bytes / 2**20:,.0f} MB"
+        lines = [f"nbtrain batch-size search (peak {self.memory_kind}, budget {limit})"]
+        for i, t in enumerate(self.trials, 1):
+            peak = "-" if t.peak_bytes is None else f"{t.peak_bytes / 2**20:,.1f} MB"
+            lines.append(f"  {i:2d}. batch {t.batch_size:>8,}  {'fits' if t.fits else 'too big':<8} peak {peak:>12}"
+                         + (f"  ({t.reason})" if t.reason else ""))
+        lines.append(self.summary())
+        lines += self.notes
+        return "\n".join(lines)
+
+    def plot(self, path=None, ax=None):
+        import matplotlib
+        if path is not None and ax is None:
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+        fig = None
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
+        for fits, color in ((True, "tab:green"), (False, "tab:red")):
+            pts = [(t.batch_size, t.peak_bytes / 2**20) for t in self.trials if t.fits == fits and t.peak_bytes]
+            if pts:
+                ax.scatter(*zip(*pts), color=color, label="fits" if fits else "too big")
+        if self.limit_bytes is not None:
+            ax.axhline(self.limit_bytes / 2**20, color="grey", ls="--", label="budget")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(f"peak {self.memory_kind} (MB)")
+        ax.set_title(f"largest batch {self.batch_size}", fontsize=9)
+        ax.legend(fontsize=7)
+        fig = fig or ax.figure
+        if path is not None:
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+        return fig
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def _agree(fits: bool, peak: int, device) -> tuple[bool, int]:
+    """Under DDP every rank must pick the same batch: it fits only where it fits on every rank."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return fits, peak
+    t = torch.tensor([0 if fits else 1, peak], dtype=torch.float64,
+                     device=device if device.type == "cuda" else "cpu")
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return t[0].item() == 0, int(t[1].item())
+
+
+def memory_limit(memory_budget, device) -> tuple[int | None, str]:
+    """Peak bytes a trial may reach: a fraction (0, 1] of free memory above what is held now, or bytes."""
+    if isinstance(memory_budget, bool) or not (memory_budget is None or isinstance(memory_budget, (int, float))) \
+            or (memory_budget is not None and (memory_budget <= 0 or (isinstance(memory_budget, float)
+                                                                      and memory_budget > 1))):
+        raise ValueError(f"memory_budget={memory_budget!r}: a fraction in (0, 1] of the free memory, "
+                         "a whole number of bytes, or None (CPU: 0.5; CUDA: out-of-memory only)")
+    if device.type == "cuda":
+        if memory_budget is None:
+            return None, "CUDA allocated"
+        free, _ = torch.cuda.mem_get_info(device)
+        held = torch.cuda.memory_allocated(device)
+        return (held + int(memory_budget * free) if isinstance(memory_budget, float) else int(memory_budget),
+                "CUDA allocated")
+    from .memory import current_rss
+    budget = 0.5 if memory_budget is None else memory_budget
+    if isinstance(budget, float):
+        return current_rss() + int(budget * psutil.virtual_memory().available), "process RSS"
+    return int(budget), "process RSS"
+
+
+def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
+                    max_batch: int | None = None, memory_budget=None, rule: str = "linear", steps: int = 1,
+                    tolerance: float = 0.05, **parts) -> BatchSearch:
+    """Largest batch whose training step fits: doubling, then an interpolating bisection.
+
+    A trial trains `steps` real steps at a batch size; it is too big on CUDA out-of-memory or when
+    its measured peak (CUDA allocated, or the process's peak RSS on the CPU) passes the budget.
+    At most ceil(log2(max_batch)) + 4 trials; the found batch is within `tolerance` of the largest.
+    """
+    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    start = trial.plain_config(engine.config)
+    per_rank = math.ceil(len(engine.recipe.train_data) / engine.world.size)
+    max_batch = per_rank if max_batch is None else max_batch
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch={max_batch!r}: a whole number >= 1 (largest batch to try)")
+    if max_batch > per_rank:
+        raise ValueError(f"max_batch={max_batch}: at most {per_rank} (samples per process in train_data)")
+    if rule not in ("linear", "sqrt", "none"):
+        raise ValueError(f"rule={rule!r}: one of linear, sqrt, none (how the learning rate follows the batch)")
+    if not 0 < tolerance <= 0.1:
+        raise ValueError(f"tolerance={tolerance!r}: a number in (0, 0.1] (relative gap at which the search stops)")
+    limit, kind = memory_limit(memory_budget, engine.device)
+    max_trials = math.ceil(math.log2(max_batch)) + 4 if max_batch > 1 else 1
+    trials: list[BatchTrial] = []
+    snapshot = trial.Snapshot(engine)
+
+    def attempt(b: int) -> BatchTrial:
+        trial.release_memory()
+        try:
+            m = trial.measure(engine, start.replace(batch_size=b), steps=steps, warmup_steps=0)
+            fits, peak, reason = m.ok, m.peak_bytes, m.error
+        except Exception as error:  # noqa: BLE001 - only out-of-memory is a verdict; anything else is raised
+            if not _is_oom(error):
+                raise
+            fits, peak, reason = False, None, "out of memory"
+        finally:
+            snapshot.restore()
+            trial.release_memory()
+        if fits and limit is not None and peak > limit:
+            fits, reason = False, "over budget"
+        fits, peak = _agree(fits, peak or 0, engine.device)
+        t = BatchTrial(b, fits, peak or None, reason if not fits else "")
+        trials.append(t)
+        return t
+
+    try:
+        b = min(start.batch_size, max_batch)
+        lo, hi = None, None  # largest trial that fit, smallest that did not
+        while len(trials) < max_trials:  # doubling (or halving while even the start is too big)
+            t = attempt(b)
+            if t.fits:
+                lo = t
+                if hi is not None or b >= max_batch:
+                    break
+                b = min(2 * b, max_batch)
+            else:
+                hi = t
+                if lo is not None or b == 1:
+                    break
+                b = max(b // 2, 1)
+        while lo is not None and hi is not None and len(trials) < max_trials \
+                and hi.batch_size - lo.batch_size > max(1, tolerance * lo.batch_size):
+            b = _next_probe(lo, hi, limit)
+            t = attempt(b)
+            if t.fits:
+                lo = t
+            else:
+                hi = t
+    finally:
+        snapshot.restore()
+    found = lo.batch_size if lo is not None else 0
+    if not found:
+        raise RuntimeError(f"nbtrain.find_batch_size: even batch_size=1 does not fit ({hi.reason}); "
+                           "raise memory_budget or make the model smaller")
+    return _with_lr(engine, start, found, rule, trials, max_trials, limit, kind)
+
+
+def _next_probe(lo: BatchTrial, hi: BatchTrial, limit: int | None) -> int:
+    """Bisect, guided by the measured peaks: peak memory grows about linearly with the batch."""
+    a, b = lo.batch_size, hi.batch_size
+    guess = (a + b) / 2
+    if limit is not None and lo.peak_bytes and hi.peak_bytes and hi.peak_bytes > lo.peak_bytes:
+        guess = a + (limit - lo.peak_bytes) * (b - a) / (hi.peak_bytes - lo.peak_bytes)
+        guess *= 0.99  # land just inside the budget, so the next trial tends to fit
+    gap = b - a
+    guess = min(max(guess, a + gap / 16), b - gap / 16)  # always shrink the interval
+    return min(max(int(round(guess)), a + 1), b - 1)
+
+
+def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_trials, limit, kind) -> BatchSearch:
+    """The found batch with the learning rate scaled from the starting global batch, and a warm-up."""
+    base_batch = start.base_batch_size or start.global_batch_size
+    changes = {"batch_size": batch}
+    if rule != "none":
+        changes.update(scale_lr=rule, base_batch_size=base_batch)
+    suggested = False
+    if rule != "none" and not start.warmup_steps and batch > start.batch_size:
+        per_epoch = math.ceil(math.ceil(len(engine.recipe.train_data) / engine.world.size) / batch
+                              / start.accumulate_grad_batches)
+        changes["warmup_steps"], suggested = max(per_epoch, 1), True
+    config = start.replace(**changes)
+    base_lr = start.lr if start.lr is not None else engine._optimizer_lrs[0]
+    base_lr *= start.lr_factor()  # the rate in use now
+    scaled = (start.lr if start.lr is not None else engine._optimizer_lrs[0]) * config.lr_factor()
+    notes = []
+    if rule != "none":
+        notes.append(f"apply it: config = config.replace(batch_size={batch}, scale_lr={rule!r}, "
+                     f"base_batch_size={config.base_batch_size}, warmup_steps={config.warmup_steps})")
+    return BatchSearch(batch, trials, max_trials, limit, kind, config, base_lr, scaled, suggested, notes)
