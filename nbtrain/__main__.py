@@ -31,6 +31,24 @@ def _demo(args) -> int:
     return 0
 
 
+def _tour(args) -> int:
+    from .checklist import checklist
+    from .demo import digits_recipe
+
+    config = config_from_flags(args, TrainConfig(batch_size=32))
+    print(f"nbtrain tour: the checklist walk on the digits demo ({config.device_type}), "
+          f"budget {args.budget_s:g} s; every number below is measured now", flush=True)
+    walk = checklist(digits_recipe(seed=config.seed or 0), config=config, budget_s=args.budget_s,
+                     target_global_batch=args.target_global_batch)
+    print(walk.table())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "nbtrain-tour-waterfall.png"
+    walk.plot(path=png)
+    print(f"waterfall chart: {png}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nbtrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -38,9 +56,14 @@ def main(argv=None) -> int:
     demo.add_argument("--out", default=".", help="folder for the loss-curve PNG (default: here)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_flags(demo)
+    tour = commands.add_parser("tour", help="walk the speed checklist on the digits demo and chart what helped")
+    tour.add_argument("--budget-s", type=float, default=60.0, help="time budget of the walk in seconds (default 60)")
+    tour.add_argument("--target-global-batch", type=int, default=None, help="global batch to reach by accumulation")
+    tour.add_argument("--out", default=".", help="folder for the waterfall PNG (default: here)")
+    add_config_flags(tour)
     args = parser.parse_args(argv)
     try:
-        return _demo(args)
+        return _tour(args) if args.command == "tour" else _demo(args)
     except ConfigError as error:
         print(f"nbtrain: {error.render(flag_name, quote=False)}", file=sys.stderr)
         return 2

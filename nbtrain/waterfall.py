@@ -31,9 +31,9 @@ def waterfall(walk, path=None, ax=None):
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("samples/s (measured)")
     ax.set_ylim(0, max([walk.baseline, level] + [i.after for i in walk.items]) * 1.3)
-    skipped = "; ".join(f"{name}: {reason}" for name, reason in walk.skipped)
-    ax.set_title(f"checklist walk on {walk.device}, {walk.elapsed_s:.0f} s of {walk.budget_s:.0f} s"
-                 + (f"\nskipped - {skipped}" if skipped else ""), fontsize=7, loc="left")
+    skipped = [f"skipped {name}: {reason[:70]}{'...' if len(reason) > 70 else ''}" for name, reason in walk.skipped]
+    ax.set_title("\n".join([f"checklist walk on {walk.device}, {walk.elapsed_s:.0f} s of a {walk.budget_s:.0f} s budget"]
+                           + skipped), fontsize=7, loc="left")
     fig = fig or ax.figure
     if path is not None:
         fig.savefig(path, dpi=100)

@@ -1,0 +1,53 @@
+"""Recipes for the checklist tools' tests: one data-bound, one compute-bound, one leaking step."""
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from nbtrain import Recipe
+
+
+class HeavyTransformData(Dataset):
+    """Small samples behind a CPU-heavy, deterministic per-sample transform (repeated 2-D FFTs)."""
+
+    def __init__(self, n=256, features=16, rounds=4, size=48):
+        self.n, self.features, self.rounds, self.size = n, features, rounds, size
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        a = np.random.default_rng(i).standard_normal((self.size, self.size))
+        for _ in range(self.rounds):
+            a = np.abs(np.fft.fft2(a))
+            a /= a.max()
+        return torch.tensor(a[0, :self.features], dtype=torch.float32), i % 4
+
+
+def data_bound_recipe(seed=0, **data):
+    torch.manual_seed(seed)
+    return Recipe(model=nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)),
+                  train_data=HeavyTransformData(**data), loss_fn=nn.CrossEntropyLoss(),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.05))
+
+
+def compute_bound_recipe(seed=0, n=1024, width=768):
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    data = TensorDataset(torch.randn(n, 256, generator=g), torch.randint(0, 4, (n,), generator=g))
+    model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
+    return Recipe(model=model, train_data=data, loss_fn=nn.CrossEntropyLoss(),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
+
+
+def state(model, optimizer=None):
+    out = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    if optimizer is not None:
+        for i, s in optimizer.state_dict()["state"].items():
+            for k, v in s.items():
+                out[f"opt.{i}.{k}"] = v.clone() if torch.is_tensor(v) else torch.tensor(v)
+    return out
+
+
+def same_state(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,55 @@
+import json
+
+import pytest
+import torch
+
+from nbtrain import TrainConfig
+from nbtrain.diagnose import diagnose, profile, verdict_for
+
+from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state
+
+
+def test_verdict_is_data_bound_for_a_heavy_per_sample_transform():
+    d = diagnose(data_bound_recipe(), config=TrainConfig(batch_size=32), steps=5)
+    assert d.kind == "data-bound", d.table()
+    assert d.verdict.startswith("data-bound: ") and "waits for the DataLoader; try num_workers=" in d.verdict
+    assert d.fractions["data"] > 0.5
+    assert "verdict: data-bound" in d.table()
+
+
+def test_verdict_flips_to_compute_bound_for_a_big_model_on_ready_tensors():
+    d = diagnose(compute_bound_recipe(), config=TrainConfig(batch_size=128), steps=5)
+    assert d.kind == "compute-bound", d.table()
+    assert d.fractions["forward"] + d.fractions["backward"] > 0.5
+    assert "of the step is forward and backward" in d.verdict
+
+
+def test_data_bound_with_workers_already_running_suggests_the_cache():
+    config = TrainConfig(batch_size=32, num_workers=1)
+    kind, verdict, tips = verdict_for({"data": 8.0, "forward": 1.0, "backward": 1.0}, 10.0, config, "cpu", cores=2)
+    assert kind == "data-bound" and "80% of the step waits for the DataLoader" in verdict
+    assert any("nbtrain.cache(dataset, path)" in tip for tip in tips)
+
+
+def test_profile_restores_the_model_and_writes_a_perfetto_trace(tmp_path):
+    recipe = compute_bound_recipe(n=256, width=64)
+    before = state(recipe.model)
+    d = profile(recipe, config=TrainConfig(batch_size=32), steps=3, trace=tmp_path / "trace.json")
+    assert same_state(before, state(recipe.model))
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert "torch.profiler trace" in d.table()
+    d.plot(path=tmp_path / "phases.png")
+    assert (tmp_path / "phases.png").stat().st_size > 1000
+
+
+def test_bad_step_count_names_the_option():
+    with pytest.raises(ValueError, match=r"steps=0: a whole number >= 1"):
+        diagnose(compute_bound_recipe(n=64, width=8), steps=0)
+
+
+@pytest.mark.cuda
+def test_phases_add_up_to_the_step_on_cuda_when_synchronised():
+    d = diagnose(compute_bound_recipe(), config=TrainConfig(batch_size=128, accelerator="cuda"), steps=10)
+    assert d.synced
+    assert sum(v for k, v in d.phase_ms.items() if k != "other") == pytest.approx(d.step_ms, rel=0.2)
+    assert d.phase_ms["forward"] + d.phase_ms["backward"] > d.phase_ms["data"]
