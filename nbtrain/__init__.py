@@ -6,9 +6,14 @@ from .engine import Engine
 from .metrics import MetricsLog
 from .recipe import Recipe, RecipeError
 from .result import RunResult
+# The checklist as tools (functions; their modules stay importable as nbtrain.cache etc.).
+from .cache import cache
+from .checklist import checklist
+from .diagnose import profile
 
 __version__ = "0.1.0"
-__all__ = ["fit", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError", "RunResult"]
+__all__ = ["fit", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
+           "RunResult", "cache", "checklist", "profile"]
 
 
 def panel(recipe_or_namespace=None, config=None, display=True):

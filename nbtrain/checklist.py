@@ -247,7 +247,9 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
 
 # --- the items: each returns the candidates it measured, or a reason it did not apply ----------
 
-def _try_all(walk, configs_and_labels, stop_when_worse: bool = True, rate: float | None = None):
+def _try_all(walk, configs_and_labels, stop_when_worse: bool = False):
+    """Measure candidates in order; stop at one that does not fit, or (when asked) at the first
+    that is slower than the best so far by more than min_gain: past the peak."""
     tried = []
     for label, config in configs_and_labels:
         t = walk.measure(config)
@@ -257,9 +259,9 @@ def _try_all(walk, configs_and_labels, stop_when_worse: bool = True, rate: float
         tried.append(t)
         if t.samples_per_s is None:
             break  # too big / out of memory: larger candidates will not fit either
-        best = max((x.samples_per_s for x in tried if x.samples_per_s), default=0)
-        if stop_when_worse and rate is not None and t.samples_per_s < best and t.samples_per_s < rate:
-            break  # past the peak
+        best = max([walk.rate] + [x.samples_per_s for x in tried if x.samples_per_s])
+        if stop_when_worse and t.samples_per_s < best * (1 - walk.min_gain):
+            break
     return tried
 
 
@@ -267,7 +269,7 @@ def _workers(walk, engine, start, current, target):
     counts = [n for n in worker_candidates(current) if n != current.num_workers]
     if not counts:
         return "no other worker count to try on this machine"
-    return _try_all(walk, [(f"num_workers={n}", with_workers(current, n)) for n in counts], rate=None)
+    return _try_all(walk, [(f"num_workers={n}", with_workers(current, n)) for n in counts])
 
 
 def _batch_size(walk, engine, start, current, target):
@@ -275,7 +277,8 @@ def _batch_size(walk, engine, start, current, target):
              if b > current.batch_size]
     if not sizes:
         return "no larger batch fits 8 batches per epoch" + (" within the target global batch" if target else "")
-    return _try_all(walk, [(f"batch_size={b}", with_batch(current, b, start)) for b in sizes], rate=None)
+    return _try_all(walk, [(f"batch_size={b}", with_batch(current, b, start)) for b in sizes],
+                    stop_when_worse=True)
 
 
 def _accumulation(walk, engine, start, current, target):
@@ -309,7 +312,7 @@ def _precision(walk, engine, start, current, target):
             refused.append(error.render())
     if not runnable:
         return "; ".join(refused) or "no other precision"
-    return _try_all(walk, runnable, stop_when_worse=False)
+    return _try_all(walk, runnable)
 
 
 def _ddp(walk, engine, start, current, target):

@@ -7,6 +7,7 @@ afterwards, bit for bit, so a trial never changes what the user has trained.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import ctypes
@@ -83,6 +84,34 @@ class Measurement:
         return not self.error
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
+@contextlib.contextmanager
+def exact_cpu_peaks():
+    """Make the process's peak RSS follow the live tensors while memory trials run (glibc).
+
+    glibc serves a freed large block's size from its heap afterwards (its mmap threshold
+    rises dynamically), so one trial's freed memory shapes the next trial's peak. During the
+    trials, large blocks always come from mmap and go back on free; afterwards the threshold
+    is left where glibc's own dynamic threshold settles at most (32 MB), so training keeps
+    reusing heap memory as before.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        yield
+        return
+    mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+    mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
+    try:
+        yield
+    finally:
+        mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+        mallopt(_M_TRIM_THRESHOLD, 64 * 2**20)
+
+
 def release_memory() -> None:
     """Hand freed memory back before a memory trial, so one trial's peak does not carry into the next."""
     gc.collect()
@@ -130,18 +159,29 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
     if n == 0:
         return Measurement(config, float("nan"), 0, wall, peak_bytes=peak_bytes, status=result.status,
                            error="no optimizer step finished")
-    if first == 0:
-        start = result.log.last("start")["info"].get("samples_start", 0)
-        span, done = cols["time"][-1], cols["samples"][-1] - start
-    else:
-        span = cols["time"][-1] - cols["time"][first - 1]
-        done = cols["samples"][-1] - cols["samples"][first - 1]
+    start = result.log.last("start")["info"].get("samples_start", 0)
+    points = ([(0.0, start)] if first == 0 else []) + list(zip(cols["time"], cols["samples"]))[max(first - 1, 0):]
     measured = range(first, n)
     phase_ms = {name[:-2]: 1000 * sum(cols[name][i] for i in measured) / len(measured)
                 for name in ("data_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")}
     step_ms = 1000 * sum(cols["step_s"][i] for i in measured) / len(measured)
-    return Measurement(config, done / span if span > 0 else float("nan"), n, wall, phase_ms, step_ms,
-                       peak_bytes, result.status)
+    return Measurement(config, robust_rate(points), n, wall, phase_ms, step_ms, peak_bytes, result.status)
+
+
+def robust_rate(points, pieces: int = 5) -> float:
+    """Samples/s over (time, samples) points: the median of a few consecutive pieces' rates.
+
+    Each piece spans several steps (so a loader's bursts average out) and the median drops a
+    piece that a passing load spike on a shared machine slowed down.
+    """
+    k = min(pieces, (len(points) - 1) // 3)
+    if k < 3:
+        (t0, s0), (t1, s1) = points[0], points[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else float("nan")
+    edges = [round(i * (len(points) - 1) / k) for i in range(k + 1)]
+    rates = sorted((points[b][1] - points[a][1]) / (points[b][0] - points[a][0])
+                   for a, b in zip(edges, edges[1:]) if points[b][0] > points[a][0])
+    return rates[len(rates) // 2] if rates else float("nan")
 
 
 def plain_config(config: TrainConfig) -> TrainConfig:

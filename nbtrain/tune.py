@@ -10,6 +10,7 @@ so weights, optimizer state and counters are exactly as before the search.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -261,7 +262,9 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
         trials.append(t)
         return t
 
+    exact = trial.exact_cpu_peaks() if engine.device.type == "cpu" else contextlib.nullcontext()
     try:
+        exact.__enter__()
         b = min(start.batch_size, max_batch)
         lo, hi = None, None  # largest trial that fit, smallest that did not
         while len(trials) < max_trials:  # doubling (or halving while even the start is too big)
@@ -285,6 +288,7 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
             else:
                 hi = t
     finally:
+        exact.__exit__(None, None, None)
         snapshot.restore()
     found = lo.batch_size if lo is not None else 0
     if not found:

@@ -40,6 +40,29 @@ def compute_bound_recipe(seed=0, n=1024, width=768):
                   optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
 
 
+class WideActivations(nn.Module):
+    """Cheap to compute, heavy to keep: each sample holds ~200 KB of activations for backward,
+    so peak memory is dominated by the batch and a trial is quick."""
+
+    def __init__(self, features=64, spread=256):
+        super().__init__()
+        self.inp, self.out = nn.Linear(features, features), nn.Linear(features, 4)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, spread))
+
+    def forward(self, x):
+        h = torch.relu(self.inp(x).unsqueeze(-1) * self.scale)
+        h = torch.relu(h * self.scale + 0.1)
+        h = torch.tanh(h * self.scale)
+        return self.out(h.mean(-1))
+
+
+def memory_heavy_recipe(n=1024):
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(n, 64), torch.randint(0, 4, (n,)))
+    return Recipe(model=WideActivations(), train_data=data, loss_fn=nn.CrossEntropyLoss(),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
+
+
 def state(model, optimizer=None):
     out = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
     if optimizer is not None:

@@ -8,7 +8,7 @@ from nbtrain import TrainConfig
 from nbtrain.memory import current_rss
 from nbtrain.tune import find_batch_size, find_lr, find_workers
 
-from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state
+from checklist_recipes import compute_bound_recipe, data_bound_recipe, memory_heavy_recipe, same_state, state
 
 
 def _trained(recipe):
@@ -33,10 +33,10 @@ def test_batch_search_restores_weights_and_optimizer_state_exactly():
 
 
 def test_batch_search_stays_under_a_cpu_memory_budget_within_the_trial_bound():
-    recipe = compute_bound_recipe(n=1024, width=768)
+    recipe = memory_heavy_recipe(n=1024)
     from nbtrain.api import engine_for
     engine_for(recipe, TrainConfig(batch_size=8, max_steps=1)).run()  # one-off allocations happen here
-    limit = current_rss() + 24 * 2**20
+    limit = current_rss() + 64 * 2**20
     search = find_batch_size(recipe, config=TrainConfig(batch_size=8), memory_budget=limit, max_batch=1024)
     assert len(search.trials) <= math.ceil(math.log2(1024)) + 4 == search.max_trials
     found = next(t for t in search.trials if t.batch_size == search.batch_size)

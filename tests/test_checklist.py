@@ -1,0 +1,85 @@
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nbtrain import TrainConfig
+from nbtrain.api import engine_for
+from nbtrain.checklist import batch_candidates, checklist
+from nbtrain.demo import digits_recipe
+
+from checklist_recipes import same_state, state
+
+
+def test_walk_respects_its_time_budget():
+    t0 = time.perf_counter()
+    walk = checklist(digits_recipe(), config=TrainConfig(batch_size=32), budget_s=5)
+    took = time.perf_counter() - t0
+    assert walk.elapsed_s <= 5.5 and took <= 6.0, walk.table()
+    assert "of a 5 s budget" in walk.table()
+    assert walk.trials >= 2  # the start and at least one item were measured
+
+
+def test_walk_measures_items_reports_skips_and_restores_model_and_config(tmp_path):
+    recipe = digits_recipe()
+    start = TrainConfig(batch_size=16)
+    before = state(recipe.model)
+    walk = checklist(recipe, config=start, budget_s=8, target_global_batch=256, items=(
+        "workers", "batch_size", "accumulation", "device", "ddp"))
+    assert same_state(before, state(recipe.model))
+    assert engine_for(recipe, start).config == start
+    names = [item.name for item in walk.items]
+    assert names[:2] == ["workers", "batch_size"], walk.table()
+    for item in walk.items:
+        assert all(t.samples_per_s is None or t.samples_per_s > 0 for t in item.tried)
+    skipped = dict(walk.skipped)
+    if not torch.cuda.is_available():
+        assert skipped["device"] == "no GPU (CUDA is not available on this machine)"
+    assert walk.best_config.global_batch_size <= 256 or "accumulation" not in names
+    walk.plot(path=tmp_path / "waterfall.png")
+    assert (tmp_path / "waterfall.png").stat().st_size > 1000
+
+
+def test_keep_best_leaves_the_live_engine_on_the_best_config():
+    recipe = digits_recipe()
+    before = state(recipe.model)
+    walk = checklist(recipe, config=TrainConfig(batch_size=16), budget_s=6, items=("batch_size",), keep_best=True)
+    assert walk.kept_on_engine and "the live engine now uses the best config" in walk.table()
+    assert engine_for(recipe, walk.best_config).config == walk.best_config
+    assert same_state(before, state(recipe.model))
+
+
+def test_larger_batches_come_with_the_linear_rule_stated():
+    walk = checklist(digits_recipe(), config=TrainConfig(batch_size=8), budget_s=6, items=("batch_size",),
+                     min_gain=0.0)
+    if walk.best_config.batch_size > 8:
+        assert walk.best_config.scale_lr == "linear" and walk.best_config.base_batch_size == 8
+        assert walk.lr_note.startswith("linear rule:")
+
+
+def test_batch_candidates_double_within_the_data_and_the_target():
+    assert batch_candidates(TrainConfig(batch_size=16), samples=1000) == [16, 32, 64]
+    assert batch_candidates(TrainConfig(batch_size=16), samples=10_000, target_global_batch=64) == [16, 32, 64]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"budget_s": 0}, "budget_s=0: a number of seconds > 0"),
+    ({"items": ("workers", "magic")}, "items=['workers', 'magic']: each one of workers, batch_size"),
+    ({"target_global_batch": 0}, "target_global_batch=0: a whole number >= 1, or None"),
+])
+def test_bad_input_names_option_value_and_allowed(kwargs, message):
+    with pytest.raises(ValueError) as error:
+        checklist(digits_recipe(), **kwargs)
+    assert message in str(error.value)
+
+
+def test_tour_runs_the_walk_on_the_demo_from_the_command_line(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "nbtrain", "tour", "--budget-s", "6", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "nbtrain checklist walk on cpu" in done.stdout or "nbtrain checklist walk on cuda" in done.stdout
+    assert (tmp_path / "nbtrain-tour-waterfall.png").exists()
