@@ -12,7 +12,10 @@ trace (open it in Perfetto); its timings are not mixed into the breakdown.
 """
 from __future__ import annotations
 
+import math
 import os
+import time
+import weakref
 from dataclasses import dataclass, field
 
 from . import trial
@@ -45,6 +48,7 @@ class Diagnosis:
     verdict: str
     suggestions: list = field(default_factory=list)
     trace_path: str | None = None
+    grad_sync_ms: float | None = None  # DDP only: all-reduce in flight per step (overlaps backward)
 
     @property
     def fractions(self) -> dict:
@@ -58,6 +62,9 @@ class Diagnosis:
         for name, ms in self.phase_ms.items():
             lines.append(f"  {PHASE_LABELS[name]:<{width}}  {ms:9.3f} ms  {100 * self.fractions[name]:5.1f}%")
         lines.append(f"  {'step':<{width}}  {self.step_ms:9.3f} ms  ({self.samples_per_s:,.0f} samples/s)")
+        if self.grad_sync_ms is not None:
+            lines.append(f"  {PHASE_LABELS['grad_sync']:<{width}}  {self.grad_sync_ms:9.3f} ms  "
+                         f"{100 * self.grad_sync_ms / self.step_ms:5.1f}% (all-reduce in flight, overlapping backward)")
         lines.append(f"verdict: {self.verdict}")
         lines += [f"  try: {s}" for s in self.suggestions[1:]]
         if self.trace_path:
@@ -137,6 +144,49 @@ def verdict_for(phase_ms: dict, step_ms: float, config: TrainConfig, device: str
             f"try {tips[0]}", tips)
 
 
+class GradSyncClock:
+    """Times DDP's gradient all-reduce through a communication hook (the default averaging, timed).
+
+    Buckets are all-reduced while backward still runs, so the clock keeps the union of the
+    intervals during which any bucket was in flight: "gradient sync in flight", which overlaps
+    the backward phase rather than adding to it.
+    """
+
+    _clocks: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def __init__(self):
+        self.intervals: list[tuple[float, float]] = []
+        self.active = False
+
+    @classmethod
+    def on(cls, ddp_model) -> "GradSyncClock":
+        clock = cls._clocks.get(ddp_model)
+        if clock is None:  # a DDP model takes one hook for its lifetime
+            clock = cls._clocks[ddp_model] = cls()
+            ddp_model.register_comm_hook(None, clock._hook)
+        return clock
+
+    def _hook(self, state, bucket):
+        import torch.distributed as torch_dist
+        start = time.perf_counter()
+        tensor = bucket.buffer().div_(torch_dist.get_world_size())
+        future = torch_dist.all_reduce(tensor, async_op=True).get_future()
+
+        def done(f):
+            if self.active:
+                self.intervals.append((start, time.perf_counter()))
+            return f.value()[0]
+        return future.then(done)
+
+    def seconds(self) -> float:
+        total, end = 0.0, -math.inf
+        for a, b in sorted(self.intervals):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
+
+
 def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 20,
              warmup_steps: int = 3, seconds: float | None = None, trace: str | os.PathLike | None = None,
              **parts) -> Diagnosis:
@@ -149,9 +199,14 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     config = trial.plain_config(engine.config)
     snapshot = trial.Snapshot(engine)
     trace_path = None
+    clock = GradSyncClock.on(engine._train_model) if hasattr(engine._train_model, "register_comm_hook") else None
     try:
+        if clock is not None:
+            clock.intervals, clock.active = [], True
         m = trial.measure(engine, config, steps=steps + warmup_steps, seconds=seconds,
                           warmup_steps=warmup_steps, sync_phases=True)
+        if clock is not None:
+            clock.active = False
         snapshot.restore()
         if trace is not None:
             trace_path = _write_trace(engine, config, trace)
@@ -161,10 +216,12 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
         raise RuntimeError(f"nbtrain.profile: {m.error}")
     phases = dict(m.phase_ms)
     phases["other"] = max(m.step_ms - sum(phases.values()), 0.0)
+    sync_ms = 1000 * clock.seconds() / max(m.steps, 1) if clock is not None else None
     device = engine.device.type
-    kind, verdict, tips = verdict_for(phases, m.step_ms, config, device)
+    kind, verdict, tips = verdict_for({**phases, **({"grad_sync": sync_ms} if sync_ms else {})}, m.step_ms,
+                                      config, device)
     return Diagnosis(config, str(engine.device), phases, m.step_ms, m.samples_per_s,
-                     max(m.steps - warmup_steps, 1), device == "cuda", kind, verdict, tips, trace_path)
+                     max(m.steps - warmup_steps, 1), device == "cuda", kind, verdict, tips, trace_path, sync_ms)
 
 
 profile = diagnose

@@ -53,3 +53,19 @@ def test_phases_add_up_to_the_step_on_cuda_when_synchronised():
     assert d.synced
     assert sum(v for k, v in d.phase_ms.items() if k != "other") == pytest.approx(d.step_ms, rel=0.2)
     assert d.phase_ms["forward"] + d.phase_ms["backward"] > d.phase_ms["data"]
+
+
+def test_ddp_gradient_sync_is_timed_on_every_rank(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from checklist_recipes import ddp_diagnose_rank
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(ddp_diagnose_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        numbers = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert 0 < numbers["grad_sync_ms"] < numbers["step_ms"] * 2
+        assert "gradient sync" in numbers["table"] and "overlapping backward" in numbers["table"]
