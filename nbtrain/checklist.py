@@ -248,8 +248,8 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
 # --- the items: each returns the candidates it measured, or a reason it did not apply ----------
 
 def _try_all(walk, configs_and_labels, stop_when_worse: bool = False):
-    """Measure candidates in order; stop at one that does not fit, or (when asked) at the first
-    that is slower than the best so far by more than min_gain: past the peak."""
+    """Measure candidates in order; stop at one that does not fit, or (when asked) past the peak:
+    two candidates in a row slower than the best so far by more than min_gain."""
     tried = []
     for label, config in configs_and_labels:
         t = walk.measure(config)
@@ -260,8 +260,9 @@ def _try_all(walk, configs_and_labels, stop_when_worse: bool = False):
         if t.samples_per_s is None:
             break  # too big / out of memory: larger candidates will not fit either
         best = max([walk.rate] + [x.samples_per_s for x in tried if x.samples_per_s])
-        if stop_when_worse and t.samples_per_s < best * (1 - walk.min_gain):
-            break
+        behind = best * (1 - walk.min_gain)
+        if stop_when_worse and len(tried) >= 2 and all(x.samples_per_s < behind for x in tried[-2:]):
+            break  # two in a row behind the best: one slow trial on a busy machine is not enough
     return tried
 
 

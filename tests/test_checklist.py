@@ -83,3 +83,19 @@ def test_tour_runs_the_walk_on_the_demo_from_the_command_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "nbtrain checklist walk on cpu" in done.stdout or "nbtrain checklist walk on cuda" in done.stdout
     assert (tmp_path / "nbtrain-tour-waterfall.png").exists()
+
+
+def test_trial_throughput_ignores_a_passing_load_spike():
+    from nbtrain.trial import robust_rate
+    points = [(0.1 * i, 100 * i) for i in range(16)]  # 1,000 samples/s ...
+    points = points[:6] + [(t + 1.0, s) for t, s in points[6:]]  # ... with one step stalled by 1 s
+    assert robust_rate(points) == pytest.approx(1000)
+    assert robust_rate([(0.0, 0), (2.0, 500)]) == pytest.approx(250)
+
+
+@pytest.mark.cuda
+def test_walk_tries_the_gpu_from_a_cpu_config():
+    walk = checklist(digits_recipe(), config=TrainConfig(batch_size=64, accelerator="cpu"), budget_s=20,
+                     items=("device", "precision"))
+    device = next(item for item in walk.items if item.name == "device")
+    assert device.tried[0].label == "accelerator='cuda'" and device.tried[0].samples_per_s > 0
