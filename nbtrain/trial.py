@@ -185,5 +185,9 @@ def robust_rate(points, pieces: int = 5) -> float:
 
 
 def plain_config(config: TrainConfig) -> TrainConfig:
-    """The config a trial measures: no per-run budget of its own (the trial sets one)."""
-    return config.replace(max_steps=None, max_epochs=None)
+    """The config a trial measures: no budget of its own (the trial sets one); trials never
+    write checkpoints or resume from one, since what they train is thrown away."""
+    changes = {"max_steps": None, "max_epochs": None}
+    names = set(config.to_dict())
+    changes.update({name: None for name in ("checkpoint_every", "resume") if name in names})
+    return config.replace(**changes)
