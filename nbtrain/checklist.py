@@ -14,6 +14,7 @@ walk stops starting trials when the stated budget would be passed.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from dataclasses import dataclass, field
@@ -212,8 +213,9 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
     try:
         base = walk.measure(start)
         if base is None or base.samples_per_s is None:
-            raise RuntimeError(f"nbtrain.checklist: the starting config could not be measured "
-                               f"({'no time in the budget' if base is None else base.note})")
+            raise RuntimeError(f"nbtrain.checklist: budget_s={budget_s:g} left no time to measure the starting "
+                               f"config; allow more (e.g. budget_s=30)" if base is None else
+                               f"nbtrain.checklist: the starting config could not be measured ({base.note})")
         current, rate = start, base.samples_per_s
         for name in items:
             walk.rate = rate
@@ -317,10 +319,12 @@ def _precision(walk, engine, start, current, target):
 
 
 def _ddp(walk, engine, start, current, target):
+    if importlib.util.find_spec(f"{__package__}.launch") is None:
+        return "the DDP launcher (nbtrain.launch) is not part of this install"
     try:
-        from . import launch  # noqa: F401  (written separately; the walk works without it)
+        from . import launch  # noqa: F401
     except ImportError as error:
-        return f"the DDP launcher (nbtrain.launch) is not available: {error}"
+        return f"the DDP launcher (nbtrain.launch) does not import: {error}"
     try:
         c = current.replace(devices=2)
     except ConfigError as error:
@@ -329,8 +333,9 @@ def _ddp(walk, engine, start, current, target):
     if walk.left() < needed:
         return f"time budget: starting 2 worker processes needs about {needed:.0f} s, {max(walk.left(), 0):.0f} s left"
     from .api import fit
-    # As many steps as the current config trains in one trial's time (the workers measure their own rate).
-    steps = max(10, int(walk.rate * walk.trial_s / c.global_batch_size))
+    # Half the steps the current config trains in one trial's time: DDP on a busy machine may be
+    # slower, and its workers' start-up comes on top (the workers measure their own rate).
+    steps = max(10, int(walk.rate * walk.trial_s / c.global_batch_size / 2))
     try:
         result = fit(recipe=engine.recipe, config=c.replace(max_steps=steps, max_epochs=None))
         rate = result.summary.get("samples_per_s")

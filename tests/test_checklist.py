@@ -100,3 +100,8 @@ def test_walk_tries_the_gpu_from_a_cpu_config():
                      items=("device", "precision"))
     device = next(item for item in walk.items if item.name == "device")
     assert device.tried[0].label == "accelerator='cuda'" and device.tried[0].samples_per_s > 0
+
+
+def test_a_budget_too_small_to_measure_the_start_says_so():
+    with pytest.raises(RuntimeError, match=r"budget_s=0.5 left no time to measure the starting config"):
+        checklist(digits_recipe(), budget_s=0.5)
