@@ -1,0 +1,178 @@
+"""One DDP rank: `python -m nbtrain.worker RUN_DIR`, run under torch.distributed.run.
+
+The worker reads its run directory (see rundir.py), joins the process group from the
+environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), builds
+an Engine on the shipped recipe and config — the engine wraps the model in DDP, shards
+the data and skips the all-reduce on accumulation micro-steps — trains, and writes the
+events, the weights and the result back. A rank that raises writes its traceback to
+error-rank{N}.txt and exits 1, so the launcher can report that rank's own error.
+
+`python -m nbtrain.worker --serve` is the same worker started ahead of time: it imports
+torch and the engine, then waits on stdin for one job line {"run_dir", "env"} from the
+kernel's warm pool. It is still a fresh interpreter that never touched CUDA before its
+job, so it is as safe as a torchrun worker and only skips the import cost.
+
+Either way a watchdog thread ends the process when the run's owner (the kernel) is gone.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+import torch
+import torch.distributed as torch_dist
+
+from .engine import Engine
+from .metrics import MetricsLog
+from .rundir import RunDir
+
+OWNER_GONE_EXIT = 70
+_HIDDEN_ROOTS = tuple(str(Path(m.__file__).resolve().parent) for m in (torch, sys.modules[__package__]))
+
+
+def watch_owner(pid: int, started: float | None, every_s: float = 0.5) -> None:
+    """Exit this process soon after `pid` (with that create time) stops existing."""
+    def owner_alive() -> bool:
+        try:
+            owner = psutil.Process(pid)
+            return owner.is_running() and (started is None or abs(owner.create_time() - started) < 1e-3) \
+                and owner.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def watch():
+        while owner_alive():
+            time.sleep(every_s)
+        os._exit(OWNER_GONE_EXIT)  # no cleanup: the process group may be mid-collective
+
+    threading.Thread(target=watch, name="nbtrain-owner-watch", daemon=True).start()
+
+
+class _PrefixedStream:
+    """Prefixes every line with `[rank N] `, for output that torchrun merges into one stream."""
+
+    def __init__(self, stream, prefix: str):
+        self._stream, self._prefix, self._at_line_start = stream, prefix, True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self._at_line_start:
+                out.append(self._prefix)
+            out.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self._stream.write("".join(out))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback without torch's and nbtrain's own frames (all frames if only those)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    users = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_HIDDEN_ROOTS)
+             and "runpy" not in f.filename]
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(traceback.StackSummary.from_list(users or frames))
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
+def _join_group(backend: str, timeout_s: float) -> None:
+    timeout = datetime.timedelta(seconds=timeout_s)
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    port = os.environ.get("NBTRAIN_STORE_PORT")
+    if port:  # the launcher hosts the store on a port it bound itself: no port race
+        store = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(port), size, is_master=False, timeout=timeout)
+        torch_dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    else:
+        torch_dist.init_process_group(backend, timeout=timeout)
+
+
+def _train(run: RunDir, local_main: bool) -> None:
+    config, recipe = run.config(), run.recipe()
+    engine = Engine(recipe, config)
+    log = MetricsLog()
+    writer = run.event_writer() if local_main else None
+    if writer:
+        log.subscribe(writer)
+    result = engine.run(log=log)
+    if local_main:
+        run.save_model({k: v.detach().cpu() for k, v in engine.model.state_dict().items()})
+        run.save_result(result.status, result.message, json.loads(json.dumps(result.summary)))
+        writer.close()
+
+
+def run_job(run: RunDir) -> int:
+    info = run.launch_info()
+    watch_owner(info["owner_pid"], info.get("owner_started"))
+    rank = int(os.environ.get("RANK", 0))
+    if os.environ.get("NBTRAIN_PREFIX_OUTPUT"):
+        sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
+        sys.stderr = _PrefixedStream(sys.stderr, f"[rank {rank}] ")
+    if os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        _join_group(info["backend"], info["timeout_s"])
+        if run.is_function_run:
+            fn, args = run.function()
+            value = fn(*args)
+            if rank == 0:
+                run.save_return(value)
+        else:
+            _train(run, local_main=int(os.environ.get("LOCAL_RANK", 0)) == 0)
+        torch_dist.destroy_process_group()
+        return 0
+    except BaseException as exc:  # every failure, KeyboardInterrupt included, is reported as this rank's
+        run.save_error(rank, user_traceback(exc))
+        sys.stderr.write(f"nbtrain worker rank {rank} failed: {type(exc).__name__}: {exc}\n")
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def serve() -> int:
+    """Wait (torch already imported) for one job from the kernel's pool, then run it."""
+    owner = os.environ.get("NBTRAIN_OWNER_PID")
+    if owner:
+        watch_owner(int(owner), None)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the pool was closed before this worker got a job
+    job = json.loads(line)
+    os.environ.update(job["env"])
+    return run_job(RunDir(job["run_dir"]))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--serve"]:
+        return serve()
+    if argv[:1] == ["--agent"]:  # torch.distributed.run for one node, ended with the kernel
+        if os.environ.get("NBTRAIN_OWNER_PID"):
+            watch_owner(int(os.environ["NBTRAIN_OWNER_PID"]), None)
+        from torch.distributed.run import main as torchrun
+        torchrun(argv[1:])
+        return 0
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m nbtrain.worker RUN_DIR  (under torch.distributed.run)\n")
+        return 2
+    return run_job(RunDir(argv[0]))
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: a dead peer's sockets must not stall exit
