@@ -10,10 +10,12 @@ from .result import RunResult
 from .cache import cache
 from .checklist import checklist
 from .diagnose import profile
+from .launch import launch  # the function; its module's helpers: `from nbtrain.launch import ...`
+from .split import split
 
 __version__ = "0.1.0"
 __all__ = ["fit", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
-           "RunResult", "cache", "checklist", "profile"]
+           "RunResult", "cache", "checklist", "profile", "launch", "split"]
 
 
 def panel(recipe_or_namespace=None, config=None, display=True):

@@ -30,6 +30,7 @@ import time
 import torch
 
 from . import checkpoint, data, dist, toggles
+from .split import device_map, input_device
 from .config import TrainConfig
 from .memory import PeakMemory
 from .metrics import MetricsLog
@@ -77,8 +78,10 @@ class Engine:
         self.notes: dict[str, str] = {}  # option -> why it does not apply here
         self._eager_step_s: float | None = None
         self._compiled_fresh = False
-        self.device = dist.device_for(self.config.device_type, self.world)
-        self.model.to(self.device)
+        # A split model (split.py) stays where its parts are; batches go to its first part.
+        self.device = input_device(self.model) or dist.device_for(self.config.device_type, self.world)
+        if device_map(self.model) is None:
+            self.model.to(self.device)
         self._train_model = self._wrap(self.model)
         self.precision = Precision(self.config.precision, self.device.type)
         self.loader = self._build_loader()
@@ -89,12 +92,18 @@ class Engine:
 
     def _wrap(self, model):
         if self.world.distributed and torch.distributed.is_initialized():
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+            one_device = self.device.type == "cuda" and device_map(model) is None
+            return torch.nn.parallel.DistributedDataParallel(model, device_ids=[self.device.index] if one_device
+                                                             else None)
+        if self.config.strategy == "dp" and self.device.type == "cuda":
+            return torch.nn.DataParallel(model, device_ids=list(range(self.config.devices)))
         return model
 
     def _build_loader(self):
-        return data.build_loader(self.recipe.train_data, self.config, self.world, self.seed, self.recipe.collate_fn)
+        config = self.config
+        if config.strategy == "dp":  # DataParallel splits each loaded batch across the devices
+            config = config.replace(batch_size=config.batch_size * config.devices)
+        return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
 
     def rebuild_loader(self) -> None:
         """New training data: start its first epoch from the beginning."""
@@ -193,7 +202,7 @@ class Engine:
             return
         self.config = new
         names = set(changes)
-        if new.device_type != self.device.type:
+        if new.device_type != self.device.type and device_map(self.model) is None:
             self.device = dist.device_for(new.device_type, self.world)
             self.model.to(self.device)
             # Optimizer state (momentum, Adam moments) follows its parameters to the new device.
@@ -318,7 +327,7 @@ class Engine:
 
     def _planned_steps(self) -> int:
         c = self.config
-        per_epoch = math.ceil(len(data.batch_sizes(self.loader.sampler.per_epoch, c.batch_size, c.drop_last))
+        per_epoch = math.ceil(len(data.batch_sizes(self.loader.sampler.per_epoch, self.loader.batch_size, c.drop_last))
                               / c.accumulate_grad_batches)
         by_epochs = per_epoch * c.epochs_budget if c.epochs_budget is not None else None
         return min(x for x in (by_epochs, c.max_steps) if x is not None)
@@ -335,7 +344,7 @@ class Engine:
         model, optimizer, scaler = self._train_model, self.optimizer, precision.scaler
         sampler = self.loader.sampler
         sampler.set_position(self.epoch, self.epoch_offset)
-        sizes = data.batch_sizes(len(sampler), c.batch_size, c.drop_last)
+        sizes = data.batch_sizes(len(sampler), self.loader.batch_size, c.drop_last)
         if not sizes:
             return True
         # Everything the hot loop touches is a local: this loop must cost no more than a hand-written one.

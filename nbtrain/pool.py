@@ -15,8 +15,11 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections import deque
+from pathlib import Path
 
 import psutil
 
@@ -41,6 +44,7 @@ class WarmPool:
     def __init__(self):
         self._idle: list[tuple[int, subprocess.Popen]] = []
         self._lock = threading.Lock()
+        self._ready_dir: str | None = None
         self.enabled = True
 
     def take(self, count: int, threads: int) -> list[subprocess.Popen]:
@@ -62,6 +66,16 @@ class WarmPool:
         with self._lock:
             self._idle += spawned
 
+    def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """Block until every idle worker has imported torch (for benchmarks and eager users)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pids = self.pids()
+            if all((Path(self._ready_dir or "", str(pid))).exists() for pid in pids):
+                return True
+            time.sleep(0.05)
+        return False
+
     def pids(self) -> list[int]:
         with self._lock:
             return [p.pid for _, p in self._idle if p.poll() is None]
@@ -72,9 +86,11 @@ class WarmPool:
             idle, self._idle = self._idle, []
         terminate([p for _, p in idle], grace_s=2.0)
 
-    @staticmethod
-    def _spawn(threads: int) -> subprocess.Popen:
-        return start(["-m", "nbtrain.worker", "--serve"], worker_env(threads), stdin=subprocess.PIPE)
+    def _spawn(self, threads: int) -> subprocess.Popen:
+        if self._ready_dir is None:
+            self._ready_dir = tempfile.mkdtemp(prefix="nbtrain-pool-")
+        env = worker_env(threads, {"NBTRAIN_READY_DIR": self._ready_dir})
+        return start(["-m", "nbtrain.worker", "--serve"], env, stdin=subprocess.PIPE)
 
 
 POOL = WarmPool()

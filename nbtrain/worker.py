@@ -147,6 +147,9 @@ def serve() -> int:
     owner = os.environ.get("NBTRAIN_OWNER_PID")
     if owner:
         watch_owner(int(owner), None)
+    ready = os.environ.get("NBTRAIN_READY_DIR")
+    if ready:  # tells the pool this interpreter finished importing
+        Path(ready, str(os.getpid())).touch()
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # the pool was closed before this worker got a job

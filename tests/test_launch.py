@@ -1,0 +1,152 @@
+"""DDP from the kernel: real worker processes with gloo on the CPU, results back in this process."""
+import socket
+import sys
+import threading
+
+import cloudpickle
+import psutil
+import pytest
+import torch
+
+import nbtrain
+from nbtrain import Engine, MetricsLog, TrainConfig
+from nbtrain.demo import digits_recipe
+from nbtrain.launch import POOL, fit_distributed, launch
+
+from helpers import same_weights, weights
+
+# Workers cannot import this test module: ship its functions by value, as a notebook's are.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _running_children():
+    """This process's descendants that are not idle warm-pool workers."""
+    idle = set(POOL.pids())
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in idle and p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_two_ranks_train_the_digits_like_one_process_with_the_same_global_batch():
+    single, ddp = digits_recipe(seed=0), digits_recipe(seed=0)
+    before = weights(ddp.model)
+    Engine(single, TrainConfig(batch_size=32, shuffle=False, max_steps=12, accelerator="cpu")).run()
+    seen = []
+    log = MetricsLog()
+    # Live: each window of rank 0's metrics reaches this process while the workers still run.
+    log.subscribe(lambda event, _log: seen.append((event["type"], len(_running_children()))))
+    result = nbtrain.fit(recipe=ddp, config=TrainConfig(devices=2, batch_size=16, shuffle=False, max_steps=12,
+                                                        accelerator="cpu", log_every_n_steps=2), log=log)
+    assert result.status == "completed"
+    assert result.summary["world_size"] == 2 and result.summary["global_batch"] == 32
+    assert result.history["step"] == list(range(1, 13)) and result.history["samples"][-1] == 12 * 32
+    assert same_weights(weights(ddp.model), weights(single.model), atol=1e-5)  # weights came back
+    assert not same_weights(weights(ddp.model), before, atol=1e-3)
+    assert [t for t, _ in seen][0] == "start" and seen[-1][0] == "end" and result.log is log
+    assert any(t == "steps" and alive for t, alive in seen), seen
+    assert _running_children() == []
+
+
+def _count_all_reduces(accumulate):
+    """Train under DDP with a comm hook that counts every gradient all-reduce."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from nbtrain import Engine, TrainConfig
+    from nbtrain.demo import digits_recipe
+
+    counts = {}
+    for k in (1, accumulate):
+        engine = Engine(digits_recipe(), TrainConfig(batch_size=8, accumulate_grad_batches=k, max_steps=3,
+                                                     accelerator="cpu"))
+        calls = [0]
+
+        def hook(state, bucket, calls=calls):
+            calls[0] += 1
+            return allreduce_hook(None, bucket)
+
+        engine._train_model.register_comm_hook(None, hook)
+        engine.run()
+        counts[k] = calls[0]
+    return dist.get_world_size(), type(engine._train_model).__name__, counts
+
+
+def test_accumulation_under_ddp_all_reduces_only_on_the_last_micro_batch():
+    world, wrapper, counts = launch(_count_all_reduces, nprocs=2, args=(4,))
+    assert world == 2 and wrapper == "DistributedDataParallel"
+    # 3 optimizer steps of 4 micro-batches all-reduce as often as 3 steps of 1: no_sync skipped 9 of 12.
+    assert counts[1] > 0 and counts[4] == counts[1], counts
+
+
+def _rank_and_sum(offset):
+    import torch
+    import torch.distributed as dist
+    value = torch.tensor([float(dist.get_rank() + offset)])
+    dist.all_reduce(value)
+    print(f"hello from rank {dist.get_rank()}")
+    return {"rank": dist.get_rank(), "sum": value.item()}
+
+
+def test_launch_runs_a_function_on_every_rank_returns_rank_zeros_value_and_prefixes_output(capfd):
+    assert launch(_rank_and_sum, nprocs=2, args=(10,)) == {"rank": 0, "sum": 21.0}
+    out = capfd.readouterr().out
+    assert "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
+    POOL.wait_ready()  # the repeat launch runs on interpreters that already imported torch
+    assert launch(_rank_and_sum, nprocs=2, args=(0,)) == {"rank": 0, "sum": 1.0}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_of_one_process_each_meet_through_c10d_rendezvous_on_localhost():
+    endpoint = f"127.0.0.1:{_free_port()}"
+    recipes = [digits_recipe(seed=0), digits_recipe(seed=0)]
+    results, errors = [None, None], []
+
+    def node(rank):
+        try:
+            results[rank] = fit_distributed(recipes[rank], TrainConfig(num_nodes=2, batch_size=16, shuffle=False,
+                                                                       max_steps=6, accelerator="cpu"),
+                                            node_rank=rank, rdzv_endpoint=endpoint, timeout=60)
+        except Exception as exc:  # reported below, with the other node's outcome
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert {r.summary["world_size"] for r in results} == {2}
+    single = digits_recipe(seed=0)
+    Engine(single, TrainConfig(batch_size=32, shuffle=False, max_steps=6, accelerator="cpu")).run()
+    for recipe in recipes:  # both kernels got the same DDP-trained weights
+        assert same_weights(weights(recipe.model), weights(single.model), atol=1e-5)
+    assert _running_children() == []
+
+
+def test_bad_launch_options_name_the_option_the_value_and_what_is_allowed():
+    with pytest.raises(ValueError, match=r"nprocs=0: allowed: a whole number >= 1"):
+        launch(_rank_and_sum, nprocs=0)
+    with pytest.raises(ValueError, match=r"timeout=-1: allowed: a number of seconds > 0"):
+        launch(_rank_and_sum, timeout=-1)
+    with pytest.raises(ValueError, match=r"backend='mpi': allowed: gloo, nccl"):
+        launch(_rank_and_sum, backend="mpi")
+    config = TrainConfig(num_nodes=2, accelerator="cpu")
+    with pytest.raises(ValueError, match=r"rdzv_endpoint=None: allowed: 'host:port'"):
+        fit_distributed(digits_recipe(), config, node_rank=0)
+    with pytest.raises(ValueError, match=r"node_rank=5: allowed: a whole number from 0 to 1"):
+        fit_distributed(digits_recipe(), config, node_rank=5, rdzv_endpoint="127.0.0.1:29400")
+    assert _running_children() == []
+
+
+def test_the_run_directory_is_private_and_removed_afterwards(tmp_path):
+    from nbtrain.rundir import RunDir
+    run = RunDir.create(backend="gloo", config=TrainConfig(), recipe=digits_recipe(), parent=str(tmp_path))
+    assert (run.path.stat().st_mode & 0o777) == 0o700
+    assert {p.name for p in run.path.iterdir()} == {"launch.json", "config.json", "recipe.pkl"}
+    assert run.config() == TrainConfig() and isinstance(run.recipe().model, torch.nn.Module)
+    run.remove()
+    assert not run.path.exists()
