@@ -27,6 +27,7 @@ from .pool import POOL, Relay, start, terminate, worker_env
 from .recipe import Recipe
 from .result import RunResult, summarize
 from .rundir import RunDir
+from .tracebacks import with_user_source
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 
@@ -61,6 +62,7 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
             job = _start_torchrun(run, config.devices, config.num_nodes, node_rank, rdzv_endpoint)
         else:
             job = _start_local(run, config.devices, host)
+        job.shipped = (recipe,)
         status, error = job.supervise(log, echo)
         if error is not None:
             raise error
@@ -88,7 +90,9 @@ def launch(fn, nprocs: int = 2, args=(), *, timeout: float | None = None, backen
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo"
     run = RunDir.create(backend=backend, function=fn, args=args, timeout_s=_timeout(timeout))
     try:
-        status, error = _start_local(run, nprocs, host).supervise(MetricsLog(), echo)
+        job = _start_local(run, nprocs, host)
+        job.shipped = (fn, args)
+        status, error = job.supervise(MetricsLog(), echo)
         if error is not None:
             raise error
         if status != "completed":
@@ -168,6 +172,7 @@ class _Job:
 
     def __init__(self, run, procs, relay, ranks, keep=None, after=None):
         self.run, self.procs, self.relay, self.ranks = run, procs, relay, ranks
+        self.shipped = ()  # what the kernel sent, to find the source of the workers' frames
         self._keep, self._after = keep, after  # the store lives as long as the job
 
     def supervise(self, log: MetricsLog, echo: bool):
@@ -211,7 +216,7 @@ class _Job:
         errors = self.run.errors()
         if errors:
             rank, text = errors[0]
-            return _raised_error(rank, text, self.run.launch_info()["timeout_s"])
+            return _raised_error(rank, text, self.run.launch_info()["timeout_s"], self.shipped)
         tail = "".join(line for lines in self.relay.tails.values() for line in lines)
         found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", tail, re.S)
         if found and int(found.group(2)) < 0:
@@ -230,8 +235,8 @@ def _signal_error(rank: int, number: int) -> WorkerError:
                        signal_name=name)
 
 
-def _raised_error(rank: int, text: str, timeout_s: float) -> WorkerError:
-    text = _with_source_lines(text)
+def _raised_error(rank: int, text: str, timeout_s: float, shipped) -> WorkerError:
+    text = with_user_source(text, shipped)
     last = text.strip().splitlines()[-1] if text.strip() else "an error"
     if re.search(r"timed? ?out|timeout", last, re.I) and re.search(r"gloo|nccl|c10d|collective|store|wait", text, re.I):
         head = (f"rank {rank} timed out after {timeout_s:g} s waiting in a collective operation: another rank is "
@@ -239,21 +244,6 @@ def _raised_error(rank: int, text: str, timeout_s: float) -> WorkerError:
     else:
         head = f"rank {rank} raised {last}"
     return WorkerError(f"{head}\n\n[rank {rank}] {text}", rank=rank, traceback=text)
-
-
-def _with_source_lines(text: str) -> str:
-    """Fill in source lines the worker could not read (code from notebook cells) from this kernel."""
-    import linecache
-    out, lines = [], text.splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        out.append(line)
-        frame = re.match(r'\s*File "(.+)", line (\d+), in ', line)
-        next_is_source = i + 1 < len(lines) and lines[i + 1].startswith("    ")
-        if frame and not next_is_source:
-            source = linecache.getline(frame.group(1), int(frame.group(2))).strip()
-            if source:
-                out.append(f"    {source}\n")
-    return "".join(out)
 
 
 def _result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: str) -> RunResult:

@@ -22,7 +22,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import psutil
@@ -32,9 +31,9 @@ import torch.distributed as torch_dist
 from .engine import Engine
 from .metrics import MetricsLog
 from .rundir import RunDir
+from .tracebacks import user_traceback
 
 OWNER_GONE_EXIT = 70
-_HIDDEN_ROOTS = tuple(str(Path(m.__file__).resolve().parent) for m in (torch, sys.modules[__package__]))
 
 
 def watch_owner(pid: int, started: float | None, every_s: float = 0.5) -> None:
@@ -73,17 +72,6 @@ class _PrefixedStream:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
-
-
-def user_traceback(exc: BaseException) -> str:
-    """The traceback without torch's and nbtrain's own frames (all frames if only those)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    users = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_HIDDEN_ROOTS)
-             and "runpy" not in f.filename]
-    lines = ["Traceback (most recent call last):\n"]
-    lines += traceback.format_list(traceback.StackSummary.from_list(users or frames))
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines)
 
 
 def _join_group(backend: str, timeout_s: float) -> None:
