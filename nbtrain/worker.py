@@ -122,12 +122,18 @@ def run_job(run: RunDir) -> int:
         torch_dist.destroy_process_group()
         return 0
     except BaseException as exc:  # every failure, KeyboardInterrupt included, is reported as this rank's
-        run.save_error(rank, user_traceback(exc))
-        sys.stderr.write(f"nbtrain worker rank {rank} failed: {type(exc).__name__}: {exc}\n")
+        run.save_error(rank, user_traceback(exc))  # the launcher reports it, once, from the root cause
         return 1
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _warm_up() -> None:
+    """Pay now for what the first step would import lazily (an optimizer imports torch._dynamo); CPU only."""
+    weight = torch.zeros(1, requires_grad=True)
+    torch.optim.AdamW([weight]).step()
+    from torch.nn import parallel  # noqa: F401  (DistributedDataParallel)
 
 
 def serve() -> int:
@@ -135,6 +141,7 @@ def serve() -> int:
     owner = os.environ.get("NBTRAIN_OWNER_PID")
     if owner:
         watch_owner(int(owner), None)
+    _warm_up()
     ready = os.environ.get("NBTRAIN_READY_DIR")
     if ready:  # tells the pool this interpreter finished importing
         Path(ready, str(os.getpid())).touch()
