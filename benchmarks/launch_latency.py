@@ -72,7 +72,7 @@ def kernel_nbtrain() -> dict:
     import nbtrain  # noqa: F401  (a kernel that has imported nbtrain, as a notebook has)
     from nbtrain import MetricsLog, TrainConfig
     from nbtrain.demo import digits_recipe
-    from nbtrain.launch import POOL, fit_distributed
+    from nbtrain.launch import ZYGOTE, fit_distributed
     config = TrainConfig(devices=2, accelerator="cpu", max_steps=STEPS, batch_size=32, log_every_n_steps=1,
                          shuffle=False)
 
@@ -86,9 +86,9 @@ def kernel_nbtrain() -> dict:
         return seen["steps"] - start
 
     first = timed()
-    POOL.wait_ready()
+    ZYGOTE.wait_ready()
     repeat = timed()
-    POOL.close()
+    ZYGOTE.close()
     return {"nbtrain first": first, "nbtrain repeat": repeat}
 
 

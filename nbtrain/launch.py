@@ -1,12 +1,13 @@
-"""DDP from the kernel: fresh worker interpreters, live metrics and output, weights back.
+"""DDP from the kernel: fresh worker processes, live metrics and output, weights back.
 
     fit_distributed(recipe, config)   the recipe on config.devices ranks (x num_nodes)
     launch(fn, nprocs=2, args=())     any function under DDP; rank 0's return value
 
-Never fork: the kernel may hold CUDA, and a notebook's classes travel by cloudpickle in
-the run directory (rundir.py). On one machine the ranks are warm-pool interpreters
-(pool.py) joined through a TCPStore the launcher binds to 127.0.0.1 on a free port, so
-two runs never collide. Across machines each node runs torch.distributed.run with a c10d
+Never fork the kernel: it may hold CUDA. A notebook's classes travel by cloudpickle in
+the run directory (rundir.py). On one machine the ranks are forked from a warm zygote, a
+fresh interpreter that imported torch and never touched CUDA (pool.py, zygote.py), and
+join through a TCPStore the launcher binds to 127.0.0.1 on a free port, so two runs
+never collide. Across machines each node runs torch.distributed.run with a c10d
 rendezvous. The launcher replays rank 0's events into the kernel's MetricsLog as they
 are written, prints every rank's output with a `[rank N]` prefix, and owns the workers'
 lifetime: a failing rank, an interrupt or a collective timeout stops all of them.
@@ -18,12 +19,13 @@ import os
 import re
 import signal
 import socket
+import sys
 import time
 from datetime import timedelta
 
 from .config import TrainConfig
 from .metrics import MetricsLog
-from .pool import POOL, Relay, start, terminate, worker_env
+from .pool import ZYGOTE, FileTail, Relay, start, terminate, worker_env
 from .recipe import Recipe
 from .result import RunResult, summarize
 from .rundir import RunDir
@@ -114,7 +116,7 @@ def _timeout(timeout) -> float:
 # --- starting ------------------------------------------------------------------------------
 
 def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
-    """`nprocs` pool workers on this machine, joined by a store bound to `host` on a free port."""
+    """`nprocs` ranks forked by the warm zygote, joined by a store bound to `host` on a free port."""
     import torch.distributed as torch_dist
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((host, 0))
@@ -123,18 +125,16 @@ def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
     timeout = timedelta(seconds=run.launch_info()["timeout_s"])
     store = torch_dist.TCPStore(host, port, nprocs, True, timeout, wait_for_workers=False,
                                 master_listen_fd=listener.detach())
-    threads = max(1, (os.cpu_count() or 1) // nprocs)
-    procs = POOL.take(nprocs, threads)
-    relay = Relay()
-    for rank, proc in enumerate(procs):
+    threads = str(max(1, (os.cpu_count() or 1) // nprocs))
+    ranks, outputs = [], []
+    for rank in range(nprocs):
         env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
                "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
-               "MASTER_PORT": str(port), "NBTRAIN_STORE_PORT": str(port)}
-        proc.stdin.write((_json({"run_dir": str(run.path), "env": env}) + "\n").encode())
-        proc.stdin.close()
-        relay.follow(proc, str(rank), f"[rank {rank}] ")
-    return _Job(run, procs, relay, ranks=list(range(nprocs)), keep=store,
-                after=lambda: POOL.prewarm(nprocs, threads))
+               "MASTER_PORT": str(port), "NBTRAIN_STORE_PORT": str(port), "OMP_NUM_THREADS": threads}
+        out, err = str(run.path / f"rank{rank}.out"), str(run.path / f"rank{rank}.err")
+        ranks.append(ZYGOTE.fork(str(run.path), rank, env, out, err))
+        outputs += [(FileTail(out), f"[rank {rank}] ", False), (FileTail(err), f"[rank {rank}] ", True)]
+    return _Job(run, ranks, Relay(), ranks=list(range(nprocs)), keep=store, outputs=outputs)
 
 
 def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint) -> "_Job":
@@ -170,10 +170,23 @@ def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint) -
 class _Job:
     """Running workers: replay events, print output, notice the first failure, stop everyone."""
 
-    def __init__(self, run, procs, relay, ranks, keep=None, after=None):
+    def __init__(self, run, procs, relay, ranks, keep=None, outputs=()):
         self.run, self.procs, self.relay, self.ranks = run, procs, relay, ranks
         self.shipped = ()  # what the kernel sent, to find the source of the workers' frames
-        self._keep, self._after = keep, after  # the store lives as long as the job
+        self._keep = keep  # the store lives as long as the job
+        self._outputs = list(outputs)  # (FileTail, prefix, is_err) of each rank's output file
+        self._err_tail: list[str] = []
+
+    def _show(self, echo: bool, final: bool = False) -> None:
+        self.relay.show(echo)
+        for tail, prefix, is_err in self._outputs:
+            for line in (tail.rest() if final else tail.lines()):
+                if is_err:
+                    self._err_tail = (self._err_tail + [prefix + line])[-40:]
+                if echo:
+                    target = sys.stderr if is_err else sys.stdout
+                    target.write(prefix + line)
+                    target.flush()
 
     def supervise(self, log: MetricsLog, echo: bool):
         __tracebackhide__ = True
@@ -181,7 +194,7 @@ class _Job:
         status, error = "completed", None
         try:
             while True:
-                self.relay.show(echo)
+                self._show(echo)
                 for event in replay():
                     log.emit(event)
                 codes = [p.poll() for p in self.procs]
@@ -196,11 +209,10 @@ class _Job:
         finally:
             terminate(self.procs)
             self.relay.finish(echo)
+            self._show(echo, final=True)
             for event in replay():
                 log.emit(event)
             self._keep = None
-            if self._after is not None:
-                self._after()
         if error is not None:
             error.pids = [p.pid for p in self.procs]
         return status, error
@@ -217,7 +229,7 @@ class _Job:
         if errors:
             rank, text = errors[0]
             return _raised_error(rank, text, self.run.launch_info()["timeout_s"], self.shipped)
-        tail = "".join(line for lines in self.relay.tails.values() for line in lines)
+        tail = "".join(self._err_tail + [line for lines in self.relay.tails.values() for line in lines])
         found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", tail, re.S)
         if found and int(found.group(2)) < 0:
             return _signal_error(int(found.group(1)), -int(found.group(2)))

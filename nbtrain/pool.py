@@ -1,25 +1,23 @@
-"""Worker processes the kernel starts: a warm pool, live output relay, and clean termination.
+"""Processes the kernel starts: the warm zygote, output relay, and clean termination.
 
-A DDP rank must be a fresh interpreter (never a fork of a kernel that may hold CUDA),
-and a fresh interpreter spends seconds importing torch. The warm pool starts
-`python -m nbtrain.worker --serve` ahead of time: each imports torch, never touches CUDA,
-and waits for one job, so a repeat launch skips the import. Every process runs in its own
-session (the kernel's Ctrl-C is not theirs), watches the kernel's pid, and is reaped
-when the kernel exits.
+A DDP rank must never be a fork of the kernel (it may hold CUDA), and a fresh interpreter
+spends seconds importing torch. So the kernel starts one fresh interpreter, the zygote
+(zygote.py), that imports torch once and forks each run's ranks: the first launch pays
+one import instead of one per rank, and every later launch none. Every process runs in
+its own session (the kernel's Ctrl-C is not theirs), watches the kernel's pid, and is
+reaped when the kernel exits.
 """
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import queue
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from collections import deque
-from pathlib import Path
 
 import psutil
 
@@ -38,63 +36,122 @@ def start(argv: list[str], env: dict, stdin=subprocess.DEVNULL) -> subprocess.Po
                             stderr=subprocess.PIPE, env=env, start_new_session=True)
 
 
-class WarmPool:
-    """Idle `nbtrain.worker --serve` interpreters, keyed by their thread count."""
+class Zygote:
+    """The kernel's handle on `python -m nbtrain.zygote`: started once, forks every run's ranks."""
 
     def __init__(self):
-        self._idle: list[tuple[int, subprocess.Popen]] = []
+        self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
-        self._ready_dir: str | None = None
-        self.enabled = True
+        self._started: dict[str, int] = {}
+        self._exits: dict[int, int] = {}
+        self._ready = threading.Event()
+        self._changed = threading.Condition()
+        self._errors: deque = deque(maxlen=40)
 
-    def take(self, count: int, threads: int) -> list[subprocess.Popen]:
-        """`count` serving workers: warm ones first, fresh ones for the rest."""
+    def prewarm(self) -> None:
+        """Start the zygote now (in the background), so the next launch finds it ready."""
         with self._lock:
-            alive = [(t, p) for t, p in self._idle if p.poll() is None]
-            fitting = [p for t, p in alive if t == threads][:count]
-            self._idle = [(t, p) for t, p in alive if p not in fitting]
-        fresh = [self._spawn(threads) for _ in range(count - len(fitting))]
-        return fitting + fresh
+            if self._proc is not None and self._proc.poll() is None:
+                return
+            self._ready.clear()
+            self._proc = start(["-m", "nbtrain.zygote"], worker_env(1), stdin=subprocess.PIPE)
+            proc = self._proc
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+        threading.Thread(target=self._keep_errors, args=(proc,), daemon=True).start()
 
-    def prewarm(self, count: int, threads: int) -> None:
-        """Start workers now so the next launch of `count` ranks finds them ready."""
-        if not self.enabled:
-            return
-        with self._lock:
-            ready = sum(1 for t, p in self._idle if t == threads and p.poll() is None)
-        spawned = [(threads, self._spawn(threads)) for _ in range(max(0, count - ready))]
-        with self._lock:
-            self._idle += spawned
+    def wait_ready(self, timeout_s: float = 120.0) -> bool:
+        self.prewarm()
+        return self._ready.wait(timeout_s)
 
-    def wait_ready(self, timeout_s: float = 60.0) -> bool:
-        """Block until every idle worker has imported torch (for benchmarks and eager users)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            pids = self.pids()
-            if all((Path(self._ready_dir or "", str(pid))).exists() for pid in pids):
-                return True
-            time.sleep(0.05)
-        return False
+    def fork(self, run_dir: str, rank: int, env: dict, stdout: str, stderr: str) -> "ForkedRank":
+        """A new rank forked from the warm zygote, running `python -m nbtrain.worker`'s job."""
+        self.prewarm()
+        token = f"{run_dir}#{rank}"
+        job = {"token": token, "run_dir": run_dir, "env": env, "stdout": stdout, "stderr": stderr}
+        with self._lock:
+            proc = self._proc
+            proc.stdin.write((json.dumps(job) + "\n").encode())
+            proc.stdin.flush()
+        with self._changed:
+            while token not in self._started:
+                if proc.poll() is not None:
+                    raise RuntimeError("nbtrain's worker starter (python -m nbtrain.zygote) exited with code "
+                                       f"{proc.returncode}:\n{''.join(self._errors)}")
+                self._changed.wait(0.1)
+            return ForkedRank(self._started.pop(token), self)
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._changed:
+            return self._exits.get(pid)
 
     def pids(self) -> list[int]:
-        with self._lock:
-            return [p.pid for _, p in self._idle if p.poll() is None]
+        proc = self._proc
+        return [proc.pid] if proc is not None and proc.poll() is None else []
 
     def close(self) -> None:
-        """End every idle worker (they exit on their own when the kernel dies, too)."""
         with self._lock:
-            idle, self._idle = self._idle, []
-        terminate([p for _, p in idle], grace_s=2.0)
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            terminate([proc], grace_s=2.0)
 
-    def _spawn(self, threads: int) -> subprocess.Popen:
-        if self._ready_dir is None:
-            self._ready_dir = tempfile.mkdtemp(prefix="nbtrain-pool-")
-        env = worker_env(threads, {"NBTRAIN_READY_DIR": self._ready_dir})
-        return start(["-m", "nbtrain.worker", "--serve"], env, stdin=subprocess.PIPE)
+    def _read(self, proc):
+        for raw in iter(proc.stdout.readline, b""):
+            message = json.loads(raw)
+            with self._changed:
+                if "ready" in message:
+                    self._ready.set()
+                elif "started" in message:
+                    self._started[message["started"]] = message["pid"]
+                elif "exited" in message:
+                    self._exits[message["exited"]] = message["code"]
+                self._changed.notify_all()
+
+    def _keep_errors(self, proc):
+        for raw in iter(proc.stderr.readline, b""):
+            self._errors.append(raw.decode("utf-8", "replace"))
 
 
-POOL = WarmPool()
-atexit.register(POOL.close)
+class ForkedRank:
+    """A rank forked by the zygote: its pid, and its exit code once the zygote reaped it."""
+
+    def __init__(self, pid: int, zygote: Zygote):
+        self.pid, self._zygote = pid, zygote
+
+    def poll(self) -> int | None:
+        code = self._zygote.exit_code(self.pid)
+        if code is None and not psutil.pid_exists(self.pid) and self._zygote.pids() == []:
+            return -9  # the zygote itself is gone; so is the rank
+        return code
+
+
+ZYGOTE = Zygote()
+atexit.register(ZYGOTE.close)
+
+
+class FileTail:
+    """New complete lines of a file, each time it is asked (a rank's output, as it writes it)."""
+
+    def __init__(self, path: str):
+        self.path, self._offset, self._rest = path, 0, b""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as stream:
+                stream.seek(self._offset)
+                chunk = stream.read()
+                self._offset = stream.tell()
+        except FileNotFoundError:
+            return []
+        *lines, self._rest = (self._rest + chunk).split(b"\n")
+        return [line.decode("utf-8", "replace") + "\n" for line in lines]
+
+    def rest(self) -> list[str]:
+        """What is left at the end (a last line without a newline)."""
+        lines = self.lines()
+        if self._rest:
+            lines.append(self._rest.decode("utf-8", "replace") + "\n")
+            self._rest = b""
+        return lines
 
 
 class Relay:
@@ -142,8 +199,9 @@ class Relay:
         self.show(echo)
 
 
-def terminate(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
-    """SIGTERM each process and everything below it, then SIGKILL what is left after `grace_s`."""
+def terminate(procs: list, grace_s: float = 3.0) -> None:
+    """SIGTERM each process (a Popen or a ForkedRank) and everything below it; SIGKILL what is
+    left after `grace_s`."""
     victims: list[psutil.Process] = []
     for proc in procs:
         if proc.poll() is not None:
@@ -166,7 +224,8 @@ def terminate(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
             pass
     psutil.wait_procs(alive, timeout=grace_s)
     for proc in procs:
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
+        if isinstance(proc, subprocess.Popen):
+            try:
+                proc.wait(timeout=grace_s)  # reap our own child
+            except subprocess.TimeoutExpired:
+                pass

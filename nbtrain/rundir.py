@@ -23,7 +23,9 @@ Outputs:
     model.pt        the trained state_dict of the unwrapped model      (fit, local rank 0)
     return.pkl      cloudpickle of fn's return value                   (launch, rank 0)
     result.json     {"status", "message", "summary"} once the run ended (local rank 0)
-    error-rank{N}.txt  the formatted traceback when rank N raised (user frames first)
+    error-rank{N}.txt  the formatted traceback when rank N raised (user frames only)
+    rank{N}.out, rank{N}.err  rank N's stdout and stderr when the kernel's zygote started
+                    it (under torchrun they go to the agent's streams, prefixed `[rank N]`)
 
 A file appears whole: outputs are written to a temporary name and renamed.
 """

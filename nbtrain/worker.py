@@ -7,10 +7,8 @@ the data and skips the all-reduce on accumulation micro-steps — trains, and wr
 events, the weights and the result back. A rank that raises writes its traceback to
 error-rank{N}.txt and exits 1, so the launcher can report that rank's own error.
 
-`python -m nbtrain.worker --serve` is the same worker started ahead of time: it imports
-torch and the engine, then waits on stdin for one job line {"run_dir", "env"} from the
-kernel's warm pool. It is still a fresh interpreter that never touched CUDA before its
-job, so it is as safe as a torchrun worker and only skips the import cost.
+On one machine the kernel's warm zygote (zygote.py) forks the ranks and calls `run_job`
+with the same environment, skipping the interpreter start and the torch import.
 
 Either way a watchdog thread ends the process when the run's owner (the kernel) is gone.
 """
@@ -22,7 +20,6 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import torch
@@ -129,34 +126,8 @@ def run_job(run: RunDir) -> int:
         sys.stderr.flush()
 
 
-def _warm_up() -> None:
-    """Pay now for what the first step would import lazily (an optimizer imports torch._dynamo); CPU only."""
-    weight = torch.zeros(1, requires_grad=True)
-    torch.optim.AdamW([weight]).step()
-    from torch.nn import parallel  # noqa: F401  (DistributedDataParallel)
-
-
-def serve() -> int:
-    """Wait (torch already imported) for one job from the kernel's pool, then run it."""
-    owner = os.environ.get("NBTRAIN_OWNER_PID")
-    if owner:
-        watch_owner(int(owner), None)
-    _warm_up()
-    ready = os.environ.get("NBTRAIN_READY_DIR")
-    if ready:  # tells the pool this interpreter finished importing
-        Path(ready, str(os.getpid())).touch()
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 0  # the pool was closed before this worker got a job
-    job = json.loads(line)
-    os.environ.update(job["env"])
-    return run_job(RunDir(job["run_dir"]))
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--serve"]:
-        return serve()
     if argv[:1] == ["--agent"]:  # torch.distributed.run for one node, ended with the kernel
         if os.environ.get("NBTRAIN_OWNER_PID"):
             watch_owner(int(os.environ["NBTRAIN_OWNER_PID"]), None)

@@ -1,4 +1,5 @@
 """DDP from the kernel: real worker processes with gloo on the CPU, results back in this process."""
+import os
 import socket
 import sys
 import threading
@@ -11,7 +12,7 @@ import torch
 import nbtrain
 from nbtrain import Engine, MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.launch import POOL, fit_distributed, launch
+from nbtrain.launch import ZYGOTE, fit_distributed, launch
 
 from helpers import same_weights, weights
 
@@ -21,7 +22,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def _running_children():
     """This process's descendants that are not idle warm-pool workers."""
-    idle = set(POOL.pids())
+    idle = set(ZYGOTE.pids())
     return [p for p in psutil.Process().children(recursive=True) if p.pid not in idle and p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE]
 
@@ -77,20 +78,36 @@ def test_accumulation_under_ddp_all_reduces_only_on_the_last_micro_batch():
 
 
 def _rank_and_sum(offset):
+    import os
     import torch
     import torch.distributed as dist
     value = torch.tensor([float(dist.get_rank() + offset)])
     dist.all_reduce(value)
     print(f"hello from rank {dist.get_rank()}")
-    return {"rank": dist.get_rank(), "sum": value.item()}
+    return {"rank": dist.get_rank(), "sum": value.item(), "parent": os.getppid()}
 
 
 def test_launch_runs_a_function_on_every_rank_returns_rank_zeros_value_and_prefixes_output(capfd):
-    assert launch(_rank_and_sum, nprocs=2, args=(10,)) == {"rank": 0, "sum": 21.0}
+    first = launch(_rank_and_sum, nprocs=2, args=(10,))
+    assert {k: first[k] for k in ("rank", "sum")} == {"rank": 0, "sum": 21.0}
     out = capfd.readouterr().out
     assert "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
-    POOL.wait_ready()  # the repeat launch runs on interpreters that already imported torch
-    assert launch(_rank_and_sum, nprocs=2, args=(0,)) == {"rank": 0, "sum": 1.0}
+    # Ranks are forked by the zygote (a fresh interpreter this process started), never by this process.
+    assert ZYGOTE.pids() == [first["parent"]] and first["parent"] != os.getpid()
+    again = launch(_rank_and_sum, nprocs=2, args=(0,))
+    assert again["sum"] == 1.0 and again["parent"] == first["parent"]  # the repeat launch reuses the warm zygote
+
+
+@pytest.mark.cuda
+def test_ddp_launches_after_the_kernel_initialised_cuda():
+    torch.zeros(1, device="cuda")  # what breaks fork-based notebook launchers
+    recipe = digits_recipe()
+    result = nbtrain.fit(recipe=recipe, config=TrainConfig(devices=2, accelerator="cpu", batch_size=16, max_steps=3))
+    assert result.status == "completed"
+    if torch.cuda.device_count() >= 2:
+        result = nbtrain.fit(recipe=recipe, config=TrainConfig(devices=2, accelerator="cuda", batch_size=16,
+                                                               max_steps=3))
+        assert result.status == "completed" and result.summary["device"] == "cuda:0"
 
 
 def _free_port():

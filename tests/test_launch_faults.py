@@ -13,7 +13,7 @@ import pytest
 
 from nbtrain import MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.launch import POOL, WorkerError, fit_distributed, launch
+from nbtrain.launch import ZYGOTE, WorkerError, fit_distributed, launch
 
 from helpers import same_weights, weights
 
@@ -41,7 +41,7 @@ def _wait_gone(pids, within_s=10.0):
 
 def _assert_all_gone(pids, within_s=10.0):
     assert _wait_gone(pids, within_s) == [], "workers still running"
-    idle = set(POOL.pids())
+    idle = set(ZYGOTE.pids())
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in idle
             and p.status() != psutil.STATUS_ZOMBIE]
     assert left == [], f"children left behind: {left}"
@@ -116,7 +116,7 @@ def test_interrupting_the_cell_stops_every_worker_and_keeps_the_partial_history(
 
     def interrupt_once_training_shows(event, _log):
         if event["type"] == "steps" and not pids:
-            idle = set(POOL.pids())
+            idle = set(ZYGOTE.pids())
             pids.extend(p.pid for p in psutil.Process().children(recursive=True) if p.pid not in idle)
             threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()  # as the kernel's interrupt
 
