@@ -127,13 +127,17 @@ def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
                                 master_listen_fd=listener.detach())
     threads = str(max(1, (os.cpu_count() or 1) // nprocs))
     ranks, outputs = [], []
-    for rank in range(nprocs):
-        env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
-               "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
-               "MASTER_PORT": str(port), "NBTRAIN_STORE_PORT": str(port), "OMP_NUM_THREADS": threads}
-        out, err = str(run.path / f"rank{rank}.out"), str(run.path / f"rank{rank}.err")
-        ranks.append(ZYGOTE.fork(str(run.path), rank, env, out, err))
-        outputs += [(FileTail(out), f"[rank {rank}] ", False), (FileTail(err), f"[rank {rank}] ", True)]
+    try:
+        for rank in range(nprocs):
+            env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
+                   "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
+                   "MASTER_PORT": str(port), "NBTRAIN_STORE_PORT": str(port), "OMP_NUM_THREADS": threads}
+            out, err = str(run.path / f"rank{rank}.out"), str(run.path / f"rank{rank}.err")
+            ranks.append(ZYGOTE.fork(str(run.path), rank, env, out, err))
+            outputs += [(FileTail(out), f"[rank {rank}] ", False), (FileTail(err), f"[rank {rank}] ", True)]
+    except BaseException:  # an interrupt while starting: no rank may outlive this call
+        terminate(ranks)
+        raise
     return _Job(run, ranks, Relay(), ranks=list(range(nprocs)), keep=store, outputs=outputs)
 
 

@@ -54,7 +54,9 @@ class Zygote:
             if self._proc is not None and self._proc.poll() is None:
                 return
             self._ready.clear()
-            self._proc = start(["-m", "nbtrain.zygote"], worker_env(1), stdin=subprocess.PIPE)
+            # An NVML device count never initialises the CUDA driver, so the zygote stays fork-safe.
+            env = worker_env(1, {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+            self._proc = start(["-m", "nbtrain.zygote"], env, stdin=subprocess.PIPE)
             proc = self._proc
         threading.Thread(target=self._read, args=(proc,), daemon=True).start()
         threading.Thread(target=self._keep_errors, args=(proc,), daemon=True).start()

@@ -99,6 +99,13 @@ def test_launch_runs_a_function_on_every_rank_returns_rank_zeros_value_and_prefi
 
 
 @pytest.mark.cuda
+def test_the_zygote_that_forks_ranks_never_loaded_the_cuda_driver():
+    assert ZYGOTE.wait_ready()
+    with open(f"/proc/{ZYGOTE.pids()[0]}/maps") as maps:
+        assert "libcuda" not in maps.read()
+
+
+@pytest.mark.cuda
 def test_ddp_launches_after_the_kernel_initialised_cuda():
     torch.zeros(1, device="cuda")  # what breaks fork-based notebook launchers
     recipe = digits_recipe()
@@ -157,6 +164,14 @@ def test_bad_launch_options_name_the_option_the_value_and_what_is_allowed():
     with pytest.raises(ValueError, match=r"node_rank=5: allowed: a whole number from 0 to 1"):
         fit_distributed(digits_recipe(), config, node_rank=5, rdzv_endpoint="127.0.0.1:29400")
     assert _running_children() == []
+
+
+def test_launcher_worker_and_zygote_import_neither_ipython_nor_ipywidgets():
+    code = ("import sys, nbtrain.launch, nbtrain.worker, nbtrain.zygote, nbtrain.pool, nbtrain.rundir, nbtrain.split\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel')]\n"
+            "assert not bad, bad\n")
+    import subprocess
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_run_directory_is_private_and_removed_afterwards(tmp_path):
