@@ -51,6 +51,7 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
     timeout: seconds a rank may wait in one collective before the run fails (default 1800).
     num_nodes > 1: node_rank and rdzv_endpoint ("host:port" of the c10d rendezvous; env
     NBTRAIN_NODE_RANK / NBTRAIN_RDZV_ENDPOINT otherwise) — run the same call on every node.
+    c10d hands out global ranks in order of arrival; node_rank names this node's output.
     """
     __tracebackhide__ = True
     if config.strategy == "dp":  # DataParallel is one process driving several GPUs
@@ -156,8 +157,9 @@ def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint) -
                          "(this machine's place among num_nodes)") from None
     host = endpoint.rsplit(":", 1)[0].strip("[]")
     argv = ["-m", "nbtrain.worker", "--agent", f"--nnodes={nodes}", f"--nproc-per-node={nprocs}",
-            f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={os.environ.get('NBTRAIN_RDZV_ID', 'nbtrain')}", "--max-restarts=0",
+            f"--rdzv-conf=join_timeout={max(1, int(run.launch_info()['timeout_s']))}",
             "--monitor-interval=0.2"]
     if host in ("127.0.0.1", "localhost"):
         argv.append("--local-addr=127.0.0.1")
