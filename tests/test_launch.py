@@ -30,13 +30,15 @@ def _running_children():
 def test_two_ranks_train_the_digits_like_one_process_with_the_same_global_batch():
     single, ddp = digits_recipe(seed=0), digits_recipe(seed=0)
     before = weights(ddp.model)
-    Engine(single, TrainConfig(batch_size=32, shuffle=False, max_steps=12, accelerator="cpu")).run()
+    # The sampler deals one seeded permutation round-robin to the ranks, so rank 0's and rank 1's
+    # batches of 16 together are the single process's batch of 32, shuffled or not.
+    Engine(single, TrainConfig(batch_size=32, max_steps=12, accelerator="cpu")).run()
     seen = []
     log = MetricsLog()
     # Live: each window of rank 0's metrics reaches this process while the workers still run.
     log.subscribe(lambda event, _log: seen.append((event["type"], len(_running_children()))))
-    result = nbtrain.fit(recipe=ddp, config=TrainConfig(devices=2, batch_size=16, shuffle=False, max_steps=12,
-                                                        accelerator="cpu", log_every_n_steps=2), log=log)
+    result = nbtrain.fit(recipe=ddp, config=TrainConfig(devices=2, batch_size=16, max_steps=12, accelerator="cpu",
+                                                        log_every_n_steps=2), log=log)
     assert result.status == "completed"
     assert result.summary["world_size"] == 2 and result.summary["global_batch"] == 32
     assert result.history["step"] == list(range(1, 13)) and result.history["samples"][-1] == 12 * 32
@@ -101,6 +103,20 @@ def test_launch_runs_a_function_on_every_rank_returns_rank_zeros_value_and_prefi
 def _cuda_sum():
     import torch
     return torch.ones(3, device="cuda").sum().item()
+
+
+def test_two_launches_at_once_get_their_own_ports_and_answers():
+    answers = {}
+
+    def run(offset):
+        answers[offset] = launch(_rank_and_sum, nprocs=2, args=(offset,), echo=False)["sum"]
+
+    threads = [threading.Thread(target=run, args=(offset,)) for offset in (0, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert answers == {0: 1.0, 100: 201.0}
 
 
 @pytest.mark.cuda
