@@ -9,7 +9,7 @@ Inputs, written by the launcher before any worker starts:
 
     config.json     TrainConfig.to_dict() of the run                     (fit runs)
     recipe.pkl      cloudpickle of the Recipe; classes and functions     (fit runs)
-                    defined in a notebook travel by value
+                    defined in a notebook (__main__) travel by value
     function.pkl    cloudpickle of (fn, args) for `nbtrain.launch`       (launch runs)
     launch.json     {"backend": "gloo" | "nccl", "timeout_s": collective timeout,
                     "owner_pid": the process whose death ends the workers,
@@ -43,17 +43,6 @@ CONFIG, RECIPE, FUNCTION, LAUNCH = "config.json", "recipe.pkl", "function.pkl", 
 EVENTS, MODEL, RETURN, RESULT = "events.jsonl", "model.pt", "return.pkl", "result.json"
 
 
-def _ship_main_by_value() -> None:
-    """Classes defined in a notebook live in __main__; workers have another __main__."""
-    import sys
-    main = sys.modules.get("__main__")
-    if main is not None and not getattr(main, "__file__", None):  # an interactive __main__
-        try:
-            cloudpickle.register_pickle_by_value(main)
-        except ValueError:
-            pass
-
-
 class RunDir:
     def __init__(self, path):
         self.path = Path(path)
@@ -67,7 +56,6 @@ class RunDir:
         import psutil
         path = tempfile.mkdtemp(prefix="nbtrain-run-", dir=parent)  # mkdtemp makes it 0700
         run = cls(path)
-        _ship_main_by_value()
         owner = psutil.Process(owner_pid or os.getpid())
         run._write_json(LAUNCH, {"backend": backend, "timeout_s": float(timeout_s), "owner_pid": owner.pid,
                                  "owner_started": owner.create_time()})

@@ -33,18 +33,20 @@ from .tracebacks import user_traceback
 OWNER_GONE_EXIT = 70
 
 
-def watch_owner(pid: int, started: float | None, every_s: float = 0.5) -> None:
-    """Exit this process soon after `pid` (with that create time) stops existing."""
-    def owner_alive() -> bool:
-        try:
-            owner = psutil.Process(pid)
-            return owner.is_running() and (started is None or abs(owner.create_time() - started) < 1e-3) \
-                and owner.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+def owner_alive(pid: int, started: float | None = None) -> bool:
+    """Whether `pid` (with that create time, when given) still runs."""
+    try:
+        owner = psutil.Process(pid)
+        return owner.is_running() and (started is None or abs(owner.create_time() - started) < 1e-3) \
+            and owner.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
+
+def watch_owner(pid: int, started: float | None, every_s: float = 0.5) -> None:
+    """Exit this process soon after `pid` stops existing (a thread polls it)."""
     def watch():
-        while owner_alive():
+        while owner_alive(pid, started):
             time.sleep(every_s)
         os._exit(OWNER_GONE_EXIT)  # no cleanup: the process group may be mid-collective
 

@@ -21,7 +21,6 @@ import select
 import sys
 import time
 
-import psutil
 import torch
 
 from . import worker
@@ -62,15 +61,6 @@ def _rank(job: dict) -> None:
             os._exit(code)
 
 
-def _owner_alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def serve() -> int:
     owner = int(os.environ["NBTRAIN_OWNER_PID"]) if os.environ.get("NBTRAIN_OWNER_PID") else None
     _warm_up()
@@ -102,7 +92,7 @@ def serve() -> int:
             reply.write(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
             reply.flush()
         if time.monotonic() >= next_check:
-            if not _owner_alive(owner):
+            if owner is not None and not worker.owner_alive(owner):  # polled: no thread may exist at fork
                 os._exit(worker.OWNER_GONE_EXIT)  # the ranks watch the owner themselves
             next_check = time.monotonic() + 0.5
 
