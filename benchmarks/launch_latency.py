@@ -1,6 +1,6 @@
 """Launch-to-first-step of 2 CPU DDP ranks, side by side: nbtrain vs bare torchrun vs Accelerate.
 
-    PYTHONPATH=. python benchmarks/launch_latency.py [--repeats 3]
+    python benchmarks/launch_latency.py [--repeats 3]      (or: python -m benchmarks --only launch_latency)
 
 Every variant trains the same thing (the digits demo through nbtrain's Engine, 2 gloo
 ranks, batch 32) and is timed from the call in a "kernel" (a fresh interpreter that has
@@ -30,6 +30,16 @@ import tempfile
 import time
 
 STEPS = 3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's nbtrain, in every process
+
+
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def _env() -> dict:
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
 
 
 def _rank_config():
@@ -96,7 +106,7 @@ def kernel_nbtrain() -> dict:
 def kernel_torchrun() -> dict:
     import nbtrain  # noqa: F401
     marker = os.path.join(tempfile.mkdtemp(), "first-step")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = _env()
     start = time.time()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                     os.path.abspath(__file__), "--rank", marker], check=True, env=env,
@@ -124,7 +134,7 @@ KERNELS = {"nbtrain": kernel_nbtrain, "torchrun": kernel_torchrun, "accelerate":
 
 
 def _in_fresh_kernel(name: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = _env()
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--kernel", name], capture_output=True,
                           text=True, env=env, timeout=600)
     if done.returncode != 0:
@@ -132,17 +142,19 @@ def _in_fresh_kernel(name: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv=None) -> dict:
+    """Prints the table; returns {measure: (value, target)} for `python -m benchmarks`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernel", choices=sorted(KERNELS))
     parser.add_argument("--rank", metavar="MARKER")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.rank:
-        return train_one_rank(args.rank)
+        train_one_rank(args.rank)
+        return {}
     if args.kernel:
         print(json.dumps(KERNELS[args.kernel]()))
-        return None
+        return {}
     try:
         import accelerate  # noqa: F401
         names = ["nbtrain", "torchrun", "accelerate"]
@@ -161,11 +173,15 @@ def main() -> None:
           f"load average {load_before:.1f} before / {load:.1f} after")
     for key, values in samples.items():
         print(f"  {key:<17} {med[key]:6.2f} s   ({', '.join(f'{v:.2f}' for v in values)})")
-    print(f"  nbtrain first  / torchrun   = {med['nbtrain first'] / med['torchrun']:.2f}x   (target <= 0.5x)")
+    result = {"first launch / bare torchrun": (med["nbtrain first"] / med["torchrun"], "<= 0.5")}
+    print(f"  nbtrain first  / torchrun   = {result['first launch / bare torchrun'][0]:.2f}x   (target <= 0.5x)")
     if "accelerate" in med:
-        print(f"  nbtrain repeat / accelerate = {med['nbtrain repeat'] / med['accelerate']:.2f}x   "
+        result["repeat launch / Accelerate fork"] = (med["nbtrain repeat"] / med["accelerate"], "<= 1.0")
+        print(f"  nbtrain repeat / accelerate = {result['repeat launch / Accelerate fork'][0]:.2f}x   "
               f"(target <= 1.0x; Accelerate forks the kernel)")
-    print(f"  nbtrain repeat / torchrun   = {med['nbtrain repeat'] / med['torchrun']:.2f}x")
+    result["repeat launch / bare torchrun"] = (med["nbtrain repeat"] / med["torchrun"], "reference")
+    print(f"  nbtrain repeat / torchrun   = {result['repeat launch / bare torchrun'][0]:.2f}x")
+    return result
 
 
 if __name__ == "__main__":

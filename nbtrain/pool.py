@@ -22,10 +22,15 @@ from collections import deque
 import psutil
 
 
+# The folder this nbtrain was imported from: children import the same nbtrain as the kernel.
+_HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def worker_env(threads: int, extra: dict | None = None) -> dict:
     env = dict(os.environ)
+    path = os.pathsep.join(p for p in (_HOME, env.get("PYTHONPATH")) if p)
     env.update({"NBTRAIN_OWNER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(threads),
-                "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
     env.update(extra or {})
     return env
 
