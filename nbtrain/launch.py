@@ -259,6 +259,9 @@ def _raised_error(rank: int, text: str, timeout_s: float, shipped) -> WorkerErro
     if re.search(r"timed? ?out|timeout", last, re.I) and re.search(r"gloo|nccl|c10d|collective|store|wait", text, re.I):
         head = (f"rank {rank} timed out after {timeout_s:g} s waiting in a collective operation: another rank is "
                 f"stuck or too slow (raise timeout= if that much waiting is expected)")
+    elif re.search(r"connection (closed|reset) by peer", last, re.I):
+        head = (f"rank {rank} lost its connection to another rank, which failed or was stopped first (on another "
+                f"node, that node's launcher reports why)")
     else:
         head = f"rank {rank} raised {last}"
     return WorkerError(f"{head}\n\n[rank {rank}] {text}", rank=rank, traceback=text)

@@ -158,3 +158,41 @@ def test_killing_the_kernel_with_sigkill_leaves_no_worker_behind_after_ten_secon
         assert _wait_gone(pids, within_s=10) == []
     finally:
         kernel.kill()
+
+
+def _raise_on_rank_one(model, batch):
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    if dist.get_rank() == 1:
+        raise ValueError("node trouble on rank 1")
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def test_a_rank_raising_on_one_of_two_nodes_fails_both_launchers_and_names_the_cause():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+    errors = {}
+
+    def node(rank):
+        recipe = digits_recipe()
+        recipe.training_step = _raise_on_rank_one
+        try:
+            fit_distributed(recipe, TrainConfig(num_nodes=2, batch_size=16, max_steps=2, accelerator="cpu"),
+                            node_rank=rank, rdzv_endpoint=endpoint, timeout=60, echo=False)
+        except WorkerError as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    messages = [str(e).splitlines()[0] for e in errors.values()]
+    assert len(messages) == 2, errors  # both launchers fail; neither hangs
+    # The node that held rank 1 names the cause; the other says it lost its peer (usually:
+    # its agent may also stop it first, when the message is its agent's last words).
+    assert "rank 1 raised ValueError: node trouble on rank 1" in messages, messages
+    _assert_all_gone([pid for e in errors.values() for pid in e.pids])
