@@ -53,6 +53,19 @@ def hello(word):
 
 print("launch returned", nbtrain.launch(hello, nprocs=2, args=("hi",)))
 """,
+    """
+%load_ext nbtrain
+del training_step  # the magic reads the recipe from the namespace: leave the failing step behind
+""",
+    """
+%%nbtrain --devices 2 --accelerator cpu --max-steps 4 --batch-size 16 --name ddp_magic --no-plot --no-progress
+model = Net()
+train_data = DigitsDataset()
+loss_fn = nn.CrossEntropyLoss()
+""",
+    """
+print("magic", ddp_magic.status, ddp_magic.summary["world_size"], ddp_magic.summary["global_batch"])
+""",
 ]
 
 
@@ -61,11 +74,12 @@ def _text(cell):
 
 
 @pytest.mark.timeout(240)
-def test_a_notebook_defined_model_trains_with_two_devices_and_its_weights_come_back():
+def test_a_notebook_defined_model_trains_with_two_devices_and_its_weights_come_back(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src.strip()) for src in CELLS])
-    NotebookClient(nb, kernel_name="python3", timeout=180, allow_errors=True).execute()
+    NotebookClient(nb, kernel_name="python3", timeout=180, allow_errors=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()  # the run store lands there
     cells = nb.cells
-    for index in (0, 1, 2, 3, 5):
+    for index in (0, 1, 2, 3, 5, 6, 7, 8):
         assert not [o for o in cells[index].outputs if o.output_type == "error"], cells[index].outputs
     assert "status completed world 2 steps 6" in _text(cells[2])
     assert "weights back True changed True" in _text(cells[3])
@@ -77,3 +91,5 @@ def test_a_notebook_defined_model_trains_with_two_devices_and_its_weights_come_b
     # The kernel stays usable, the next launch works, every rank's output arrives prefixed.
     out = _text(cells[5])
     assert "[rank 0] hi from 0" in out and "[rank 1] hi from 1" in out and "launch returned 2" in out
+    # The cell magic with --devices 2 runs the same launcher.
+    assert "magic completed 2 32" in _text(cells[8])
