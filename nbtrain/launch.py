@@ -126,13 +126,13 @@ def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
     timeout = timedelta(seconds=run.launch_info()["timeout_s"])
     store = torch_dist.TCPStore(host, port, nprocs, True, timeout, wait_for_workers=False,
                                 master_listen_fd=listener.detach())
-    threads = str(max(1, (os.cpu_count() or 1) // nprocs))
+    threads = max(1, (os.cpu_count() or 1) // nprocs)
     ranks, outputs = [], []
     try:
         for rank in range(nprocs):
-            env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
-                   "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
-                   "MASTER_PORT": str(port), "NBTRAIN_STORE_PORT": str(port), "OMP_NUM_THREADS": threads}
+            env = worker_env(threads, {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
+                                       "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
+                                       "MASTER_PORT": str(port), "NBTRAIN_STORE_PORT": str(port)})
             out, err = str(run.path / f"rank{rank}.out"), str(run.path / f"rank{rank}.err")
             ranks.append(ZYGOTE.fork(str(run.path), rank, env, out, err))
             outputs += [(FileTail(out), f"[rank {rank}] ", False), (FileTail(err), f"[rank {rank}] ", True)]

@@ -74,7 +74,10 @@ class Zygote:
         """A new rank forked from the warm zygote, running `python -m nbtrain.worker`'s job."""
         self.prewarm()
         token = f"{run_dir}#{rank}"
-        job = {"token": token, "run_dir": run_dir, "env": env, "stdout": stdout, "stderr": stderr}
+        # The kernel's environment, folder and import path now, not when the zygote started:
+        # a forked rank sees what a freshly started one would.
+        job = {"token": token, "run_dir": run_dir, "env": env, "cwd": os.getcwd(), "sys_path": sys.path,
+               "stdout": stdout, "stderr": stderr}
         with self._lock:
             proc = self._proc
             proc.stdin.write((json.dumps(job) + "\n").encode())

@@ -5,11 +5,13 @@ torch, nbtrain and what a first optimizer step imports lazily, stays single-thre
 never touches CUDA, so forking it is as safe as starting a new interpreter and costs
 milliseconds instead of seconds. Protocol on its stdin/stdout, one JSON line each:
 
-    kernel -> zygote   {"token": T, "run_dir": D, "env": {...}, "stdout": F1, "stderr": F2}
+    kernel -> zygote   {"token": T, "run_dir": D, "env": {...}, "cwd": C, "sys_path": [...],
+                        "stdout": F1, "stderr": F2}
     zygote -> kernel   {"started": T, "pid": P}      a rank is running
                        {"exited": P, "code": C}      it ended (C < 0: killed by signal -C)
 
-Each rank starts a new session, writes its output to F1/F2 (the kernel tails them with a
+Each rank takes the kernel's current environment, folder and sys.path, starts a new
+session, writes its output to F1/F2 (the kernel tails them with a
 `[rank N]` prefix) and runs `worker.run_job`. The zygote and its ranks end themselves when
 the kernel (NBTRAIN_OWNER_PID) is gone; an empty stdin (the kernel closed it) ends the zygote.
 """
@@ -48,7 +50,10 @@ def _rank(job: dict) -> None:
         os.dup2(null, 0)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
+        os.environ.clear()
         os.environ.update(job["env"])
+        os.chdir(job["cwd"])
+        sys.path[:] = job["sys_path"]
         code = worker.run_job(worker.RunDir(job["run_dir"]))
     except BaseException:  # noqa: BLE001  (the rank must end here, never return into the zygote loop)
         import traceback
