@@ -150,11 +150,13 @@ def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint) -
         raise ValueError(f"rdzv_endpoint={endpoint!r}: allowed: 'host:port' of the c10d rendezvous that every "
                          "node reaches (e.g. '10.0.0.1:29400'), needed with num_nodes > 1")
     try:
-        node_rank = int(node_rank)
-        assert 0 <= node_rank < nodes
-    except (TypeError, ValueError, AssertionError):
+        valid = 0 <= int(node_rank) < nodes
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
         raise ValueError(f"node_rank={node_rank!r}: allowed: a whole number from 0 to {nodes - 1} "
-                         "(this machine's place among num_nodes)") from None
+                         "(this machine's place among num_nodes)")
+    node_rank = int(node_rank)
     host = endpoint.rsplit(":", 1)[0].strip("[]")
     argv = ["-m", "nbtrain.worker", "--agent", f"--nnodes={nodes}", f"--nproc-per-node={nprocs}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
