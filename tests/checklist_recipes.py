@@ -76,8 +76,8 @@ def same_state(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def ddp_diagnose_rank(rank, port, out_dir):
-    """One rank of a 2-process gloo job that profiles a DDP model (run by torch.multiprocessing.spawn)."""
+def ddp_diagnose_rank(out_dir):
+    """One rank of a 2-process gloo job that profiles a DDP model (run by nbtrain's launcher)."""
     import json
     import os
 
@@ -86,13 +86,6 @@ def ddp_diagnose_rank(rank, port, out_dir):
     from nbtrain import TrainConfig
     from nbtrain.diagnose import diagnose
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    torch_dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        d = diagnose(compute_bound_recipe(n=256, width=256), config=TrainConfig(batch_size=32), steps=4)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"grad_sync_ms": d.grad_sync_ms, "step_ms": d.step_ms, "table": d.table()}, f)
-    finally:
-        torch_dist.destroy_process_group()
+    d = diagnose(compute_bound_recipe(n=256, width=256), config=TrainConfig(batch_size=32), steps=4)
+    with open(os.path.join(out_dir, f"rank{torch_dist.get_rank()}.json"), "w") as f:
+        json.dump({"grad_sync_ms": d.grad_sync_ms, "step_ms": d.step_ms, "table": d.table()}, f)

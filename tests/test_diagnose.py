@@ -56,15 +56,14 @@ def test_phases_add_up_to_the_step_on_cuda_when_synchronised():
 
 
 def test_ddp_gradient_sync_is_timed_on_every_rank(tmp_path):
-    import socket
+    import cloudpickle
 
-    import torch.multiprocessing as mp
+    import checklist_recipes
+    from nbtrain.launch import launch
 
-    from checklist_recipes import ddp_diagnose_rank
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(ddp_diagnose_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    # Ranks cannot import the tests' helper module: ship it by value, as a notebook's code is.
+    cloudpickle.register_pickle_by_value(checklist_recipes)
+    launch(checklist_recipes.ddp_diagnose_rank, nprocs=2, args=(str(tmp_path),))
     for rank in (0, 1):
         numbers = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert 0 < numbers["grad_sync_ms"] < numbers["step_ms"] * 2
