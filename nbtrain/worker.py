@@ -25,6 +25,7 @@ import psutil
 import torch
 import torch.distributed as torch_dist
 
+from . import requeue
 from .engine import Engine
 from .metrics import MetricsLog
 from .rundir import RunDir
@@ -88,12 +89,22 @@ def _join_group(backend: str, timeout_s: float) -> None:
 
 def _train(run: RunDir, local_main: bool) -> None:
     config, recipe = run.config(), run.recipe()
+    config, checkpoint = requeue.remaining_budget(config, run.path)  # a requeued SLURM job resumes
     engine = Engine(recipe, config)
+    if checkpoint is not None:
+        requeue.restore(engine, checkpoint)
     log = MetricsLog()
     writer = run.event_writer() if local_main else None
     if writer:
         log.subscribe(writer)
+    watch = log.subscribe(requeue.RequeueWatch(engine, run.path))
     result = engine.run(log=log)
+    if watch.requested and result.status == requeue.STOP_REASON:
+        if int(os.environ.get("RANK", 0)) == 0:
+            requeue.save(engine, run.path)
+        if writer:
+            writer.close()
+        return
     if local_main:
         run.save_model({k: v.detach().cpu() for k, v in engine.model.state_dict().items()})
         run.save_result(result.status, result.message, json.loads(json.dumps(result.summary)))
@@ -102,7 +113,8 @@ def _train(run: RunDir, local_main: bool) -> None:
 
 def run_job(run: RunDir) -> int:
     info = run.launch_info()
-    watch_owner(info["owner_pid"], info.get("owner_started"))
+    if info.get("owner_pid") is not None:  # a SLURM job has no owner: it outlives the kernel
+        watch_owner(info["owner_pid"], info.get("owner_started"))
     rank = int(os.environ.get("RANK", 0))
     if os.environ.get("NBTRAIN_PREFIX_OUTPUT"):
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
@@ -117,7 +129,9 @@ def run_job(run: RunDir) -> int:
             if rank == 0:
                 run.save_return(value)
         else:
-            _train(run, local_main=int(os.environ.get("LOCAL_RANK", 0)) == 0)
+            # One writer per run directory: per node when each node has its own, rank 0 when shared.
+            writer_rank = "RANK" if os.environ.get("NBTRAIN_SHARED_RUN_DIR") else "LOCAL_RANK"
+            _train(run, local_main=int(os.environ.get(writer_rank, 0)) == 0)
         torch_dist.destroy_process_group()
         return 0
     except BaseException as exc:  # every failure, KeyboardInterrupt included, is reported as this rank's

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""A private SLURM cluster on this one machine: munged, slurmctld and N slurmd "nodes".
+
+    python scripts/slurm_cluster.py start [--dir DIR] [--nodes 2]   # prints `export SLURM_CONF=...`
+    python scripts/slurm_cluster.py stop --dir DIR
+
+Everything lives under one private folder: the munge key and socket, slurm.conf, state,
+spool, logs and pid files. Daemons listen on 127.0.0.1 on ports picked free at start, so
+the cluster clashes with nothing else on the machine; no /etc file is read or written.
+Client commands need SLURM_CONF=DIR/slurm.conf in their environment (jobs inherit it).
+`stop` cancels the jobs first (slurmstepd outlives slurmd by design), then ends every
+daemon by the PID in its pid file. The tests use `Cluster` from this module directly.
+Standard library only, so it runs before any virtual environment exists.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DAEMONS = ("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "scontrol", "srun", "sinfo", "scancel")
+
+
+def missing_binaries() -> list[str]:
+    """The SLURM/munge programs this machine lacks (empty when a cluster can start)."""
+    return [name for name in DAEMONS if shutil.which(name) is None
+            and not Path("/usr/sbin", name).exists()]
+
+
+def _binary(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (with no init to reap them, stopped daemons linger as Z)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+class Cluster:
+    def __init__(self, root: str | os.PathLike | None = None, nodes: int = 2, cpus_per_node: int = 2):
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="nbtrain-slurm-"))
+        self.nodes = [f"node{i + 1}" for i in range(nodes)]
+        self.cpus = cpus_per_node
+        self.conf = self.root / "slurm.conf"
+        self.munge_socket = self.root / "munge" / "munge.socket"
+
+    @property
+    def env(self) -> dict:
+        """This process's environment plus SLURM_CONF: what every client command needs."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    # --- start ------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 30.0) -> "Cluster":
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Not listable by others; traversable, because munged demands that of its socket's folders.
+        os.chmod(self.root, 0o711)
+        for sub in ("state", "log", "run", *(f"spool/{n}" for n in self.nodes)):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_munge()
+            self._write_conf()
+            self._run([_binary("slurmctld"), "-c", "-f", str(self.conf)])
+            for node in self.nodes:
+                self._run([_binary("slurmd"), "-f", str(self.conf), "-N", node])
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_munge(self) -> None:
+        munge = self.root / "munge"
+        munge.mkdir(exist_ok=True)
+        os.chmod(munge, 0o755)  # munged insists that its socket's folder is not private
+        key = munge / "munge.key"
+        self._run([_binary("mungekey"), "--create", f"--keyfile={key}"])
+        os.chmod(key, 0o600)
+        self._run([_binary("munged"), f"--socket={self.munge_socket}", f"--key-file={key}",
+                   f"--pid-file={munge / 'munged.pid'}", f"--log-file={self.root / 'log' / 'munged.log'}",
+                   f"--seed-file={munge / 'munged.seed'}"])
+        deadline = time.monotonic() + 10
+        while True:
+            cred = subprocess.run(["munge", "-S", str(self.munge_socket), "-n"], capture_output=True)
+            if cred.returncode == 0 and subprocess.run(["unmunge", "-S", str(self.munge_socket)], input=cred.stdout,
+                                                       capture_output=True).returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError("munged did not answer on its socket:\n" + self._log_tail("munged.log"))
+            time.sleep(0.1)
+
+    def _write_conf(self) -> None:
+        host = socket.gethostname().split(".")[0]
+        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
+        r = self.root
+        lines = [
+            "ClusterName=nbtrain",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            f"AuthInfo=socket={self.munge_socket}",
+            "SlurmUser=root", "SlurmdUser=root",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+            "MpiDefault=none", "MailProg=/bin/true", "ReturnToService=2",
+            "SchedulerParameters=batch_sched_delay=0",  # otherwise batch jobs start only every ~3 s
+            "MinJobAge=300", "KillWait=5", "InactiveLimit=0",
+            f"StateSaveLocation={r / 'state'}",
+            f"SlurmdSpoolDir={r / 'spool'}/%n",
+            f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}",
+            f"SlurmdPidFile={r / 'run'}/slurmd-%n.pid",
+            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={r / 'log'}/slurmd-%n.log",
+        ]
+        for node, port in zip(self.nodes, node_ports):
+            lines.append(f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} Port={port} "
+                         f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN")
+        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, env=self.env)
+            if "UP" in ping.stdout:
+                nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
+                                       env=self.env).stdout.split("\n")
+                states = dict(line.split() for line in nodes if line.strip())
+                if all(states.get(n) == "idle" for n in self.nodes):
+                    return
+            time.sleep(0.2)
+        raise ClusterError(f"the SLURM cluster in {self.root} was not ready after {timeout_s:.0f} s:\n"
+                           + self._log_tail("slurmctld.log") + "\n"
+                           + "\n".join(self._log_tail(f"slurmd-{n}.log") for n in self.nodes))
+
+    def _run(self, argv: list[str]) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True, env=self.env)
+        if done.returncode != 0:
+            raise ClusterError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+
+    def _log_tail(self, name: str, lines: int = 15) -> str:
+        path = self.root / "log" / name
+        text = path.read_text(errors="replace") if path.exists() else "(no log)"
+        return f"--- {name} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    # --- stop -------------------------------------------------------------------------------
+
+    def pids(self) -> dict[str, int]:
+        files = {"munged": self.root / "munge" / "munged.pid", "slurmctld": self.root / "run" / "slurmctld.pid"}
+        files.update({f"slurmd-{n}": self.root / "run" / f"slurmd-{n}.pid" for n in self.nodes})
+        out = {}
+        for name, path in files.items():
+            try:
+                out[name] = int(path.read_text().split()[0])
+            except (FileNotFoundError, ValueError, IndexError):
+                pass
+        return out
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Cancel every job, then end slurmd, slurmctld and munged by PID; wait until they are gone."""
+        pids = self.pids()
+        if "slurmctld" in pids and _alive(pids["slurmctld"]):
+            subprocess.run(["scancel", "--full", "--quiet", "--user", str(os.getuid())], env=self.env,
+                           capture_output=True, timeout=10)
+            self._wait_no_jobs(min(10.0, timeout_s))
+        order = [k for k in pids if k.startswith("slurmd-")] + ["slurmctld", "munged"]
+        for name in order:
+            pid = pids.get(name)
+            if pid is None or not _alive(pid):
+                continue
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s / 3
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    def _wait_no_jobs(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            queue = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, env=self.env)
+            if queue.returncode != 0 or not queue.stdout.strip():
+                return
+            time.sleep(0.2)
+
+    def running(self) -> list[str]:
+        """The daemons of this cluster that are still alive."""
+        return [name for name, pid in self.pids().items() if _alive(pid)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("start", "stop"))
+    parser.add_argument("--dir", help="the cluster's folder (start: created if missing; default a new temp dir)")
+    parser.add_argument("--nodes", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.action == "stop" and not args.dir:
+        parser.error("stop needs --dir (the folder `start` printed)")
+    if missing_binaries():
+        print(f"SLURM is not installed here (missing: {', '.join(missing_binaries())}); "
+              "apt-get install slurmctld slurmd slurm-client munge", file=sys.stderr)
+        return 1
+    cluster = Cluster(args.dir, nodes=args.nodes)
+    try:
+        if args.action == "start":
+            cluster.start()
+            print(f"export SLURM_CONF={cluster.conf}")
+        else:
+            cluster.stop()
+    except ClusterError as error:
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
