@@ -111,9 +111,9 @@ def sbatch_script(config: TrainConfig, run_dir: str, *, python: str, job_name: s
         lines.append(f"export GLOO_SOCKET_IFNAME={q(socket_ifname)} NCCL_SOCKET_IFNAME={q(socket_ifname)}")
     lines += [
         'rm -f -- "$run_dir/requeue-requested" "$run_dir/requeue-ready"',
+        "trap 'touch -- \"$run_dir/requeue-requested\"' USR1",
         'echo "nbtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $head_addr:$port,'
         ' restart ${SLURM_RESTART_COUNT:-0}"',
-        "trap 'touch -- \"$run_dir/requeue-requested\"' USR1",
         'srun --kill-on-bad-exit=1 --ntasks-per-node=1 "$python" -m torch.distributed.run \\',
         f"    --nnodes={nodes} --nproc-per-node=\"$nproc\" --rdzv-backend=c10d \\",
         '    --rdzv-endpoint="$head_addr:$port" --rdzv-id="$SLURM_JOB_ID" \\',

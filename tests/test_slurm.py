@@ -1,0 +1,246 @@
+"""SLURM jobs from the notebook, on a real private SLURM cluster (2 nodes on 127.0.0.1, gloo)."""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from nbtrain import TrainConfig
+from nbtrain import slurm
+from nbtrain.api import fit
+from nbtrain.demo import DigitsDataset, digits_recipe
+from nbtrain.slurm import SlurmError, SlurmJobError, SlurmOptionError
+from slurm_fixture import slurm_cluster  # noqa: F401  (the session's cluster)
+
+# Functions defined here travel to the workers by value, as a notebook's do.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+HOSTILE_NAME = "nb \"job\" 'x' $(touch pwned-name) `touch pwned-tick`; y"
+HOSTILE_DIR = "runs with 'quotes' \"dq\" $(touch pwned-dir) and spaces"
+
+
+def two_nodes(**changes) -> TrainConfig:
+    return TrainConfig(num_nodes=2, devices=1, accelerator="cpu", batch_size=64, seed=0, **changes)
+
+
+def wait_for(handle, predicate, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = handle.poll()
+        if predicate(state):
+            return state
+        assert not state.terminal, f"job ended early: {state}\n{handle.output()}"
+        time.sleep(0.25)
+    raise AssertionError(f"timed out; job is {handle.poll()}\n{handle.output()}")
+
+
+def worker_processes(run_dir) -> list:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(run_dir) in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # .nbtrain/ (runs, job records) is project-local
+    return tmp_path
+
+
+# --- without a cluster ------------------------------------------------------------------------
+
+def test_dry_run_script_quotes_every_user_value(project):
+    root = project / HOSTILE_DIR
+    script = slurm.submit(digits_recipe(), two_nodes(), dry_run=True, job_name=HOSTILE_NAME, run_root=root,
+                          partition="debug; touch pwned-partition", time="00:10:00", exclusive=True)
+    headers = [shlex.split(line[len("#SBATCH "):])[0] for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert f"--job-name={HOSTILE_NAME}" in headers
+    assert "--partition=debug; touch pwned-partition" in headers
+    assert {"--nodes=2", "--ntasks-per-node=1", "--exclusive", "--time=00:10:00", "--signal=B:USR1@90"} <= set(headers)
+    assert "--rdzv-backend=c10d" in script and 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    # bash reads the run directory back as the exact path, running nothing inside it.
+    assignment = next(line for line in script.splitlines() if line.startswith("run_dir="))
+    echoed = subprocess.run(["bash", "-c", assignment + '\nprintf %s "$run_dir"'], capture_output=True, text=True,
+                            cwd=project)
+    assert echoed.stdout.startswith(str(root) + "/nbtrain-run-")
+    assert not list(project.glob("pwned*")) and not (project / ".nbtrain" / "runs").exists()
+
+
+def test_bad_sbatch_options_name_the_option(project):
+    with pytest.raises(SlurmOptionError, match=r"nodes=3: not allowed here: set num_nodes"):
+        slurm.submit(digits_recipe(), two_nodes(), dry_run=True, nodes=3)
+    with pytest.raises(SlurmOptionError, match=r"partition='a\\nb': allowed: a non-empty value on one line"):
+        slurm.submit(digits_recipe(), two_nodes(), dry_run=True, partition="a\nb")
+    with pytest.raises(SlurmOptionError, match=r"requeue_signal='soon': allowed: SIGNAL@SECONDS"):
+        slurm.submit(digits_recipe(), two_nodes(), dry_run=True, requeue_signal="soon")
+
+
+def test_without_sbatch_on_path_the_error_says_slurm_was_not_found_and_how_to_dry_run(project, monkeypatch):
+    monkeypatch.setenv("PATH", str(project))  # a real PATH with no SLURM on it
+    with pytest.raises(SlurmError) as caught:
+        slurm.submit(digits_recipe(), two_nodes())
+    assert "SLURM was not found: `sbatch` is not on PATH" in str(caught.value)
+    assert "dry_run=True" in str(caught.value)
+    assert not (project / ".nbtrain" / "runs").exists() or not any((project / ".nbtrain" / "runs").iterdir())
+
+
+def test_attach_to_an_unknown_job_names_the_known_ones(project):
+    with pytest.raises(SlurmError, match="job 999 was not submitted from this project"):
+        slurm.attach(999)
+
+
+def test_export_writes_a_script_that_trains_standalone_and_its_sbatch_file(project):
+    recipe = digits_recipe()
+    batch = slurm.export(recipe, two_nodes(max_steps=3), project / "exported job", job_name="digits")
+    folder = batch.parent
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "launch.json", "recipe.pkl", "train.py",
+                                                         "train.sbatch"]
+    text = batch.read_text()
+    assert shlex.quote(str(folder / "train.py")) in text and subprocess.run(["bash", "-n", str(batch)]).returncode == 0
+    run = subprocess.run([sys.executable, str(folder / "train.py")], capture_output=True, text=True, timeout=120,
+                         cwd="/", env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr
+    assert "status" in run.stdout and "completed" in run.stdout
+    weights = torch.load(folder / "model.pt", weights_only=True)
+    assert set(weights) == set(recipe.model.state_dict())
+
+
+# --- on the cluster ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(slurm_cluster, tmp_path_factory):  # noqa: F811
+    """One real 2-node x 1-process job on the digits, with a hostile name and run directory."""
+    project = tmp_path_factory.mktemp("project")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        recipe = digits_recipe(seed=0)
+        before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+        handle = slurm.submit(recipe, two_nodes(max_epochs=3), job_name=HOSTILE_NAME, run_root=project / HOSTILE_DIR,
+                              cpus_per_task=1)
+        states = [wait_for(handle, lambda s: s.state == "RUNNING" or s.terminal).state]
+        result = handle.wait(echo=False, timeout=120)
+        yield {"project": project, "recipe": recipe, "before": before, "handle": handle, "result": result,
+               "states": states}
+
+
+def test_two_node_job_trains_the_digits_and_the_weights_come_back(trained):
+    handle, result, model = trained["handle"], trained["result"], trained["recipe"].model
+    assert trained["states"] == ["RUNNING"] and handle.state.state == "COMPLETED"
+    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert result.extras["job_id"] == handle.job_id
+    saved = torch.load(handle.run.path / "model.pt", weights_only=True)
+    now = model.state_dict()
+    assert all(torch.equal(now[k], saved[k]) for k in saved)
+    assert not all(torch.equal(now[k], trained["before"][k]) for k in now)
+    held_out = DigitsDataset(train=False)
+    with torch.no_grad():
+        accuracy = (model(held_out.x).argmax(1) == held_out.y).float().mean().item()
+    assert accuracy > 0.85
+    assert "on node[1-2]" in handle.output()
+
+
+def test_the_jobs_events_fill_the_same_log_as_a_local_run(trained):
+    remote = trained["handle"].log
+    local = fit(recipe=digits_recipe(seed=0), config=TrainConfig(max_epochs=1, batch_size=64, seed=0)).log
+    types = [e["type"] for e in remote.events]
+    assert types[0] == "start" and types[-1] == "end" and types.count("epoch") == 3 and "steps" in types
+    assert {e["type"] for e in remote.events} == {e["type"] for e in local.events}
+    assert set(remote.columns) == set(local.columns)
+    assert remote.columns["step"] == list(range(1, len(remote) + 1)) and len(remote) == 3 * 12
+
+
+def test_hostile_job_name_and_run_directory_run_as_plain_strings(trained):
+    handle, project = trained["handle"], trained["project"]
+    assert handle.run.path.parent == project / HOSTILE_DIR
+    shown = subprocess.run(["scontrol", "show", "job", "-o", handle.job_id], capture_output=True, text=True).stdout
+    assert f"JobName={HOSTILE_NAME} " in shown
+    assert not list(project.rglob("pwned*")) and not list(Path.cwd().glob("pwned*"))
+
+
+def test_attach_from_a_fresh_interpreter_gets_the_trained_weights(trained, tmp_path):
+    code = ("import sys, torch\nfrom nbtrain import slurm\n"
+            f"handle = slurm.attach({trained['handle'].job_id!r})\n"
+            "result = handle.wait(echo=False, timeout=60)\n"
+            "torch.save(handle.model.state_dict(), sys.argv[1])\n"
+            "print(result.status, len(handle.log))\n")
+    out = tmp_path / "attached.pt"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=trained["project"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["completed", "36"]
+    attached, kernel = torch.load(out, weights_only=True), trained["recipe"].model.state_dict()
+    assert all(torch.equal(attached[k], kernel[k]) for k in kernel)
+
+
+def test_sbatch_rejecting_the_job_shows_its_stderr(slurm_cluster, project):  # noqa: F811
+    with pytest.raises(SlurmError) as caught:
+        slurm.submit(digits_recipe(), two_nodes(), partition="no-such-partition")
+    assert "sbatch rejected the job" in str(caught.value)
+    assert "invalid partition specified: no-such-partition" in str(caught.value).lower()
+    assert not any((project / ".nbtrain" / "runs").iterdir())
+
+
+def loss_that_breaks_on_rank_one(output, target):
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("rank one cannot compute this loss")
+    return nn.functional.cross_entropy(output, target)
+
+
+def test_a_rank_failing_on_a_node_reports_its_traceback(slurm_cluster, project):  # noqa: F811
+    recipe = digits_recipe()
+    recipe.loss_fn = loss_that_breaks_on_rank_one
+    handle = slurm.submit(recipe, two_nodes(max_epochs=1), cpus_per_task=1)
+    with pytest.raises(SlurmJobError) as caught:
+        handle.wait(echo=False, timeout=120)
+    error = caught.value
+    assert error.state.state == "FAILED" and error.rank == 1
+    assert "rank 1 raised RuntimeError: rank one cannot compute this loss" in str(error)
+    assert "loss_that_breaks_on_rank_one" in error.traceback
+
+
+def test_interrupting_wait_cancels_the_job_and_its_processes_end(slurm_cluster, project):  # noqa: F811
+    handle = slurm.submit(digits_recipe(), two_nodes(max_epochs=1000), cpus_per_task=1)
+    wait_for(handle, lambda s: s.state == "RUNNING")
+    deadline = time.monotonic() + 60
+    while not worker_processes(handle.run.path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker_processes(handle.run.path), "the job's processes never started"
+    timer = threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt, match=f"SLURM job {handle.job_id} was cancelled"):
+        handle.wait(echo=False, timeout=60)
+    with pytest.raises(SlurmJobError, match="CANCELLED"):
+        handle.wait(echo=False, timeout=30)
+    deadline = time.monotonic() + 20
+    while worker_processes(handle.run.path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not worker_processes(handle.run.path)
+
+
+def test_requeue_signal_checkpoints_and_the_requeued_job_resumes(slurm_cluster, project):  # noqa: F811
+    config = two_nodes(max_epochs=2, log_every_n_steps=4)
+    handle = slurm.submit(digits_recipe(), config, cpus_per_task=1)
+    wait_for(handle, lambda s: "restart 0" in handle.output())  # the batch shell's trap is in place
+    # What SLURM sends before the time limit (--signal=B:USR1@90), sent now.
+    subprocess.run(["scancel", "--signal=USR1", "--batch", handle.job_id], check=True)
+    state = wait_for(handle, lambda s: s.restarts >= 1 and s.state == "PENDING", timeout=120)
+    if state.reason == "BeginTime":  # SLURM holds a requeued job back for about two minutes
+        subprocess.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=True)
+    result = handle.wait(echo=False, timeout=120)
+    starts = [e["info"]["step_start"] for e in handle.log.of_type("start")]
+    assert starts[0] == 0 and starts[1] == 4  # stopped at the first log window, resumed from its checkpoint
+    assert [e["status"] for e in handle.log.of_type("end")] == ["requeue", "completed"]
+    assert handle.log.columns["step"] == list(range(1, 2 * 12 + 1))  # every step once, none repeated
+    assert result.status == "completed" and handle.state.restarts == 1
+    assert "requeueing job" in handle.output()
