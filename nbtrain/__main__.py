@@ -49,6 +49,28 @@ def _tour(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    """`nbtrain export FOLDER --recipe pkg.module:factory [config flags] [--sbatch partition=gpu ...]`."""
+    import importlib
+    import shlex
+    from .slurm import export
+    module_name, _, function = args.recipe.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError, ValueError) as error:
+        print(f"nbtrain export: --recipe {args.recipe}: allowed: MODULE:FUNCTION returning a Recipe, importable "
+              f"here ({error})", file=sys.stderr)
+        return 2
+    options = {}
+    for item in args.sbatch:
+        name, has_value, value = item.partition("=")
+        options[name.lstrip("-").replace("-", "_")] = value if has_value else True
+    batch = export(factory(), config_from_flags(args), args.folder, job_name=args.job_name, **options)
+    print(f"wrote {batch.parent / 'train.py'} (python train.py trains here) and {batch}\n"
+          f"submit with: sbatch {shlex.quote(str(batch))}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nbtrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -61,11 +83,23 @@ def main(argv=None) -> int:
     tour.add_argument("--target-global-batch", type=int, default=None, help="global batch to reach by accumulation")
     tour.add_argument("--out", default=".", help="folder for the waterfall PNG (default: here)")
     add_config_flags(tour)
+    exporter = commands.add_parser("export", help="write a recipe as train.py plus its SLURM batch file")
+    exporter.add_argument("folder", help="a new folder for train.py, train.sbatch and the shipped recipe")
+    exporter.add_argument("--recipe", default="nbtrain.demo:digits_recipe",
+                          help="MODULE:FUNCTION that returns the Recipe (default: the digits demo)")
+    exporter.add_argument("--job-name", default="nbtrain", help="the SLURM job name")
+    exporter.add_argument("--sbatch", action="append", default=[], metavar="OPTION[=VALUE]",
+                          help="an sbatch option for the batch file, e.g. --sbatch partition=gpu (repeatable)")
+    add_config_flags(exporter)
     args = parser.parse_args(argv)
+    commands_run = {"tour": _tour, "export": _export}
     try:
-        return _tour(args) if args.command == "tour" else _demo(args)
+        return commands_run.get(args.command, _demo)(args)
     except ConfigError as error:
         print(f"nbtrain: {error.render(flag_name, quote=False)}", file=sys.stderr)
+        return 2
+    except (ValueError, FileExistsError) as error:  # SlurmOptionError is a ValueError
+        print(f"nbtrain {args.command}: {error}", file=sys.stderr)
         return 2
 
 

@@ -43,11 +43,16 @@ def wait_for(handle, predicate, timeout=90.0):
     raise AssertionError(f"timed out; job is {handle.poll()}\n{handle.output()}")
 
 
-def worker_processes(run_dir) -> list:
+def job_processes(run_dir, workers_only=False) -> list:
+    """Live processes of the job (srun, torchrun agents, ranks); with workers_only, the ranks alone."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if str(run_dir) in " ".join(proc.info["cmdline"] or []):
-            found.append(proc)
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = proc.info["cmdline"] or []
+        if str(run_dir) not in cmdline or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if workers_only and ("torch.distributed.run" in cmdline or not any("python" in c for c in cmdline[:1])):
+            continue
+        found.append(proc)
     return found
 
 
@@ -213,9 +218,9 @@ def test_interrupting_wait_cancels_the_job_and_its_processes_end(slurm_cluster, 
     handle = slurm.submit(digits_recipe(), two_nodes(max_epochs=1000), cpus_per_task=1)
     wait_for(handle, lambda s: s.state == "RUNNING")
     deadline = time.monotonic() + 60
-    while not worker_processes(handle.run.path) and time.monotonic() < deadline:
+    while len(job_processes(handle.run.path, workers_only=True)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert worker_processes(handle.run.path), "the job's processes never started"
+    assert len(job_processes(handle.run.path, workers_only=True)) == 2, "the job's two ranks never started"
     timer = threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt, match=f"SLURM job {handle.job_id} was cancelled"):
@@ -223,9 +228,9 @@ def test_interrupting_wait_cancels_the_job_and_its_processes_end(slurm_cluster, 
     with pytest.raises(SlurmJobError, match="CANCELLED"):
         handle.wait(echo=False, timeout=30)
     deadline = time.monotonic() + 20
-    while worker_processes(handle.run.path) and time.monotonic() < deadline:
+    while job_processes(handle.run.path) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not worker_processes(handle.run.path)
+    assert not job_processes(handle.run.path)
 
 
 def test_requeue_signal_checkpoints_and_the_requeued_job_resumes(slurm_cluster, project):  # noqa: F811
@@ -244,3 +249,13 @@ def test_requeue_signal_checkpoints_and_the_requeued_job_resumes(slurm_cluster, 
     assert handle.log.columns["step"] == list(range(1, 2 * 12 + 1))  # every step once, none repeated
     assert result.status == "completed" and handle.state.restarts == 1
     assert "requeueing job" in handle.output()
+
+
+def test_a_gpu_config_asks_each_node_for_its_gpus_and_runs_one_rank_per_gpu(project):
+    from nbtrain.hardware import Inventory, assume
+    with assume(Inventory(cuda_devices=4, cuda_bf16=True, mps=False, cpu_cores=32)):  # the GPU nodes, not here
+        config = TrainConfig(num_nodes=3, devices=4, accelerator="cuda", precision="bf16-mixed")
+    script = slurm.submit(digits_recipe(), config, dry_run=True, partition="gpu", time="01:00:00")
+    assert "#SBATCH --gpus-per-node=4" in script and "#SBATCH --nodes=3" in script
+    assert "nproc=4" in script and "--nnodes=3" in script
+    assert slurm._backend(config) == "nccl"
