@@ -96,7 +96,7 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     exclusive=True -> --exclusive. dry_run=True returns the script text and submits nothing.
     """
     python = python or sys.executable
-    root = Path(run_root) if run_root is not None else project_dir() / "runs"
+    root = Path(run_root) if run_root is not None else Path.cwd() / ".nbtrain" / "runs"
     if dry_run:
         return sbatch_script(config, str(root / "nbtrain-run-XXXXXXXX"), python=python, job_name=job_name,
                              options=sbatch_options, requeue_signal=requeue_signal, socket_ifname=socket_ifname)
@@ -104,6 +104,8 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     sbatch_script(config, str(root), python=python, job_name=job_name, options=sbatch_options,
                   requeue_signal=requeue_signal, socket_ifname=socket_ifname)
     sbatch = _require("sbatch")
+    if run_root is None:
+        project_dir()  # private .nbtrain/ first, so runs/ inherits nothing looser
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     run = RunDir.create(backend=_backend(config), config=config, recipe=recipe, parent=str(root))
     _without_owner(run)
@@ -167,15 +169,23 @@ class JobHandle:
             self.log.emit(event)
         return self._state
 
-    def wait(self, timeout: float | None = None, echo: bool = True) -> RunResult:
+    def wait(self, timeout: float | None = None, echo: bool = True, on_state=None) -> RunResult:
         """Follow the job to its end; load the trained weights; the RunResult, or SlurmJobError.
 
-        An interrupt (Ctrl-C, the notebook's stop button) cancels the job.
+        echo: print the job's output as it grows. on_state(JobState): called on every change
+        (a notebook view shows it). An interrupt (Ctrl-C, the stop button) cancels the job.
         """
         __tracebackhide__ = True
         deadline = None if timeout is None else time.monotonic() + timeout
+        shown = None
         try:
-            while not self.poll().terminal:
+            while True:
+                state = self.poll()
+                if on_state is not None and state != shown:
+                    shown = state
+                    on_state(state)
+                if state.terminal:
+                    break
                 self._echo(echo)
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"SLURM job {self.job_id} is still {self._state} after {timeout:g} s; "
@@ -202,7 +212,7 @@ class JobHandle:
     # --- internals ---------------------------------------------------------------------------
 
     def _finish(self) -> RunResult:
-        from .launch import _raised_error, _result
+        from .launch import _result
         state = self._state
         saved = self.run.load_result()
         config = self.run.config()
@@ -215,9 +225,11 @@ class JobHandle:
             return result
         errors = self.run.errors()
         if errors:
-            rank, text = errors[0]
-            cause = _raised_error(rank, text, self.run.launch_info().get("timeout_s", 1800.0))
-            raise SlurmJobError(f"SLURM job {self.job_id} {state}: {cause}", state, rank, cause.traceback)
+            rank, text = errors[0]  # the earliest written: the root cause, not a peer's broken pipe
+            text = _with_user_source(text)
+            last = text.strip().splitlines()[-1] if text.strip() else "an error"
+            raise SlurmJobError(f"SLURM job {self.job_id} {state}: rank {rank} raised {last}\n\n[rank {rank}] {text}",
+                                state, rank, text)
         tail = "\n".join(self.output().splitlines()[-25:]) or "(no output)"
         raise SlurmJobError(f"SLURM job {self.job_id} {state}; the end of its output "
                             f"({self.output_path}):\n{tail}", state)
@@ -263,6 +275,15 @@ def _parse_job(text: str, job_id: str, job_name: str) -> JobState:
     restarts = field("Restarts", "0")
     return JobState(field("JobState", "UNKNOWN"), field("Reason", "None"), field("ExitCode", ""),
                     field("NodeList", ""), int(restarts) if restarts.isdigit() else 0)
+
+
+def _with_user_source(text: str) -> str:
+    """Source lines of notebook-defined frames, filled in from this kernel where it can."""
+    try:
+        from .tracebacks import with_user_source  # comes with the DDP launcher
+    except ImportError:
+        return text
+    return with_user_source(text)
 
 
 def _require(binary: str) -> str:

@@ -89,10 +89,10 @@ def _join_group(backend: str, timeout_s: float) -> None:
 
 def _train(run: RunDir, local_main: bool) -> None:
     config, recipe = run.config(), run.recipe()
-    config, checkpoint = requeue.remaining_budget(config, run.path)  # a requeued SLURM job resumes
+    resume = requeue.resume_from(run.path)
+    if resume is not None:  # a requeued SLURM job continues from its checkpoint
+        config = config.replace(resume=str(resume))
     engine = Engine(recipe, config)
-    if checkpoint is not None:
-        requeue.restore(engine, checkpoint)
     log = MetricsLog()
     writer = run.event_writer() if local_main else None
     if writer:

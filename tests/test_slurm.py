@@ -79,7 +79,7 @@ def test_dry_run_script_quotes_every_user_value(project):
     echoed = subprocess.run(["bash", "-c", assignment + '\nprintf %s "$run_dir"'], capture_output=True, text=True,
                             cwd=project)
     assert echoed.stdout.startswith(str(root) + "/nbtrain-run-")
-    assert not list(project.glob("pwned*")) and not (project / ".nbtrain" / "runs").exists()
+    assert not list(project.glob("pwned*")) and not (project / ".nbtrain").exists()  # a dry run writes nothing
 
 
 def test_bad_sbatch_options_name_the_option(project):
@@ -133,15 +133,16 @@ def trained(slurm_cluster, tmp_path_factory):  # noqa: F811
         before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
         handle = slurm.submit(recipe, two_nodes(max_epochs=3), job_name=HOSTILE_NAME, run_root=project / HOSTILE_DIR,
                               cpus_per_task=1)
-        states = [wait_for(handle, lambda s: s.state == "RUNNING" or s.terminal).state]
-        result = handle.wait(echo=False, timeout=120)
+        states = []
+        result = handle.wait(echo=False, timeout=120, on_state=lambda state: states.append(state.state))
         yield {"project": project, "recipe": recipe, "before": before, "handle": handle, "result": result,
                "states": states}
 
 
 def test_two_node_job_trains_the_digits_and_the_weights_come_back(trained):
     handle, result, model = trained["handle"], trained["result"], trained["recipe"].model
-    assert trained["states"] == ["RUNNING"] and handle.state.state == "COMPLETED"
+    assert "RUNNING" in trained["states"] and trained["states"][-1] == "COMPLETED"
+    assert set(trained["states"]) <= {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED"}
     assert result.status == "completed" and result.summary["world_size"] == 2
     assert result.extras["job_id"] == handle.job_id
     saved = torch.load(handle.run.path / "model.pt", weights_only=True)
