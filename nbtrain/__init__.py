@@ -12,6 +12,7 @@ from .checklist import checklist
 from .diagnose import profile
 from .launch import launch  # the function; its module's helpers: `from nbtrain.launch import ...`
 from .split import split
+from . import slurm  # nbtrain.slurm.submit / attach / export
 
 __version__ = "0.1.0"
 __all__ = ["fit", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",

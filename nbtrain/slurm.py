@@ -39,6 +39,13 @@ __all__ = ["submit", "attach", "export", "JobHandle", "JobState", "SlurmError", 
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED", "GONE"}
+# Pending reasons that no amount of waiting fixes (sites that do not refuse such jobs at sbatch).
+NEVER_STARTS = {"PartitionNodeLimit": "more nodes than the partition allows",
+                "PartitionTimeLimit": "a longer time limit than the partition allows",
+                "PartitionConfig": "resources the partition does not have",
+                "BadConstraints": "constraints no node satisfies",
+                "InvalidAccount": "an account that does not exist", "InvalidQOS": "a QOS that does not exist",
+                "DependencyNeverSatisfied": "a dependency that can no longer be met"}
 _DRY_RUN_HINT = ("to see the batch script without submitting: nbtrain.slurm.submit(recipe, config, dry_run=True) "
                  "(or %%nbtrain --slurm-dry-run), or write it with nbtrain.slurm.export(recipe, config, folder)")
 
@@ -113,7 +120,11 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     script.write_text(sbatch_script(config, str(run.path), python=python, job_name=job_name,
                                     options=sbatch_options, requeue_signal=requeue_signal,
                                     socket_ifname=socket_ifname))
-    done = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+    try:
+        done = _slurm([sbatch, "--parsable", str(script)])
+    except SlurmError:
+        run.remove()
+        raise
     if done.returncode != 0:
         run.remove()
         raise SlurmError(f"sbatch rejected the job (exit {done.returncode}):\n{done.stderr.strip()}")
@@ -186,6 +197,10 @@ class JobHandle:
                     on_state(state)
                 if state.terminal:
                     break
+                if state.state == "PENDING" and state.reason in NEVER_STARTS:
+                    raise SlurmJobError(f"SLURM job {self.job_id} can never start: {state}: it asks for "
+                                        f"{NEVER_STARTS[state.reason]}. It is still queued; handle.cancel() "
+                                        f"removes it", state)
                 self._echo(echo)
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"SLURM job {self.job_id} is still {self._state} after {timeout:g} s; "
@@ -199,7 +214,7 @@ class JobHandle:
 
     def cancel(self) -> None:
         """scancel the job (every node's processes end; nothing is loaded)."""
-        done = subprocess.run([_require("scancel"), self.job_id], capture_output=True, text=True, timeout=60)
+        done = _slurm([_require("scancel"), self.job_id])
         if done.returncode != 0:
             raise SlurmError(f"scancel {self.job_id} failed: {done.stderr.strip()}")
 
@@ -235,8 +250,7 @@ class JobHandle:
                             f"({self.output_path}):\n{tail}", state)
 
     def _query(self) -> JobState:
-        done = subprocess.run([_require("scontrol"), "show", "job", "-o", self.job_id], capture_output=True,
-                              text=True, timeout=60)
+        done = _slurm([_require("scontrol"), "show", "job", "-o", self.job_id])
         if done.returncode != 0:
             if "Invalid job id" in done.stderr:  # purged after MinJobAge: the run directory still knows
                 why = "no longer listed by slurmctld; read from the run directory"
@@ -275,6 +289,15 @@ def _parse_job(text: str, job_id: str, job_name: str) -> JobState:
     restarts = field("Restarts", "0")
     return JobState(field("JobState", "UNKNOWN"), field("Reason", "None"), field("ExitCode", ""),
                     field("NodeList", ""), int(restarts) if restarts.isdigit() else 0)
+
+
+def _slurm(argv: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    """A SLURM client command; a controller that does not answer is an error, never a hang."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{' '.join(argv[:2])} ...` got no answer from the SLURM controller in {timeout_s:g} s "
+                         f"(is slurmctld up? `scontrol ping` tells)") from None
 
 
 def _with_user_source(text: str) -> str:

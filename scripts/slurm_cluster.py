@@ -131,6 +131,7 @@ class Cluster:
             "MpiDefault=none", "MailProg=/bin/true", "ReturnToService=2",
             "SchedulerParameters=batch_sched_delay=0",  # otherwise batch jobs start only every ~3 s
             "MinJobAge=300", "KillWait=5", "InactiveLimit=0",
+            "EnforcePartLimits=ALL",  # as most sites: a job the partition can never run is refused at sbatch
             f"StateSaveLocation={r / 'state'}",
             f"SlurmdSpoolDir={r / 'spool'}/%n",
             f"SlurmctldPidFile={r / 'run' / 'slurmctld.pid'}",

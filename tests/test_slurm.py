@@ -1,9 +1,11 @@
 """SLURM jobs from the notebook, on a real private SLURM cluster (2 nodes on 127.0.0.1, gloo)."""
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -54,6 +56,13 @@ def job_processes(run_dir, workers_only=False) -> list:
             continue
         found.append(proc)
     return found
+
+
+def step_daemons(job_id) -> list:
+    """The slurmstepd processes still serving a job (their title is `slurmstepd: [JOB.STEP]`)."""
+    title = f"slurmstepd: [{job_id}."
+    return [p for p in psutil.process_iter(["cmdline", "status"])
+            if " ".join(p.info["cmdline"] or []).startswith(title) and p.info["status"] != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture
@@ -194,7 +203,47 @@ def test_sbatch_rejecting_the_job_shows_its_stderr(slurm_cluster, project):  # n
         slurm.submit(digits_recipe(), two_nodes(), partition="no-such-partition")
     assert "sbatch rejected the job" in str(caught.value)
     assert "invalid partition specified: no-such-partition" in str(caught.value).lower()
+    with pytest.raises(SlurmError, match="sbatch rejected the job") as caught:
+        slurm.submit(digits_recipe(), two_nodes().replace(num_nodes=3))  # the cluster has two
+    assert "node count specification invalid" in str(caught.value).lower()
     assert not any((project / ".nbtrain" / "runs").iterdir())
+
+
+def test_a_job_that_can_never_start_is_reported_instead_of_waited_on(slurm_cluster, project):  # noqa: F811
+    blocker = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 60"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    handle = slurm.submit(digits_recipe(), two_nodes(), dependency=f"afterok:{blocker}")
+    try:
+        subprocess.run(["scancel", blocker], check=True)  # afterok can no longer be met
+        with pytest.raises(SlurmJobError, match=r"can never start: PENDING \(DependencyNeverSatisfied\).*"
+                                                r"handle.cancel\(\) removes it"):
+            handle.wait(echo=False, timeout=30)
+    finally:
+        handle.cancel()
+    assert wait_for(handle, lambda s: s.terminal, timeout=30).state == "CANCELLED"
+
+
+def test_cluster_script_starts_a_second_cluster_and_stops_every_daemon_by_pid(slurm_cluster, tmp_path):  # noqa: F811
+    from slurm_fixture import cluster_module
+    folder = Path(tempfile.mkdtemp(prefix="nbtrain-slurm-cli-"))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "slurm_cluster.py"
+    try:
+        started = subprocess.run([sys.executable, str(script), "start", "--dir", str(folder)], capture_output=True,
+                                 text=True, timeout=60)
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == f"export SLURM_CONF={folder / 'slurm.conf'}"
+        cluster = cluster_module.Cluster(folder)
+        assert sorted(cluster.running()) == ["munged", "slurmctld", "slurmd-node1", "slurmd-node2"]
+        nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
+                               env=cluster.env).stdout.split()
+        assert nodes == ["node1", "idle", "node2", "idle"]
+        stopped = subprocess.run([sys.executable, str(script), "stop", "--dir", str(folder)], capture_output=True,
+                                 text=True, timeout=60)
+        assert stopped.returncode == 0, stopped.stderr
+        assert cluster.running() == []
+    finally:
+        cluster_module.Cluster(folder).stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def loss_that_breaks_on_rank_one(output, target):
@@ -240,9 +289,19 @@ def test_requeue_signal_checkpoints_and_the_requeued_job_resumes(slurm_cluster, 
     wait_for(handle, lambda s: "restart 0" in handle.output())  # the batch shell's trap is in place
     # What SLURM sends before the time limit (--signal=B:USR1@90), sent now.
     subprocess.run(["scancel", "--signal=USR1", "--batch", handle.job_id], check=True)
-    state = wait_for(handle, lambda s: s.restarts >= 1 and s.state == "PENDING", timeout=120)
-    if state.reason == "BeginTime":  # SLURM holds a requeued job back for about two minutes
-        subprocess.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=True)
+    # SLURM holds a requeued job back for about two minutes (Reason=BeginTime). The test cuts that short,
+    # but like those minutes, only after the first run's step daemons are gone and a few seconds have
+    # passed: slurmd refuses a launch in the same second as the requeue revoked the job's credential.
+    deadline, requeued_at = time.monotonic() + 120, None
+    while time.monotonic() < deadline:
+        state = handle.poll()
+        if state.restarts >= 1 and (state.state != "PENDING" or state.terminal):
+            break
+        if state.restarts >= 1 and requeued_at is None:
+            requeued_at = time.monotonic()
+        if state.reason == "BeginTime" and time.monotonic() - requeued_at > 3 and not step_daemons(handle.job_id):
+            subprocess.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=True)
+        time.sleep(0.3)
     result = handle.wait(echo=False, timeout=120)
     starts = [e["info"]["step_start"] for e in handle.log.of_type("start")]
     assert starts[0] == 0 and starts[1] == 4  # stopped at the first log window, resumed from its checkpoint
