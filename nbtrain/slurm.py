@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .config import TrainConfig
@@ -32,20 +30,12 @@ from .metrics import MetricsLog
 from .result import RunResult
 from .rundir import LAUNCH, RunDir
 from .slurm_script import SIGNAL_DEFAULT, SlurmOptionError, sbatch_script
+from .slurm_state import NEVER_STARTS, JobState, parse_job
 from .slurm_export import export  # noqa: F401  (part of this module's interface)
 
 __all__ = ["submit", "attach", "export", "JobHandle", "JobState", "SlurmError", "SlurmJobError",
            "SlurmOptionError"]
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-            "DEADLINE", "PREEMPTED", "GONE"}
-# Pending reasons that no amount of waiting fixes (sites that do not refuse such jobs at sbatch).
-NEVER_STARTS = {"PartitionNodeLimit": "more nodes than the partition allows",
-                "PartitionTimeLimit": "a longer time limit than the partition allows",
-                "PartitionConfig": "resources the partition does not have",
-                "BadConstraints": "constraints no node satisfies",
-                "InvalidAccount": "an account that does not exist", "InvalidQOS": "a QOS that does not exist",
-                "DependencyNeverSatisfied": "a dependency that can no longer be met"}
 _DRY_RUN_HINT = ("to see the batch script without submitting: nbtrain.slurm.submit(recipe, config, dry_run=True) "
                  "(or %%nbtrain --slurm-dry-run), or write it with nbtrain.slurm.export(recipe, config, folder)")
 
@@ -60,30 +50,6 @@ class SlurmJobError(RuntimeError):
     def __init__(self, message: str, state: "JobState", rank: int | None = None, traceback: str = ""):
         super().__init__(message)
         self.state, self.rank, self.traceback = state, rank, traceback
-
-
-@dataclass(frozen=True)
-class JobState:
-    state: str
-    reason: str = "None"
-    exit_code: str = "0:0"
-    nodes: str = ""
-    restarts: int = 0
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL
-
-    def __str__(self) -> str:
-        text = self.state
-        if self.state == "RUNNING" and self.nodes:
-            text += f" on {self.nodes}"
-        details = [r for r in (self.reason,) if r and r != "None"]
-        if self.terminal and self.exit_code not in ("", "0:0"):
-            details.append(f"exit {self.exit_code}")
-        if self.restarts:
-            details.append(f"requeued {self.restarts}x")
-        return text + (f" ({', '.join(details)})" if details else "")
 
 
 def project_dir() -> Path:
@@ -258,7 +224,7 @@ class JobHandle:
                     return JobState("COMPLETED", why)
                 return JobState("FAILED" if self.run.errors() else "GONE", why)
             raise SlurmError(f"scontrol show job {self.job_id} failed: {done.stderr.strip()}")
-        return _parse_job(done.stdout, self.job_id, self.job_name)
+        return parse_job(done.stdout, self.job_id, self.job_name)
 
     def _echo(self, echo: bool) -> None:
         if not echo:
@@ -274,21 +240,6 @@ class JobHandle:
         if complete:
             sys.stdout.write(complete.decode(errors="replace"))
             sys.stdout.flush()
-
-
-def _parse_job(text: str, job_id: str, job_name: str) -> JobState:
-    """Fields of `scontrol show job -o`. The job name comes first and may contain anything
-    (even "JobState=..."), so the known prefix is cut off before the fields are read."""
-    prefix = f"JobId={job_id} JobName={job_name} "
-    rest = text[len(prefix):] if text.startswith(prefix) else text
-
-    def field(name: str, default: str = "") -> str:
-        found = re.search(rf"(?:^| ){name}=(\S*)", rest)
-        return found.group(1) if found else default
-
-    restarts = field("Restarts", "0")
-    return JobState(field("JobState", "UNKNOWN"), field("Reason", "None"), field("ExitCode", ""),
-                    field("NodeList", ""), int(restarts) if restarts.isdigit() else 0)
 
 
 def _slurm(argv: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess:

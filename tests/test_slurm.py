@@ -109,6 +109,16 @@ def test_without_sbatch_on_path_the_error_says_slurm_was_not_found_and_how_to_dr
     assert not (project / ".nbtrain" / "runs").exists() or not any((project / ".nbtrain" / "runs").iterdir())
 
 
+def test_job_state_is_read_after_the_job_name_whatever_the_name_contains():
+    from nbtrain.slurm_state import parse_job
+    name = "x JobState=COMPLETED Reason=None y"
+    line = (f"JobId=7 JobName={name} UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
+            f"Restarts=2 BatchFlag=1 ExitCode=0:0 NodeList=node[1-2] StdOut=/runs/JobState=FAILED/out")
+    state = parse_job(line, "7", name)
+    assert (state.state, state.restarts, state.nodes) == ("RUNNING", 2, "node[1-2]")
+    assert str(state) == "RUNNING on node[1-2] (requeued 2x)"
+
+
 def test_attach_to_an_unknown_job_names_the_known_ones(project):
     with pytest.raises(SlurmError, match="job 999 was not submitted from this project"):
         slurm.attach(999)
@@ -319,3 +329,14 @@ def test_a_gpu_config_asks_each_node_for_its_gpus_and_runs_one_rank_per_gpu(proj
     assert "#SBATCH --gpus-per-node=4" in script and "#SBATCH --nodes=3" in script
     assert "nproc=4" in script and "--nnodes=3" in script
     assert slurm._backend(config) == "nccl"
+
+
+def test_the_exported_sbatch_file_trains_on_the_cluster(slurm_cluster, project):  # noqa: F811
+    batch = slurm.export(digits_recipe(), two_nodes(max_steps=5), project / "job", cpus_per_task=1)
+    job_id = subprocess.run(["sbatch", "--parsable", str(batch)], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    handle = slurm.JobHandle(job_id, batch.parent, job_name="nbtrain")
+    result = handle.wait(echo=False, timeout=120)
+    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert handle.log.columns["step"] == [1, 2, 3, 4, 5]
+    assert set(torch.load(batch.parent / "model.pt", weights_only=True)) == set(handle.model.state_dict())
