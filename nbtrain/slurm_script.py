@@ -104,6 +104,7 @@ def sbatch_script(config: TrainConfig, run_dir: str, *, python: str, job_name: s
         'threads=$((cpus / nproc)); [ "$threads" -ge 1 ] || threads=1',
         'export OMP_NUM_THREADS="$threads"',
         "export NBTRAIN_SHARED_RUN_DIR=1  # every node sees this run directory: rank 0 alone writes the outputs",
+        "export NBTRAIN_PREFIX_OUTPUT=1  # every rank's lines start with [rank N] in the one output file",
     ]
     if socket_ifname == "auto":
         lines.append('case "$head_addr" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo ;; esac')

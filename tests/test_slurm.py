@@ -257,6 +257,7 @@ def test_cluster_script_starts_a_second_cluster_and_stops_every_daemon_by_pid(sl
 
 
 def loss_that_breaks_on_rank_one(output, target):
+    print("computing a loss", flush=True)
     if os.environ.get("RANK") == "1":
         raise RuntimeError("rank one cannot compute this loss")
     return nn.functional.cross_entropy(output, target)
@@ -272,6 +273,7 @@ def test_a_rank_failing_on_a_node_reports_its_traceback(slurm_cluster, project):
     assert error.state.state == "FAILED" and error.rank == 1
     assert "rank 1 raised RuntimeError: rank one cannot compute this loss" in str(error)
     assert "loss_that_breaks_on_rank_one" in error.traceback
+    assert "[rank 0] computing a loss" in handle.output() and "[rank 1] computing a loss" in handle.output()
 
 
 def test_interrupting_wait_cancels_the_job_and_its_processes_end(slurm_cluster, project):  # noqa: F811
