@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,7 +23,8 @@ _PRECISION_ALIASES = {
     "bf16": "bf16-mixed", "bf16-mixed": "bf16-mixed",
 }
 ACCELERATORS = ("auto", "cpu", "cuda", "mps")
-STRATEGIES = ("auto", "ddp", "dp")
+STRATEGIES = ("auto", "ddp", "dp", "fsdp")
+DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 LR_RULES = ("none", "linear", "sqrt")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -188,7 +190,43 @@ class Option:
         return out
 
 
-_SPECIAL_READERS = {"names": _read_names, "every": _read_every, "text": _read_text}
+# A host name, an IPv4 address, or an IPv6 address (in brackets inside an endpoint).
+_HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,251}[A-Za-z0-9_])?")
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
+
+
+def _read_host(value):
+    """None (the default) or a host name / IP address; an IPv6 address may be bracketed."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none"}):
+        return None
+    if not isinstance(value, str):
+        raise _Reject
+    text = value.strip()
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if _HOSTNAME.fullmatch(bare) or _IPV6.fullmatch(bare):
+        return bare
+    raise _Reject
+
+
+def _read_endpoint(value):
+    """None or 'host:port' ('[v6]:port' for IPv6) with a port from 1 to 65535."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none"}):
+        return None
+    if not isinstance(value, str) or ":" not in value:
+        raise _Reject
+    host, _, port = value.strip().rpartition(":")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise _Reject
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise _Reject  # an IPv6 host needs brackets, or its last group reads as the port
+    bare = _read_host(host)
+    if bare is None:
+        raise _Reject
+    return f"[{bare}]:{int(port)}" if ":" in bare else f"{bare}:{int(port)}"
+
+
+_SPECIAL_READERS = {"names": _read_names, "every": _read_every, "text": _read_text, "host": _read_host,
+                    "endpoint": _read_endpoint}
 
 
 def _opt(default, kind, allowed, help, **kw):
@@ -205,9 +243,21 @@ class TrainConfig:
     devices: int = _opt(1, "int", "a whole number >= 1 (processes per node; > 1 runs DDP)",
                         "processes per node; more than 1 launches DDP workers", low=1)
     num_nodes: int = _opt(1, "int", "a whole number >= 1", "machines (multi-node DDP)", low=1)
-    strategy: str = _opt("auto", "choice", "one of auto, ddp, dp",
-                         "multi-device strategy: ddp (default for devices > 1) or dp (DataParallel, for comparison)",
+    strategy: str = _opt("auto", "choice", "one of auto, ddp, dp, fsdp",
+                         "multi-device strategy: ddp (default for devices > 1), fsdp (shard a model too big for "
+                         "one device) or dp (DataParallel, for comparison)",
                          choices=STRATEGIES)
+    node_rank: int | None = _opt(None, "int", "a whole number >= 0 (this machine's place among num_nodes), or None "
+                                 "($NBTRAIN_NODE_RANK)", "this machine's place among num_nodes (multi-node)",
+                                 low=0, nullable=True)
+    rdzv_endpoint: str | None = _opt(None, "endpoint", "'host:port' with a port from 1 to 65535 (e.g. "
+                                     "10.0.0.1:29400, [::1]:29400), or None ($NBTRAIN_RDZV_ENDPOINT)",
+                                     "the c10d rendezvous every node reaches (multi-node)")
+    rdzv_host: str | None = _opt(None, "host", "a host name or IP address of this machine, or None (127.0.0.1)",
+                                 "address the ranks meet on (one machine) / this node's address (multi-node)")
+    timeout: float | None = _opt(None, "float", f"a number of seconds > 0, or None ({DEFAULT_TIMEOUT_S:g}, "
+                                 "torch's default)", "how long a rank may wait in one collective before the run "
+                                 "fails", low=1e-300, high=1e9, nullable=True)
     precision: str = _opt("32-true", "choice", "one of 32-true, 16-mixed, bf16-mixed (or 32, 16, bf16)",
                           "numeric precision", choices=PRECISIONS, aliases=_PRECISION_ALIASES)
     batch_size: int = _opt(32, "int", f"a whole number from 1 to {MAX_BATCH}",
@@ -381,6 +431,11 @@ def _combination_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Probl
                            f"DataParallel needs at least 2 CUDA devices; this machine has {inv.cuda_devices}; use ddp"))
     if c.strategy == "dp" and c.num_nodes > 1:
         out.append(Problem("strategy", c.strategy, "DataParallel runs on one machine; use ddp with num_nodes > 1"))
+    if c.strategy == "fsdp":
+        out += _fsdp_problems(c)
+    if c.node_rank is not None and c.node_rank >= c.num_nodes:
+        out.append(Problem("node_rank", c.node_rank, f"a whole number from 0 to {c.num_nodes - 1} (this machine's "
+                                                     f"place among num_nodes={c.num_nodes})"))
     if c.scale_lr != "none" and c.base_batch_size is None:
         out.append(Problem("scale_lr", c.scale_lr,
                            "needs base_batch_size (the global batch the learning rate was tuned for)"))
@@ -388,4 +443,16 @@ def _combination_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Probl
         out.append(Problem("persistent_workers", True, "needs num_workers >= 1"))
     if c.num_workers == 0 and c.prefetch_factor is not None:
         out.append(Problem("prefetch_factor", c.prefetch_factor, "needs num_workers >= 1"))
+    return out
+
+
+def _fsdp_problems(c: TrainConfig) -> list[Problem]:
+    out = []
+    if c.world_size < 2:
+        out.append(Problem("strategy", c.strategy, "fsdp shards the model over >= 2 processes; devices x num_nodes "
+                                                   f"is {c.world_size}: set devices=2 or more, or use strategy=auto"))
+    for option in ("checkpoint_every", "resume"):
+        if getattr(c, option) is not None:
+            out.append(Problem(option, getattr(c, option), "None with strategy=fsdp (checkpoints hold one "
+                                                           "process's full weights; use ddp to checkpoint)"))
     return out

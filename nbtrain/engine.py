@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from . import checkpoint, data, dist, toggles
+from . import checkpoint, data, dist, fsdp, toggles
 from .split import device_map, input_device
 from .config import TrainConfig
 from .memory import PeakMemory
@@ -91,6 +91,9 @@ class Engine:
     # --- building the parts ----------------------------------------------------------
 
     def _wrap(self, model):
+        if self.config.strategy == "fsdp" and self.world.distributed and torch.distributed.is_initialized():
+            fsdp.shard(model, self.device.type, self.world.size)  # FSDP reduces gradients itself: no DDP
+            return model
         if self.world.distributed and torch.distributed.is_initialized():
             one_device = self.device.type == "cuda" and device_map(model) is None
             return torch.nn.parallel.DistributedDataParallel(model, device_ids=[self.device.index] if one_device
@@ -290,7 +293,7 @@ class Engine:
             message = (f"the loss became {value} at step {bad_step} ({c.precision}); training stopped at step "
                        f"{self.step}, where the losses were read back; lower the learning rate, check the data, "
                        f"or resume from a checkpoint written before step {bad_step}")
-        if self.recipe.val_data is not None and self.epoch_offset and self.world.is_main:
+        if self.recipe.val_data is not None and self.epoch_offset and self._validates:
             self._validate()  # a run ending mid-epoch still reports held-out numbers
         per_epoch = self.loader.sampler.per_epoch * self.world.size
         extra = {"epochs_trained": (self.samples - start_samples) / per_epoch, "status": status,
@@ -334,9 +337,16 @@ class Engine:
 
     def _info(self) -> dict:
         c = self.config
-        return {"device": str(self.device), "world_size": self.world.size, "global_batch": c.global_batch_size,
+        return {"device": str(self.device), "strategy": self._strategy(), "world_size": self.world.size, "global_batch": c.global_batch_size,
                 "lr": self._target_lrs()[0], "lr_note": self.lr_note(), "precision": c.precision,
                 "scaler": self.precision.scaler.is_enabled(), "pin_memory": c.pin, "seed": self.seed}
+
+    def _strategy(self) -> str:
+        if fsdp.is_sharded(self.model):
+            return "fsdp"
+        if self.config.strategy == "dp" and self.device.type == "cuda":
+            return "dp"
+        return "ddp" if self.world.distributed else "single process"
 
     def _train_some(self, steps_left: int | None) -> bool:
         """Train from the current position until the epoch ends (True) or a stop, budget or change (False)."""
@@ -352,6 +362,8 @@ class Engine:
         move = self.device.type != "cpu" or c.channels_last
         perf, now = time.perf_counter, self._clock.now
         no_sync = getattr(model, "no_sync", None)
+        # FSDP's no_sync: a flag that must hold through backward, set before every micro-step's forward.
+        set_sync = getattr(model, "set_requires_gradient_sync", None) if k > 1 else None
         null = contextlib.nullcontext()
         clip, warm_until, log_every = c.gradient_clip_val, c.warmup_steps, c.log_every_n_steps
         rows, losses, group = self._rows, self._losses, optimizer.param_groups[0]
@@ -377,6 +389,8 @@ class Engine:
             sync()
             t2 = perf()
             boundary = micro + 1 == window
+            if set_sync is not None:
+                set_sync(boundary)
             with (null if boundary or no_sync is None else no_sync()), precision.autocast():
                 loss = step_loss(model, batch)
                 if window > 1:
@@ -472,10 +486,15 @@ class Engine:
         self.epoch += 1
         self.epoch_offset = 0
         event = {"type": "epoch", "epoch": self.epoch, "step": self.step}
-        if self.recipe.val_data is not None and self.world.is_main:
+        if self.recipe.val_data is not None and self._validates:
             with self._clock.paused():
                 event.update(self._validate(emit=False))
         self.log.emit(event)
+
+    @property
+    def _validates(self) -> bool:
+        # A sharded model's forward gathers parameters from every rank, so every rank validates.
+        return self.world.is_main or fsdp.is_sharded(self.model)
 
     def evaluate(self, dataset) -> dict:
         """Mean loss (and accuracy for class targets) of the live model on `dataset`."""

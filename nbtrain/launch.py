@@ -23,15 +23,14 @@ import sys
 import time
 from datetime import timedelta
 
-from .config import TrainConfig
+from . import fsdp
+from .config import DEFAULT_TIMEOUT_S, TrainConfig
 from .metrics import MetricsLog
 from .pool import ZYGOTE, FileTail, Relay, start, terminate, worker_env
 from .recipe import Recipe
 from .result import RunResult, summarize
 from .rundir import RunDir
 from .tracebacks import with_user_source
-
-DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 
 
 class WorkerError(RuntimeError):
@@ -45,26 +44,36 @@ class WorkerError(RuntimeError):
 
 def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None = None, *,
                     timeout: float | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-                    host: str = "127.0.0.1", echo: bool = True) -> RunResult:
-    """Train `recipe` with `config` as DDP in fresh processes; its model gets the trained weights.
+                    host: str | None = None, echo: bool = True) -> RunResult:
+    """Train `recipe` with `config` as DDP (or FSDP) in fresh processes; its model gets the trained weights.
 
+    The launch options come from the config (timeout, node_rank, rdzv_endpoint, rdzv_host);
+    the keywords, when given, override them:
     timeout: seconds a rank may wait in one collective before the run fails (default 1800).
     num_nodes > 1: node_rank and rdzv_endpoint ("host:port" of the c10d rendezvous; env
     NBTRAIN_NODE_RANK / NBTRAIN_RDZV_ENDPOINT otherwise) — run the same call on every node.
     c10d hands out global ranks in order of arrival; node_rank names this node's output.
+    host (rdzv_host): where one machine's ranks meet (127.0.0.1 unless set), or this node's
+    address among several.
     """
     __tracebackhide__ = True
     if config.strategy == "dp":  # DataParallel is one process driving several GPUs
         from .api import engine_for
         return engine_for(recipe, config).run(log=log)
+    if config.strategy == "fsdp":
+        fsdp.check_shardable(recipe.model)  # before any process starts
+    timeout = config.timeout if timeout is None else timeout
+    node_rank = config.node_rank if node_rank is None else node_rank
+    rdzv_endpoint = config.rdzv_endpoint if rdzv_endpoint is None else rdzv_endpoint
+    host = config.rdzv_host if host is None else host
     log = log if log is not None else MetricsLog()
     backend = "nccl" if config.device_type == "cuda" else "gloo"
     run = RunDir.create(backend=backend, config=config, recipe=recipe, timeout_s=_timeout(timeout))
     try:
         if config.num_nodes > 1:
-            job = _start_torchrun(run, config.devices, config.num_nodes, node_rank, rdzv_endpoint)
+            job = _start_torchrun(run, config.devices, config.num_nodes, node_rank, rdzv_endpoint, host)
         else:
-            job = _start_local(run, config.devices, host)
+            job = _start_local(run, config.devices, host or "127.0.0.1")
         job.shipped = (recipe,)
         status, error = job.supervise(log, echo)
         if error is not None:
@@ -142,7 +151,7 @@ def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
     return _Job(run, ranks, Relay(), ranks=list(range(nprocs)), keep=store, outputs=outputs)
 
 
-def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint) -> "_Job":
+def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint, local_addr=None) -> "_Job":
     """This node's part of a multi-node job: torch.distributed.run with a c10d rendezvous."""
     endpoint = endpoint or os.environ.get("NBTRAIN_RDZV_ENDPOINT")
     node_rank = node_rank if node_rank is not None else os.environ.get("NBTRAIN_NODE_RANK")
@@ -163,7 +172,9 @@ def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint) -
             f"--rdzv-id={os.environ.get('NBTRAIN_RDZV_ID', 'nbtrain')}", "--max-restarts=0",
             f"--rdzv-conf=join_timeout={max(1, int(run.launch_info()['timeout_s']))}",
             "--monitor-interval=0.2"]
-    if host in ("127.0.0.1", "localhost"):
+    if local_addr:
+        argv.append(f"--local-addr={local_addr}")
+    elif host in ("127.0.0.1", "localhost"):
         argv.append("--local-addr=127.0.0.1")
     argv += ["-m", "nbtrain.worker", str(run.path)]
     threads = max(1, (os.cpu_count() or 1) // nprocs)

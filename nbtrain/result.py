@@ -47,6 +47,12 @@ def _fmt(value, unit="") -> str:
     return f"{value:,}{unit}"
 
 
+def _per_rank(peaks) -> str:
+    if not peaks or len(peaks) < 2:
+        return ""
+    return "; per rank " + ", ".join(f"{rank}: {_fmt(mb, ' MB')}" for rank, mb in enumerate(peaks))
+
+
 @dataclass
 class RunResult:
     config: TrainConfig
@@ -68,14 +74,16 @@ class RunResult:
                            if not math.isnan(v))
         return [
             ("status", self.status + (f" — {self.message}" if self.message else "")),
-            ("device", f"{s.get('device', '-')} x{s.get('world_size', 1)}, {self.config.precision}"),
+            ("device", f"{s.get('device', '-')} x{s.get('world_size', 1)}, {self.config.precision}"
+                       + (f", {s['strategy']}" if s.get("world_size", 1) > 1 and "strategy" in s else "")),
             ("global batch", f"{_fmt(s.get('global_batch'))} (batch {self.config.batch_size} x accumulate "
                              f"{self.config.accumulate_grad_batches} x {s.get('world_size', 1)} processes)"),
             ("learning rate", s.get("lr_note", "-")),
             ("steps / epochs", f"{s['steps']} / {_fmt(s.get('epochs_trained'))}"),
             ("samples/s", _fmt(s["samples_per_s"])),
             ("time/epoch", _fmt(s["time_per_epoch_s"], " s")),
-            ("peak memory", f"{_fmt(s.get('peak_mem_mb'), ' MB')} ({s.get('mem_kind', '-')})"),
+            ("peak memory", f"{_fmt(s.get('peak_mem_mb'), ' MB')} ({s.get('mem_kind', '-')})"
+                            + _per_rank(s.get("peak_mem_mb_per_rank"))),
             ("step time by phase", phases or "-"),
             ("loss first -> last", f"{_fmt(s['first_loss'])} -> {_fmt(s['last_loss'])}"),
             ("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "

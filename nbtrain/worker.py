@@ -2,9 +2,10 @@
 
 The worker reads its run directory (see rundir.py), joins the process group from the
 environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), builds
-an Engine on the shipped recipe and config — the engine wraps the model in DDP, shards
-the data and skips the all-reduce on accumulation micro-steps — trains, and writes the
-events, the weights and the result back. A rank that raises writes its traceback to
+an Engine on the shipped recipe and config — the engine wraps the model in DDP (or shards
+it with FSDP), shards the data and skips the gradient reduction on accumulation
+micro-steps — trains, and writes the events, the full weights, every rank's peak memory
+and the result back. A rank that raises writes its traceback to
 error-rank{N}.txt and exits 1, so the launcher can report that rank's own error.
 
 On one machine the kernel's warm zygote (zygote.py) forks the ranks and calls `run_job`
@@ -25,7 +26,7 @@ import psutil
 import torch
 import torch.distributed as torch_dist
 
-from . import requeue
+from . import fsdp, requeue
 from .engine import Engine
 from .metrics import MetricsLog
 from .rundir import RunDir
@@ -105,8 +106,17 @@ def _train(run: RunDir, local_main: bool) -> None:
         if writer:
             writer.close()
         return
+    # Every rank's own peak, so a sharded run shows what each process needed.
+    peaks = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(peaks, result.summary["peak_mem_mb"])
+    result.summary["peak_mem_mb_per_rank"] = peaks
+    # A sharded model's full weights are gathered from every rank (a collective); the first
+    # rank of each node hands them to its kernel.
+    one_node = int(os.environ.get("LOCAL_WORLD_SIZE", -1)) == torch_dist.get_world_size()
+    if fsdp.is_sharded(engine.model) or local_main:
+        state = fsdp.full_state_dict(engine.model, everyone=not one_node)
     if local_main:
-        run.save_model({k: v.detach().cpu() for k, v in engine.model.state_dict().items()})
+        run.save_model(state)
         run.save_result(result.status, result.message, json.loads(json.dumps(result.summary)))
         writer.close()
 
