@@ -186,16 +186,16 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_nodes_of_one_process_each_meet_through_c10d_rendezvous_on_localhost():
+def test_two_nodes_of_one_process_each_meet_through_c10d_rendezvous_on_localhost_as_configured():
     endpoint = f"127.0.0.1:{_free_port()}"
     recipes = [digits_recipe(seed=0), digits_recipe(seed=0)]
     results, errors = [None, None], []
 
     def node(rank):
-        try:
-            results[rank] = fit_distributed(recipes[rank], TrainConfig(num_nodes=2, batch_size=16, shuffle=False,
-                                                                       max_steps=6, accelerator="cpu"),
-                                            node_rank=rank, rdzv_endpoint=endpoint, timeout=60)
+        try:  # the launch options are config options, as a magic's flags or the demo's command line give them
+            config = TrainConfig(num_nodes=2, batch_size=16, shuffle=False, max_steps=6, accelerator="cpu",
+                                 node_rank=rank, rdzv_endpoint=endpoint, rdzv_host="127.0.0.1", timeout=60)
+            results[rank] = nbtrain.fit(recipe=recipes[rank], config=config)
         except Exception as exc:  # reported below, with the other node's outcome
             errors.append(exc)
 
@@ -226,6 +226,11 @@ def test_bad_launch_options_name_the_option_the_value_and_what_is_allowed():
         fit_distributed(digits_recipe(), config, node_rank=0)
     with pytest.raises(ValueError, match=r"node_rank=5: allowed: a whole number from 0 to 1"):
         fit_distributed(digits_recipe(), config, node_rank=5, rdzv_endpoint="127.0.0.1:29400")
+    # The keywords override the config's launch options.
+    with pytest.raises(ValueError, match=r"node_rank=7: allowed: a whole number from 0 to 1"):
+        fit_distributed(digits_recipe(), config.replace(node_rank=0, rdzv_endpoint="127.0.0.1:29400"), node_rank=7)
+    with pytest.raises(ValueError, match=r"timeout=0: allowed: a number of seconds > 0"):
+        fit_distributed(digits_recipe(), config.replace(timeout=30), timeout=0)
     assert _running_children() == []
 
 
