@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import TrainConfig
+from .config import DEFAULT_TIMEOUT_S, TrainConfig
 from .metrics import MetricsLog
 from .result import RunResult
 from .rundir import LAUNCH, RunDir
@@ -80,7 +80,8 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     if run_root is None:
         project_dir()  # private .nbtrain/ first, so runs/ inherits nothing looser
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    run = RunDir.create(backend=_backend(config), config=config, recipe=recipe, parent=str(root))
+    run = RunDir.create(backend=_backend(config), config=config, recipe=recipe, parent=str(root),
+                        timeout_s=config.timeout or DEFAULT_TIMEOUT_S)
     _without_owner(run)
     script = run.path / "job.sbatch"
     script.write_text(sbatch_script(config, str(run.path), python=python, job_name=job_name,
