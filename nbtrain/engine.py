@@ -5,7 +5,7 @@
         for each of the k = accumulate_grad_batches micro-batches:
             batch = next(loader)                              # phase: data
             batch = to_device(batch, non_blocking=pinned)     # phase: h2d
-            with no_sync unless last micro-batch, autocast:   # (null contexts when off)
+            with no_sync unless last micro-batch, autocast:   # (null contexts when off; FSDP: a flag)
                 loss = recipe.step_loss(model, batch) / k     # phase: forward
             scaler.scale(loss).backward()                     # phase: backward
         scaler.step(optimizer); scaler.update(); zero_grad     # phase: optimizer
@@ -337,7 +337,8 @@ class Engine:
 
     def _info(self) -> dict:
         c = self.config
-        return {"device": str(self.device), "strategy": self._strategy(), "world_size": self.world.size, "global_batch": c.global_batch_size,
+        return {"device": str(self.device), "strategy": self._strategy(), "world_size": self.world.size,
+                "global_batch": c.global_batch_size,
                 "lr": self._target_lrs()[0], "lr_note": self.lr_note(), "precision": c.precision,
                 "scaler": self.precision.scaler.is_enabled(), "pin_memory": c.pin, "seed": self.seed}
 
