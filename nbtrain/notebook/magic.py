@@ -30,7 +30,7 @@ from ..metrics import MetricsLog
 from ..recipe import NAMES, Recipe, RecipeError
 from ..result import RunResult
 from ..store import RunStore, StoreError
-from . import errors
+from . import errors, tools
 from .views import LivePlot, LiveProgress, RunsTable, Summary
 
 CONVENTIONS = "\n".join(
@@ -49,7 +49,7 @@ recorded in the run store; `%nbtrain_runs` lists stored runs, `%nbtrain_compare 
 side by side. `%nbtrain FLAGS` (line magic) sets defaults for later cells; `%nbtrain --reset`
 forgets them. Interrupting the kernel stops at the next step and keeps what was trained."""
 
-_RUN_OPTIONS = ("name", "config", "store", "no_plot", "no_progress", "reset", "help")
+_RUN_OPTIONS = ("name", "config", "store", "no_plot", "no_progress", "reset", "help") + tools.DESTS
 
 
 class _FlagParser(MagicArgumentParser):
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--reset", action="store_true", help="(line magic) forget the defaults set before")
     run.add_argument("-h", "--help", action="store_true", help="show this help")
+    tools.add_tool_flags(parser)
     add_config_flags(parser)
     return parser
 
@@ -151,14 +152,17 @@ class NbtrainMagics(Magics):
         if args.help:
             print(self.parser.format_help())
             return
-        if cell is None:
+        tool = tools.chosen_tool(args)
+        if cell is None and tool is None:
             return self._set_defaults(args, given)
+        cell = cell or ""  # a tool as a line magic works on the recipe already in the namespace
         if args.reset:
             raise UsageError("%%nbtrain: --reset applies to the line magic (%nbtrain --reset)")
         if args.name is not None and (not args.name.isidentifier() or keyword.iskeyword(args.name)):
             raise UsageError(f"%%nbtrain: --name {args.name!r}: allowed: a Python variable name "
                              "(letters, digits and _, not starting with a digit), e.g. run_a")
         config = self._config(args, given)
+        tool_kwargs = tools.keywords(tool, args) if tool not in (None, "panel") else {}
         self._run_body(cell)
         namespace = self.shell.user_ns
         try:
@@ -170,10 +174,24 @@ class NbtrainMagics(Magics):
                 config = config.replace(lr=namespace["lr"])
             except ConfigError as error:
                 raise UsageError(f"%%nbtrain: {error.render(lambda o: 'lr (in the namespace)')}") from None
+        if tool == "panel":
+            return tools.show_panel(self, recipe, config, args)
+        if tool is not None:
+            result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs)
+            return None if result is None else tools.show_result(self, tool, result, args)
         result = self._train(recipe, config, args)
         if result is None:
             return
         self._keep(result, recipe, args)
+
+    @line_cell_magic
+    def nbtrain_checklist(self, line, cell=None):
+        """The automated checklist walk on the namespace's recipe (the cell body runs first, if any):
+        `%nbtrain_checklist --budget 60 --keep-best [training flags]`; see `%%nbtrain?` (tool options)."""
+        try:
+            self.nbtrain(f"--checklist {line}", cell if cell is not None else "")
+        except UsageError as error:
+            raise UsageError(str(error).replace("%%nbtrain:", "%nbtrain_checklist:", 1)) from None
 
     def _set_defaults(self, args, given: dict) -> None:
         if args.name is not None:

@@ -29,8 +29,10 @@ except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency, but
 from .. import api
 from ..config import ConfigError, TrainConfig
 from ..recipe import Recipe
+from ..store import RunStore
 from .panel_controls import Controls
 from .panel_runs import RunRecord, _number
+from .panel_tools import LABELS as TOOL_LABELS, ToolButtons
 from .panel_views import CompareView, LivePlot, RunsTable
 
 # One panel per live model: a new panel for the same model closes the old one (and stops its run).
@@ -52,8 +54,9 @@ def _reported(method):
 
 
 class Panel:
-    def __init__(self, recipe: Recipe, config: TrainConfig | None = None):
+    def __init__(self, recipe: Recipe, config: TrainConfig | None = None, store=None):
         self.recipe = recipe
+        self.store = RunStore(store)  # finished runs are recorded, as the magic's are
         self.base = config or TrainConfig()
         # The kernel's engine is always one process; more processes are separate runs.
         self.engine = api.engine_for(recipe, self.base.replace(devices=1, num_nodes=1))
@@ -77,12 +80,13 @@ class Panel:
         self.plot = LivePlot()
         self.table = RunsTable()
         self.compare = CompareView()
+        self.tools = ToolButtons(self)
         self.compare.select.observe(lambda _change: self._draw_compare(), "value")
         self.widget = widgets.VBox([
             widgets.HTML("<b>nbtrain</b> — training settings for this live model"),
             self.controls.widget, self.readout,
             widgets.HBox([self.run_button, self.stop_button, self.apply_button, self.close_button]),
-            self.status, self.progress, self.plot.image,
+            self.status, self.progress, self.plot.image, self.tools.widget,
             widgets.HTML("<b>runs</b>"), self.table.html, self.compare.widget,
         ])
         self.widget.add_class("nbtrain-panel")
@@ -134,7 +138,8 @@ class Panel:
     @_reported
     def _on_run(self, _button=None) -> None:
         if self.running:
-            self.say(f"run #{self._current.number} is still going: Stop it, or Apply now to change it")
+            self.say(f"{self._busy()} is still going: Stop it" + ("" if self.tools.running_tool else
+                                                               ", or Apply now to change it"))
             return
         config = self.base.replace(**self.controls.changes())  # a ConfigError lands in the status line
         record = RunRecord(len(self.runs) + 1, config)
@@ -155,6 +160,10 @@ class Panel:
         if not self.running:
             self.say("no run in progress")
             return
+        if self.tools.running_tool:
+            self.say(f"stopping {TOOL_LABELS[self.tools.running_tool]}; the model is restored…")
+            self._request_stop()
+            return
         record = self._current
         how = "by ending its worker processes…" if record.config.world_size > 1 else "at the next optimizer step…"
         self.say(f"stopping run #{record.number} {how}")  # before stopping: the run's last word comes after
@@ -163,6 +172,9 @@ class Panel:
     @_reported
     def _on_apply(self, _button=None) -> None:
         config = self.base.replace(**self.controls.changes())
+        if self.tools.running_tool:
+            self.say(f"{self._busy()} is measuring: changes apply after it (press Run)")
+            return
         if not self.running:
             if config.world_size > 1:
                 self.say(f"{config.world_size} processes: they start with the next Run")
@@ -201,7 +213,7 @@ class Panel:
             widget.close()
 
     def _request_stop(self) -> None:
-        if self._current.config.world_size > 1:
+        if self.tools.running_tool or self._current.config.world_size > 1:
             # A multi-process run is the launcher's loop in our thread: interrupt it as a kernel
             # interrupt would interrupt a cell, so the launcher ends its workers as it does then.
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread.ident),
@@ -213,6 +225,26 @@ class Panel:
         self.run_button.disabled = running
         self.stop_button.disabled = not running
         self.controls.set_running(running)
+        self.tools.set_running(running)
+
+    def _busy(self) -> str:
+        tool = self.tools.running_tool
+        return TOOL_LABELS[tool] if tool else f"run #{self._current.number}"
+
+    @_reported
+    def _run_tool(self, tool: str) -> None:
+        """A checklist tool on the live model, in the background thread, with the controls' settings."""
+        if self.running:
+            self.say(f"{self._busy()} is still going: Stop it first")
+            return
+        config = self.base.replace(**self.controls.changes())
+        note = ""
+        if config.world_size > 1:  # the tools measure in this kernel; the walk tries 2 processes itself
+            config, note = config.replace(devices=1, num_nodes=1), " (in this kernel: 1 process)"
+        self._thread = self.tools.start(tool, config)
+        self._set_running(True)
+        self.say(f"{TOOL_LABELS[tool]}: measuring on the live model{note}…")
+        self._thread.start()
 
     # --- the run (background thread) ------------------------------------------------------
 
@@ -224,10 +256,12 @@ class Panel:
             else:
                 result = self.engine.run(log=record.log)
             record.result, record.status = result, result.status
+            self._record(result)
             s = result.summary
             message = (f"run #{record.number} {result.status}"
                        + (f": {result.message}" if result.message else f" after {s['steps']} steps")
                        + f" — {_number(s['samples_per_s'])} samples/s, final loss {_number(s['last_loss'])}"
+                       + (f"; recorded as run #{result.extras['run_id']}" if result.extras.get("run_id") else "")
                        + "".join(f"\nnote: {note}" for note in s.get("notes", [])))
         except BaseException as exc:  # KeyboardInterrupt included: it is how a multi-process run stops
             self.errors.append(traceback.format_exc())
@@ -245,6 +279,14 @@ class Panel:
                 self.errors.append(traceback.format_exc())
                 message, error = f"{message}; updating the panel failed: {exc!r}", True
             self.say(message, error=error)
+
+    def _record(self, result) -> None:
+        """Into the run store, so %nbtrain_runs and compare see panel runs too (an unusable store only warns)."""
+        params = sum(p.numel() for p in self.recipe.model.parameters())
+        run_id = self.store.record(result, model=f"{type(self.recipe.model).__name__} ({params:,} parameters)")
+        result.extras.update(run_id=run_id, store=str(self.store.path))
+        if result.name is None and run_id is not None:
+            result.name = f"#{run_id}"
 
     def _on_run_event(self, record: RunRecord, event: dict, log) -> None:
         kind = event["type"]
@@ -280,13 +322,13 @@ class Panel:
 
 
 def panel(recipe_or_namespace: Recipe | Mapping | None = None, config: TrainConfig | None = None,
-          display: bool = True) -> Panel:
+          display: bool = True, store=None) -> Panel:
     """A control panel over the live model of `recipe_or_namespace` (default: the notebook's names)."""
     recipe = _as_recipe(recipe_or_namespace)
     previous = _panels.get(recipe.model)
     if previous is not None and previous() is not None:
         previous().close()
-    made = Panel(recipe, config)
+    made = Panel(recipe, config, store)
     _panels[recipe.model] = weakref.ref(made)
     return made.show() if display else made
 

@@ -1,0 +1,106 @@
+"""The checklist tools as panel buttons: bottleneck breakdown, batch size, workers, the walk.
+
+A tool runs in the panel's background thread (the same one Run uses, so Run, Stop and Close
+treat it like a run) on the panel's live model, with the settings the controls show. The
+tool measures and restores the model; its table and plot then appear under the buttons.
+Like the rest of the panel, it only assigns widget values from that thread.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import traceback
+
+import ipywidgets as widgets
+
+from ..config import TrainConfig
+
+LABELS = {"profile": "Bottleneck breakdown", "find_batch_size": "Find batch size", "find_workers": "Find workers",
+          "checklist": "Checklist walk"}
+
+
+def _function(tool: str):
+    from .tools import _tool_function
+    return _tool_function(tool)
+
+
+class ToolButtons:
+    def __init__(self, panel):
+        self.panel = panel
+        self.results: dict = {}           # tool -> its last result (Diagnosis, BatchSearch, ...)
+        self.running_tool: str | None = None
+        self.buttons = {}
+        for tool, label in LABELS.items():
+            button = widgets.Button(description=label, layout=widgets.Layout(width="auto"))
+            button.add_class(f"nbtrain-tool-{tool.replace('_', '-')}")
+            button.on_click(lambda _b, t=tool: self.panel._run_tool(t))
+            self.buttons[tool] = button
+        # Raw values go to the tools, which check them (their message lands in the status line).
+        self.budget = widgets.FloatText(value=60.0, description="walk budget (s)",
+                                        style={"description_width": "initial"}, layout=widgets.Layout(width="180px"))
+        self.memory = widgets.FloatText(value=0.5, description="memory fraction",
+                                        style={"description_width": "initial"}, layout=widgets.Layout(width="180px"))
+        self.seconds = widgets.FloatText(value=2.0, description="s per worker setting",
+                                         style={"description_width": "initial"}, layout=widgets.Layout(width="200px"))
+        self.text = widgets.HTML()
+        self.text.add_class("nbtrain-tool-text")
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
+        self.image.add_class("nbtrain-tool-plot")
+        self.widget = widgets.VBox([
+            widgets.HBox([widgets.HTML("<b>checklist tools</b>&nbsp;")] + list(self.buttons.values())),
+            widgets.HBox([self.budget, self.memory, self.seconds]), self.text, self.image])
+        self.widget.add_class("nbtrain-tools")
+
+    def set_running(self, running: bool) -> None:
+        for button in self.buttons.values():
+            button.disabled = running
+
+    def keywords(self, tool: str) -> dict:
+        if tool == "checklist":
+            return {"budget_s": self.budget.value, "memory_budget": self.memory.value}
+        if tool == "find_batch_size":
+            return {"memory_budget": self.memory.value}
+        if tool == "find_workers":
+            return {"seconds": self.seconds.value}
+        return {}
+
+    def start(self, tool: str, config: TrainConfig) -> threading.Thread:
+        """The thread that runs `tool` (the panel starts it and owns it like a run's)."""
+        self.running_tool = tool
+        return threading.Thread(target=self._work, args=(tool, config, self.keywords(tool)),
+                                name=f"nbtrain-panel-{tool}", daemon=True)
+
+    def _work(self, tool: str, config: TrainConfig, kwargs: dict) -> None:
+        panel, label = self.panel, LABELS[tool]
+        message, error = "", False
+        try:
+            result = _function(tool)(recipe=panel.recipe, config=config, **kwargs)
+            self.results[tool] = result
+            self.text.value = f"<pre style='font-size:11px'>{html.escape(result.table())}</pre>"
+            from .tools import figure_png
+            self.image.value = figure_png(result, tool) or b""
+            message = f"{label} done: {_headline(tool, result)}"
+        except KeyboardInterrupt:
+            message = f"{label} stopped; the model and its optimizer are restored as they were"
+        except BaseException as exc:  # shown in the status line, never lost in the thread
+            panel.errors.append(traceback.format_exc())
+            message, error = f"{label} failed: {type(exc).__name__}: {exc}", True
+        finally:
+            self.running_tool = None
+            try:
+                panel._set_running(False)
+            except Exception as exc:
+                panel.errors.append(traceback.format_exc())
+                message, error = f"{message}; updating the panel failed: {exc!r}", True
+            panel.say(message, error=error)
+
+
+def _headline(tool: str, result) -> str:
+    if tool == "profile":
+        return result.verdict
+    if tool == "find_batch_size":
+        return result.summary()
+    if tool == "find_workers":
+        return f"fastest: {result.label(result.best)}"
+    return (f"{result.baseline:,.0f} -> {result.final:,.0f} samples/s (x{result.final / result.baseline:.2f}); "
+            f"best config: {result.changes() or 'the starting one'}")
