@@ -153,6 +153,10 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
         engine.sync_phases = False
         engine.recipe = recipe
     wall = time.perf_counter() - t0
+    if result.status == "interrupted":
+        # A kernel interrupt ends the whole tool, not just this trial: the engine turned it into a stop
+        # at a step boundary; raised again, every tool's Snapshot puts the model back on the way out.
+        raise KeyboardInterrupt
     cols = result.log.columns
     n = len(cols["step"])
     first = min(warmup_steps, max(n - 2, 0))  # keep at least two measured steps when there are few

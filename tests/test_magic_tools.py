@@ -1,0 +1,253 @@
+"""The checklist tools as %%nbtrain flags and %nbtrain_checklist, through a real IPython InteractiveShell."""
+import json
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from nbtrain.checklist import ChecklistResult
+from nbtrain.diagnose import Diagnosis
+from nbtrain.notebook.tools import ToolView
+from nbtrain.tune import BatchSearch, LRFind, WorkerSearch
+
+DIGITS = """
+from nbtrain.demo import DigitsDataset, DigitsMLP
+import torch
+torch.manual_seed(0)
+model = DigitsMLP(hidden=32)
+train_data = DigitsDataset()
+loss_fn = torch.nn.CrossEntropyLoss()
+"""
+
+LEAKY = DIGITS + """
+losses = []
+def training_step(model, batch):
+    x, y = batch
+    loss = loss_fn(model(x), y)
+    losses.append(loss)          # keeps every step's graph alive
+    return loss
+"""
+
+
+@pytest.fixture(scope="module")
+def shell():
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbtrain")
+    ip.run_line_magic("colors", "nocolor")
+    return ip
+
+
+@pytest.fixture
+def ip(shell, tmp_path, monkeypatch):
+    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
+    monkeypatch.chdir(tmp_path)
+    shell.reset(new_session=False)
+    shell.run_line_magic("nbtrain", "--reset")
+    return shell
+
+
+def runs_ok(ip, capsys, cell):
+    result = ip.run_cell(cell)
+    out = capsys.readouterr()
+    assert result.error_in_exec is None, out.out + out.err
+    return out.out
+
+
+def fails_with(ip, capsys, cell):
+    """Run a cell that must fail with one UsageError line; its text (stdout + stderr)."""
+    result = ip.run_cell(cell)
+    out = capsys.readouterr()
+    assert isinstance(result.error_in_exec, UsageError), (out.out, out.err)
+    text = out.out + out.err
+    assert "Traceback" not in text
+    return text
+
+
+def weights(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def unchanged(before, model):
+    return all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_help_lists_every_tool_and_its_options(ip, capsys):
+    ip.run_cell("%%nbtrain?")
+    out = capsys.readouterr().out
+    for flag in ("--profile", "--trace", "--find-batch-size", "--memory-budget", "--find-workers", "--find-lr",
+                 "--find-leaks", "--find-sync", "--checklist", "--budget", "--keep-best", "--panel"):
+        assert flag in out
+
+
+def test_profile_shows_the_breakdown_its_verdict_and_a_trace_and_restores_the_model(ip, capsys, tmp_path):
+    runs_ok(ip, capsys, DIGITS)
+    before = weights(ip.user_ns["model"])
+    out = runs_ok(ip, capsys, "%nbtrain --profile --steps 5 --batch-size 64 --trace step.json --name prof")
+    ns = ip.user_ns
+    d = ns["prof"]
+    assert isinstance(d, Diagnosis) and ns["_nbtrain"] is d
+    assert "nbtrain bottleneck breakdown (5 steps measured on cpu, batch 64" in out and "verdict: " + d.kind in out
+    assert "forward" in out and "backward" in out and "result in prof and _nbtrain" in out
+    assert json.loads((tmp_path / "step.json").read_text())["traceEvents"]
+    assert unchanged(before, ns["model"])
+    view = ToolView(d, "profile")
+    assert view.png.startswith(b"\x89PNG") and "data:image/png;base64," in view._repr_html_()
+
+
+def test_find_batch_size_under_a_memory_budget_gives_the_batch_and_the_scaled_lr(ip, capsys):
+    out = runs_ok(ip, capsys, "%%nbtrain --find-batch-size --max-batch 128 --memory-budget 2GB --batch-size 32"
+                  + DIGITS)
+    b = ip.user_ns["_nbtrain"]
+    assert isinstance(b, BatchSearch) and b.batch_size == 128 and b.limit_bytes == 2 * 10**9
+    assert "largest batch 128" in out and "by the linear rule (global batch 128 vs base 32)" in out
+    assert b.config.batch_size == 128 and b.lr_scaled == pytest.approx(4 * b.lr_base)
+
+
+def test_find_workers_measures_each_worker_count(ip, capsys):
+    out = runs_ok(ip, capsys, "%%nbtrain --find-workers --workers 0,1 --seconds 0.3" + DIGITS)
+    w = ip.user_ns["_nbtrain"]
+    assert isinstance(w, WorkerSearch)
+    assert [m.config.num_workers for m in w.measurements][:2] == [0, 1]
+    assert "num_workers=0" in out and "num_workers=1" in out and "<- best" in out
+
+
+def test_find_lr_as_a_line_magic_sweeps_the_recipe_already_in_the_namespace(ip, capsys):
+    runs_ok(ip, capsys, DIGITS)
+    before = weights(ip.user_ns["model"])
+    out = runs_ok(ip, capsys, "%nbtrain --find-lr --steps 15 --start-lr 1e-4 --end-lr 1")
+    lr = ip.user_ns["_nbtrain"]
+    assert isinstance(lr, LRFind) and 1e-4 <= lr.suggestion <= 1
+    assert "suggestion (steepest descent): lr =" in out
+    assert unchanged(before, ip.user_ns["model"])
+    # a tool as a line magic leaves the defaults alone
+    assert "defaults" not in out and ip.magics_manager.registry["NbtrainMagics"].defaults == {}
+
+
+def test_find_leaks_names_the_line_that_keeps_graphs_and_stays_quiet_on_a_clean_step(ip, capsys):
+    out = runs_ok(ip, capsys, "%%nbtrain --find-leaks --steps 5" + LEAKY)
+    report = ip.user_ns["_nbtrain"]
+    assert report.leaking and "graph retention" in out
+    assert "losses.append(loss)" in report.fix and ".item()" in report.fix
+    out = runs_ok(ip, capsys, "%%nbtrain --find-leaks --steps 5" + DIGITS + "training_step = None\n")
+    assert not ip.user_ns["_nbtrain"].leaking and "clean:" in out
+
+
+def test_find_sync_says_it_needs_cuda_on_the_cpu(ip, capsys):
+    out = runs_ok(ip, capsys, "%%nbtrain --find-sync --accelerator cpu" + DIGITS)
+    report = ip.user_ns["_nbtrain"]
+    assert not report.available and "needs CUDA: this model trains on cpu" in out
+    assert ToolView(report, "find_sync").png is None
+
+
+@pytest.mark.cuda
+def test_find_sync_counts_the_synchronisations_a_step_forces_on_cuda(ip, capsys):
+    cell = ("%%nbtrain --find-sync --steps 3 --accelerator cuda" + DIGITS +
+            "def training_step(model, batch):\n    x, y = batch\n    loss = loss_fn(model(x), y)\n"
+            "    print_me = loss.item()  # a sync\n    return loss\n")
+    out = runs_ok(ip, capsys, cell)
+    report = ip.user_ns["_nbtrain"]
+    assert report.available and any("print_me = loss.item()" in text for _, text, _ in report.sites), out
+
+
+def test_checklist_walk_restores_the_model_unless_keep_best_which_also_sets_later_cells(ip, capsys):
+    runs_ok(ip, capsys, DIGITS)
+    before = weights(ip.user_ns["model"])
+    out = runs_ok(ip, capsys, "%nbtrain_checklist --budget 4 --items batch_size --batch-size 16 --name walk")
+    walk = ip.user_ns["walk"]
+    assert isinstance(walk, ChecklistResult) and walk.budget_s == 4 and walk.elapsed_s < 6
+    assert "nbtrain checklist walk on cpu" in out and "model and config restored" in out
+    assert unchanged(before, ip.user_ns["model"])
+    assert ToolView(walk, "checklist").png.startswith(b"\x89PNG")
+
+    # keep-best: the best config found becomes the magic's default for later cells
+    out = runs_ok(ip, capsys, "%%nbtrain_checklist --budget 4 --items batch_size --batch-size 16 --keep-best\n"
+                  "model = DigitsMLP(hidden=32)\n")
+    walk = ip.user_ns["_nbtrain"]
+    assert "the live engine now uses the best config" in out
+    best = walk.best_config.batch_size
+    if best != 16:  # a batch size was kept: later cells train with it
+        assert f"later %%nbtrain cells start from it: --batch-size {best}" in out
+    runs_ok(ip, capsys, "%%nbtrain --max-steps 2 --no-progress --no-plot\npass\n")
+    assert ip.user_ns["_nbtrain"].config.batch_size == best
+
+
+def test_panel_flag_shows_the_panel_for_the_cell_recipe_instead_of_training(ip, capsys):
+    from nbtrain.notebook.panel import Panel
+    out = runs_ok(ip, capsys, "%%nbtrain --panel --batch-size 64 --precision bf16-mixed --name p" + DIGITS)
+    panel = ip.user_ns["p"]
+    try:
+        assert isinstance(panel, Panel) and ip.user_ns["_nbtrain_panel"] is panel
+        assert panel.recipe.model is ip.user_ns["model"] and panel.engine.step == 0  # nothing trained
+        assert panel.controls.batch_size.value == "64" and panel.config.precision == "bf16-mixed"
+        assert "VBox" in out  # a terminal shell shows the widget's repr
+    finally:
+        panel.close()
+
+
+def test_an_interrupt_inside_a_tool_restores_the_model_and_says_so(ip, capsys):
+    cell = ("%%nbtrain --profile --steps 20" + DIGITS + "calls = [0]\n"
+            "def training_step(model, batch):\n    calls[0] += 1\n    if calls[0] == 4:\n"
+            "        raise KeyboardInterrupt\n    x, y = batch\n    return loss_fn(model(x), y)\n")
+    ip.run_cell(DIGITS)
+    before = weights(ip.user_ns["model"])
+    result = ip.run_cell(cell.replace(DIGITS, "\n"))
+    out = capsys.readouterr().out
+    assert result.error_in_exec is None
+    assert "--profile interrupted; the model and its optimizer are restored" in out
+    assert unchanged(before, ip.user_ns["model"])
+
+
+def test_an_error_in_the_users_step_shows_the_users_line(ip, capsys):
+    cell = ("%%nbtrain --find-leaks" + DIGITS +
+            "def training_step(model, batch):\n    return 1 / 0  # the user's bug\n")
+    result = ip.run_cell(cell)
+    out = capsys.readouterr()
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    text = out.out + out.err
+    assert "return 1 / 0  # the user's bug" in text and "nbtrain/leaks.py" not in text
+
+
+JUDGED_BY_THE_TOOL = {"%%nbtrain --find-leaks --steps 2", "%%nbtrain --find-batch-size --max-batch 99999",
+                      "%%nbtrain --find-batch-size --lr-rule cubic", "%%nbtrain --find-workers --workers 0,-1",
+                      "%%nbtrain --find-lr --start-lr 1 --end-lr 0.1", "%%nbtrain --profile --devices 2"}
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("%%nbtrain --profile --find-lr", "%%nbtrain: --profile and --find-lr: one tool per cell; allowed: one of "
+                                      "--profile, --find-batch-size"),
+    ("%%nbtrain --trace t.json", "%%nbtrain: --trace t.json applies to --profile; allowed: add one of those flags"),
+    ("%%nbtrain --find-workers --keep-best", "--keep-best applies to --checklist"),
+    ("%%nbtrain --find-leaks --steps 2", "%%nbtrain: --steps 2: allowed: a whole number >= 4 (steps to watch)"),
+    ("%%nbtrain --profile --steps many", "%%nbtrain: --steps many: allowed: a whole number"),
+    ("%%nbtrain --find-batch-size --memory-budget 3", "%%nbtrain: --memory-budget 3: allowed: a fraction of the free "
+                                                      "memory in (0, 1] (e.g. 0.3) or a size such as 512MB or 2GB"),
+    ("%%nbtrain --find-batch-size --max-batch 99999", "%%nbtrain: --max-batch 99999: allowed: at most 1437 "
+                                                      "(samples per process in train_data)"),
+    ("%%nbtrain --find-batch-size --lr-rule cubic", "%%nbtrain: --lr-rule 'cubic': allowed: one of linear, sqrt, none"),
+    ("%%nbtrain --find-workers --workers 0,x", "%%nbtrain: --workers x: allowed: worker counts, e.g. 0,1,2"),
+    ("%%nbtrain --find-workers --workers 0,-1", "%%nbtrain: --workers [0, -1]: allowed: a list of whole numbers >= 0"),
+    ("%%nbtrain --find-lr --start-lr 1 --end-lr 0.1", "%%nbtrain: --start-lr 1.0, --end-lr 0.1: allowed: numbers "
+                                                      "with 0 < start_lr < end_lr"),
+    ("%%nbtrain --profile --devices 2", "%%nbtrain: --profile with --devices 2 --num-nodes 1: the tools measure in "
+                                        "this kernel, one process; allowed: --devices 1"),
+    ("%%nbtrain --profile --batch-size -3", "%%nbtrain: invalid training configuration: --batch-size=-3: a whole "
+                                            "number from 1"),
+    ("%nbtrain_checklist --budget 0", "%nbtrain_checklist: --budget 0.0: allowed: a number of seconds > 0"),
+    ("%nbtrain_checklist --items workers,fast", "%nbtrain_checklist: --items ['workers', 'fast']: allowed: each one "
+                                                "of workers, batch_size, accumulation, device, precision, ddp"),
+    ("%nbtrain_checklist --budget 0.01", "%nbtrain_checklist: --checklist: --budget 0.01 left no time to measure the "
+                                         "starting config; allow more (e.g. --budget 30)"),
+    ("%nbtrain_checklist --bugdet 5", "%nbtrain_checklist: unknown flag --bugdet 5; did you mean --budget?"),
+])
+def test_bad_tool_input_is_one_line_naming_the_flag_the_value_and_what_is_allowed(ip, capsys, line, expected):
+    ip.run_cell(DIGITS)
+    before = weights(ip.user_ns["model"])
+    cell = line if line.startswith("%nbtrain_") else line + "\nran = True\n"
+    text = fails_with(ip, capsys, cell)
+    assert expected in text, text
+    if line in JUDGED_BY_THE_TOOL:  # the value is judged on the recipe, after the cell body ran
+        assert ip.user_ns.get("ran", True)
+    else:  # the flags are checked before the cell body runs
+        assert "ran" not in ip.user_ns
+    assert unchanged(before, ip.user_ns["model"])
