@@ -8,20 +8,18 @@ Like the rest of the panel, it only assigns widget values from that thread.
 from __future__ import annotations
 
 import html
+import re
 import threading
 import traceback
 
 import ipywidgets as widgets
 
 from ..config import TrainConfig
+from .errors import is_nbtrain_frame
+from .tools import last_frame, tool_function, figure_png
 
 LABELS = {"profile": "Bottleneck breakdown", "find_batch_size": "Find batch size", "find_workers": "Find workers",
           "checklist": "Checklist walk"}
-
-
-def _function(tool: str):
-    from .tools import _tool_function
-    return _tool_function(tool)
 
 
 class ToolButtons:
@@ -64,6 +62,13 @@ class ToolButtons:
             return {"seconds": self.seconds.value}
         return {}
 
+    def in_field_names(self, message: str) -> str:
+        """'memory_budget=3.0: a fraction ...' -> 'memory fraction 3.0: allowed: a fraction ...'."""
+        message = re.sub(r"^nbtrain\.\w+: ", "", message)
+        for keyword, widget in (("memory_budget", self.memory), ("budget_s", self.budget), ("seconds", self.seconds)):
+            message = re.sub(rf"\b{keyword}=([^:;]+): ", rf"{widget.description} \1: allowed: ", message)
+        return message
+
     def start(self, tool: str, config: TrainConfig) -> threading.Thread:
         """The thread that runs `tool` (the panel starts it and owns it like a run's)."""
         self.running_tool = tool
@@ -74,10 +79,9 @@ class ToolButtons:
         panel, label = self.panel, LABELS[tool]
         message, error = "", False
         try:
-            result = _function(tool)(recipe=panel.recipe, config=config, **kwargs)
+            result = tool_function(tool)(recipe=panel.recipe, config=config, **kwargs)
             self.results[tool] = result
             self.text.value = f"<pre style='font-size:11px'>{html.escape(result.table())}</pre>"
-            from .tools import figure_png
             self.image.value = figure_png(result, tool) or b""
             message = f"{label} done: {_headline(tool, result)}"
         except KeyboardInterrupt:
@@ -85,6 +89,8 @@ class ToolButtons:
         except BaseException as exc:  # shown in the status line, never lost in the thread
             panel.errors.append(traceback.format_exc())
             message, error = f"{label} failed: {type(exc).__name__}: {exc}", True
+            if isinstance(exc, ValueError) and is_nbtrain_frame(last_frame(exc)):
+                message = f"{label}: {self.in_field_names(str(exc))}"  # a value the tool refused, in its words
         finally:
             self.running_tool = None
             try:

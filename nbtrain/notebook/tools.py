@@ -153,7 +153,7 @@ def memory_budget(text: str):
     return fraction
 
 
-def _tool_function(tool: str):
+def tool_function(tool: str):
     # Imported when used: the tools import nothing of the notebook, and the magic loads fast.
     if tool == "profile":
         from ..diagnose import diagnose
@@ -183,7 +183,7 @@ def run_tool(shell, tool: str, recipe, config: TrainConfig, kwargs: dict):
         raise UsageError(f"%%nbtrain: {flag(tool)} with --devices {config.devices} --num-nodes {config.num_nodes}: "
                          "the tools measure in this kernel, one process; allowed: --devices 1 --num-nodes 1 "
                          "(the checklist walk tries 2 processes itself)")
-    function = _tool_function(tool)
+    function = tool_function(tool)
     try:
         return function(recipe=recipe, config=config, **kwargs)
     except KeyboardInterrupt:
@@ -192,7 +192,7 @@ def run_tool(shell, tool: str, recipe, config: TrainConfig, kwargs: dict):
     except ConfigError as error:
         raise errors.config_usage_error(error) from None
     except ValueError as error:
-        if errors.is_nbtrain_frame(_last_frame(error)):  # the tool refused an option's value
+        if errors.is_nbtrain_frame(last_frame(error)):  # the tool refused an option's value
             raise UsageError(f"%%nbtrain: {_flagged(str(error))}") from None
         raise errors.training_failure(shell, error) from None
     except RuntimeError as error:
@@ -203,7 +203,7 @@ def run_tool(shell, tool: str, recipe, config: TrainConfig, kwargs: dict):
         raise errors.training_failure(shell, error) from None
 
 
-def _last_frame(error):
+def last_frame(error):
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
