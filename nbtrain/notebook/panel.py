@@ -261,7 +261,6 @@ class Panel:
             message = (f"run #{record.number} {result.status}"
                        + (f": {result.message}" if result.message else f" after {s['steps']} steps")
                        + f" — {_number(s['samples_per_s'])} samples/s, final loss {_number(s['last_loss'])}"
-                       + (f"; recorded as run #{result.extras['run_id']}" if result.extras.get("run_id") else "")
                        + "".join(f"\nnote: {note}" for note in s.get("notes", [])))
         except BaseException as exc:  # KeyboardInterrupt included: it is how a multi-process run stops
             self.errors.append(traceback.format_exc())
@@ -287,6 +286,8 @@ class Panel:
         result.extras.update(run_id=run_id, store=str(self.store.path))
         if result.name is None and run_id is not None:
             result.name = f"#{run_id}"
+        self.progress.value += html.escape(f" · recorded as run #{run_id} in {self.store.path}" if run_id is not None
+                                           else " · not recorded: the run store is unusable (see the warning)")
 
     def _on_run_event(self, record: RunRecord, event: dict, log) -> None:
         kind = event["type"]
