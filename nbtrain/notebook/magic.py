@@ -30,7 +30,7 @@ from ..metrics import MetricsLog
 from ..recipe import NAMES, Recipe, RecipeError
 from ..result import RunResult
 from ..store import RunStore, StoreError
-from . import errors, tools
+from . import errors, slurm_cell, tools
 from .views import LivePlot, LiveProgress, RunsTable, Summary
 
 CONVENTIONS = "\n".join(
@@ -49,7 +49,7 @@ recorded in the run store; `%nbtrain_runs` lists stored runs, `%nbtrain_compare 
 side by side. `%nbtrain FLAGS` (line magic) sets defaults for later cells; `%nbtrain --reset`
 forgets them. Interrupting the kernel stops at the next step and keeps what was trained."""
 
-_RUN_OPTIONS = ("name", "config", "store", "no_plot", "no_progress", "reset", "help") + tools.DESTS
+_RUN_OPTIONS = ("name", "config", "store", "no_plot", "no_progress", "reset", "help") + tools.DESTS + slurm_cell.DESTS
 
 
 class _FlagParser(MagicArgumentParser):
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--reset", action="store_true", help="(line magic) forget the defaults set before")
     run.add_argument("-h", "--help", action="store_true", help="show this help")
     tools.add_tool_flags(parser)
+    slurm_cell.add_slurm_flags(parser)
     add_config_flags(parser)
     return parser
 
@@ -153,6 +154,7 @@ class NbtrainMagics(Magics):
             print(self.parser.format_help())
             return
         tool = tools.chosen_tool(args)
+        batch_job = slurm_cell.wanted(args, tool)
         if cell is None and tool is None:
             return self._set_defaults(args, given)
         cell = cell or ""  # a tool as a line magic works on the recipe already in the namespace
@@ -174,6 +176,9 @@ class NbtrainMagics(Magics):
                 config = config.replace(lr=namespace["lr"])
             except ConfigError as error:
                 raise UsageError(f"%%nbtrain: {error.render(lambda o: 'lr (in the namespace)')}") from None
+        if batch_job:
+            result = slurm_cell.run(self, recipe, config, args)
+            return None if result is None else self._keep(result, recipe, args)
         if tool == "panel":
             return tools.show_panel(self, recipe, config, args)
         if tool is not None:
@@ -228,14 +233,19 @@ class NbtrainMagics(Magics):
     def _option(self, args, key):
         return getattr(args, key) or self.run_defaults.get(key)
 
-    def _train(self, recipe: Recipe, config: TrainConfig, args) -> RunResult | None:
-        log = MetricsLog()
+    def _views(self, log: MetricsLog, args) -> list:
+        """The live progress bar and plot, subscribed to `log`, unless the flags turned them off."""
         progress = None if self._option(args, "no_progress") else log.subscribe(LiveProgress(args.name or ""))
         plot = None if self._option(args, "no_plot") else log.subscribe(LivePlot(title=args.name))
+        return [view for view in (progress, plot) if view is not None]
+
+    def _train(self, recipe: Recipe, config: TrainConfig, args) -> RunResult | None:
+        log = MetricsLog()
+        views = self._views(log, args)
         try:
             result = fit(recipe=recipe, config=config, log=log, name=args.name)
             # What the live views cost inside the loop, measured, so the benchmark (and a user) can check it.
-            result.extras["views_s"] = sum(view.cost_s for view in (progress, plot) if view is not None)
+            result.extras["views_s"] = sum(view.cost_s for view in views)
             return result
         except KeyboardInterrupt:
             if len(log):
@@ -245,8 +255,8 @@ class NbtrainMagics(Magics):
         except Exception as error:
             raise errors.training_failure(self.shell, error) from None
         finally:
-            if progress is not None:
-                progress.close()
+            for view in views:
+                getattr(view, "close", lambda: None)()
 
     def _keep(self, result: RunResult, recipe: Recipe, args) -> None:
         namespace = self.shell.user_ns
