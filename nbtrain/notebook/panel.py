@@ -213,7 +213,10 @@ class Panel:
             widget.close()
 
     def _request_stop(self) -> None:
-        if self.tools.running_tool or self._current.config.world_size > 1:
+        if self.tools.running_tool:
+            threading.Thread(target=self.tools.stop, name="nbtrain-panel-stop", daemon=True).start()
+            return
+        if self._current.config.world_size > 1:
             # A multi-process run is the launcher's loop in our thread: interrupt it as a kernel
             # interrupt would interrupt a cell, so the launcher ends its workers as it does then.
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread.ident),
@@ -237,14 +240,7 @@ class Panel:
         if self.running:
             self.say(f"{self._busy()} is still going: Stop it first")
             return
-        config = self.base.replace(**self.controls.changes())
-        note = ""
-        if config.world_size > 1:  # the tools measure in this kernel; the walk tries 2 processes itself
-            config, note = config.replace(devices=1, num_nodes=1), " (in this kernel: 1 process)"
-        self._thread = self.tools.start(tool, config)
-        self._set_running(True)
-        self.say(f"{TOOL_LABELS[tool]}: measuring on the live model{note}…")
-        self._thread.start()
+        self.tools.run(tool)
 
     # --- the run (background thread) ------------------------------------------------------
 

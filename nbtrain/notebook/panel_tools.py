@@ -7,13 +7,16 @@ Like the rest of the panel, it only assigns widget values from that thread.
 """
 from __future__ import annotations
 
+import ctypes
 import html
 import re
 import threading
+import time
 import traceback
 
 import ipywidgets as widgets
 
+from .. import api
 from ..config import TrainConfig
 from .errors import is_nbtrain_frame
 from .tools import last_frame, tool_function, figure_png
@@ -69,11 +72,36 @@ class ToolButtons:
             message = re.sub(rf"\b{keyword}=([^:;]+): ", rf"{widget.description} \1: allowed: ", message)
         return message
 
-    def start(self, tool: str, config: TrainConfig) -> threading.Thread:
-        """The thread that runs `tool` (the panel starts it and owns it like a run's)."""
+    def run(self, tool: str) -> None:
+        """Start `tool` in the panel's background thread, on its live engine, with the controls' settings."""
+        panel = self.panel
+        config = panel.base.replace(**panel.controls.changes())  # a ConfigError lands in the status line
+        note = ""
+        if config.world_size > 1:  # the tools measure in this kernel; the walk tries 2 processes itself
+            config, note = config.replace(devices=1, num_nodes=1), " (in this kernel: 1 process)"
+        panel.engine = api.engine_for(panel.recipe, config)  # the engine the tool's trials run on
         self.running_tool = tool
-        return threading.Thread(target=self._work, args=(tool, config, self.keywords(tool)),
-                                name=f"nbtrain-panel-{tool}", daemon=True)
+        panel._thread = threading.Thread(target=self._work, args=(tool, config, self.keywords(tool)),
+                                         name=f"nbtrain-panel-{tool}", daemon=True)
+        panel._set_running(True)
+        panel.say(f"{LABELS[tool]}: measuring on the live model{note}…")
+        panel._thread.start()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """End the tool at the next step boundary of its current (or next) trial; it then restores the model.
+
+        Trials run on the panel's engine, and an interrupted trial ends the whole tool. A tool still
+        going after `grace_s` (e.g. the walk waiting on DDP workers) is interrupted as a kernel
+        interrupt would interrupt it.
+        """
+        panel = self.panel
+        thread, deadline = panel._thread, time.monotonic() + grace_s
+        while thread.is_alive() and time.monotonic() < deadline:
+            panel.engine.stop("interrupted")  # again and again: each new trial starts with the flag cleared
+            thread.join(0.05)
+        if thread.is_alive():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                       ctypes.py_object(KeyboardInterrupt))
 
     def _work(self, tool: str, config: TrainConfig, kwargs: dict) -> None:
         panel, label = self.panel, LABELS[tool]
