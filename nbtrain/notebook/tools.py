@@ -26,7 +26,7 @@ from IPython.display import display
 from ..config import ConfigError, TrainConfig
 from . import errors
 
-# flag dest -> (what it does, the function that does it, its figure size)
+# tool flag dest -> what it does (the help text); the function is found by tool_function()
 TOOLS = {
     "profile": "bottleneck breakdown: per-phase step time as a stacked bar, with a verdict in words",
     "find_batch_size": "largest batch that fits the memory budget, with the learning rate scaled",
