@@ -1,0 +1,83 @@
+"""Every tutorial notebook runs top to bottom in a real kernel, and its claims hold.
+
+Each notebook ends with a checks cell that asserts what the notebook claims (directions
+with margins, never exact speeds) and prints "all checks passed"; a broken claim is an
+error in that cell, which fails the notebook here.
+"""
+import json
+import sys
+import time
+
+import nbformat
+import pytest
+from nbclient.exceptions import CellExecutionError
+
+from notebook_runner import CHECKS_PASSED, NOTEBOOKS, ROOT, execute, stored_notebooks, text_of, without_outputs
+
+sys.path.insert(0, str(NOTEBOOKS))
+import build  # noqa: E402  (notebooks/build.py)
+
+CELL_TIMEOUT_S = 120   # one cell
+NOTEBOOK_BUDGET_S = 90  # what a notebook promises on a 2-core CPU (checked with slack for a busy box)
+NAMES = [p.name for p in stored_notebooks()]
+
+
+def test_every_source_has_a_stored_notebook_with_the_same_cells():
+    sources = build.sources([])
+    assert sources, "no notebook sources"
+    assert sorted(s.stem + ".ipynb" for s in sources) == NAMES
+    for source in sources:
+        stored = nbformat.read(NOTEBOOKS / (source.stem + ".ipynb"), as_version=4)
+        fresh = build.build(source)
+        assert [(c.cell_type, c.source) for c in stored.cells] == [(c.cell_type, c.source) for c in fresh.cells], \
+            f"{source.name} changed since notebooks/{source.stem}.ipynb was built; run python notebooks/build.py " \
+            f"{source.stem[:2]} --execute"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stored_notebook_reads_well_on_github(name):
+    path = NOTEBOOKS / name
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert path.stat().st_size < 250_000, f"{name} is {path.stat().st_size:,} bytes; keep outputs small"
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), "starts with a title"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(o.output_type != "error" for c in code for o in c.outputs), f"{name} was stored with an error"
+    assert CHECKS_PASSED in text_of(code[-1]), f"{name} was stored without running its checks"
+    assert "assert " in code[-1].source, "the last cell asserts the notebook's claims"
+    assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs), "a notebook shows a plot"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_top_to_bottom_and_its_claims_hold(name, tmp_path):
+    nb = without_outputs(NOTEBOOKS / name)
+    started = time.perf_counter()
+    try:
+        execute(nb, tmp_path, CELL_TIMEOUT_S)
+    except CellExecutionError as error:
+        pytest.fail(f"{name} failed:\n{error}", pytrace=False)
+    took = time.perf_counter() - started
+    assert CHECKS_PASSED in text_of(nb.cells[-1])
+    # The 90 s promise, with room for a machine shared by other test runs.
+    assert took < 2 * NOTEBOOK_BUDGET_S, f"{name} took {took:.0f} s"
+    print(json.dumps({"notebook": name, "seconds": round(took, 1)}))
+
+
+def test_a_notebook_whose_claim_breaks_fails(tmp_path):
+    """The runner really fails on a broken claim (and names the cell)."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = dict(build.KERNEL)
+    nb.cells = [nbformat.v4.new_code_cell("import nbtrain\nspeedup = 0.9"),
+                nbformat.v4.new_code_cell("assert speedup > 1.0, 'no speed-up'\nprint('all checks passed')")]
+    with pytest.raises(CellExecutionError, match="no speed-up"):
+        execute(nb, tmp_path, 60)
+
+
+def test_the_kernel_imports_this_checkout(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = dict(build.KERNEL)
+    nb.cells = [nbformat.v4.new_code_cell("import nbtrain, pathlib\nprint(pathlib.Path(nbtrain.__file__).parent.parent)")]
+    execute(nb, tmp_path, 60)
+    assert text_of(nb.cells[0]).strip() == str(ROOT)
