@@ -33,13 +33,16 @@ def kernel_env() -> dict:
     return env
 
 
-def execute(nb: nbformat.NotebookNode, workdir: Path, cell_timeout: int) -> nbformat.NotebookNode:
-    """Run every cell; raises nbclient's CellExecutionError (with the cell and traceback) on failure."""
+def execute(nb: nbformat.NotebookNode, workdir: Path, cell_timeout: int, this_checkout: bool = True):
+    """Run every cell; raises nbclient's CellExecutionError (with the cell and traceback) on failure.
+
+    `this_checkout=False` leaves the environment alone (the kernel imports the installed nbtrain).
+    """
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(workdir)}})
     saved = dict(os.environ)
     os.environ.clear()
-    os.environ.update(kernel_env())  # the kernel process inherits this environment
+    os.environ.update(kernel_env() if this_checkout else saved)  # the kernel process inherits this environment
     try:
         client.execute()
     finally:
@@ -60,5 +63,9 @@ def text_of(cell) -> str:
 
 if __name__ == "__main__":  # used by the Binder test inside a fresh virtual environment
     target, workdir, timeout = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    ran = execute(without_outputs(target), workdir, timeout)
+    nb = without_outputs(target)
+    # One cell of the harness's own after the notebook's: which interpreter the kernel ran.
+    nb.cells.append(nbformat.v4.new_code_cell("import sys, nbtrain\nprint('kernel:', sys.executable, nbtrain.__file__)"))
+    ran = execute(nb, workdir, timeout, this_checkout=False)
+    print(text_of(ran.cells[-2]))
     print(text_of(ran.cells[-1]))

@@ -1,0 +1,78 @@
+"""Binder's files alone build an environment in which the quick-start notebook runs.
+
+A fresh virtual environment (no system packages) gets exactly `pip install -r
+binder/requirements.txt`, run from a copy of the repository's root as repo2docker does,
+and the quick-start notebook is executed by a kernel of that environment. The one thing
+left out is the extra index of CPU torch builds: this machine reaches only PyPI, and the
+pinned torch lies on its disk (pip's find-links), so only that line is dropped.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from notebook_runner import CHECKS_PASSED, NOTEBOOKS, ROOT
+
+REQUIREMENTS = ROOT / "binder" / "requirements.txt"
+QUICK_START = "00-quick-start.ipynb"
+_COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", ".nbtrain",
+                                      ".pytest_cache", "test-artifacts")
+
+
+def _offline_requirements(text: str) -> tuple[str, list[str]]:
+    """The requirements without index options (which name hosts this machine cannot reach)."""
+    kept, dropped = [], []
+    for line in text.splitlines():
+        (dropped if line.strip().startswith(("--extra-index-url", "--index-url", "-i ")) else kept).append(line)
+    return "\n".join(kept) + "\n", dropped
+
+
+def test_binder_requirements_install_this_package_and_a_cpu_torch():
+    text = REQUIREMENTS.read_text()
+    lines = [line.split("#")[0].strip() for line in text.splitlines()]
+    assert "." in lines or "-e ." in lines, "binder must install this repository's package"
+    assert any(line.startswith("torch==") for line in lines), "torch is pinned, so Binder builds stay reproducible"
+    kept, dropped = _offline_requirements(text)
+    assert all("download.pytorch.org/whl/cpu" in line for line in dropped) and len(dropped) == 1
+    assert (ROOT / "binder" / "runtime.txt").read_text().strip().startswith("python-3.")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_quick_start_runs_in_a_fresh_environment_built_from_binder_files_alone():
+    if not (NOTEBOOKS / QUICK_START).exists():
+        pytest.fail(f"notebooks/{QUICK_START} is missing")
+    work = Path(tempfile.mkdtemp(prefix="nbtrain-binder-"))  # mkdtemp: private (0700)
+    try:
+        repo = work / "repo"
+        shutil.copytree(ROOT, repo, ignore=_COPY_IGNORE)
+        requirements, _ = _offline_requirements(REQUIREMENTS.read_text())
+        (work / "requirements.txt").write_text(requirements)
+        venv = work / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        python = venv / "bin" / "python"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-cache-dir", "-r",
+                                  str(work / "requirements.txt")], cwd=repo, env=env, capture_output=True, text=True)
+        assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+        # The package is installed, not imported from the copy: run from elsewhere.
+        where = subprocess.run([str(python), "-c", "import nbtrain, torch; print(nbtrain.__file__, torch.__version__)"],
+                               cwd=work, env=env, capture_output=True, text=True, check=True).stdout
+        assert str(venv) in where, where
+        run_dir = work / "run"
+        run_dir.mkdir()
+        ran = subprocess.run([str(python), str(ROOT / "tests" / "notebook_runner.py"), str(repo / "notebooks" / QUICK_START),
+                              str(run_dir), "120"], cwd=work, env={**env, "OMP_NUM_THREADS": "1"},
+                             capture_output=True, text=True, timeout=600)
+        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-5000:]
+        assert CHECKS_PASSED in ran.stdout
+        kernel_line = next(line for line in ran.stdout.splitlines() if line.startswith("kernel:"))
+        assert f"{venv}/bin/python" in kernel_line and f"{venv}/lib" in kernel_line, kernel_line
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert not work.exists()
