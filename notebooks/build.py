@@ -66,7 +66,8 @@ def build(source: Path) -> nbformat.NotebookNode:
 def execute(nb: nbformat.NotebookNode, workdir: Path, timeout: int = 300) -> nbformat.NotebookNode:
     """Run every cell in a fresh kernel started in `workdir`, as a user would."""
     from nbclient import NotebookClient
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+    # Widget state (a panel's live plot frames) is not kept: it is large and GitHub does not render it.
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False, store_widget_state=False,
                             resources={"metadata": {"path": str(workdir)}})
     client.execute()
     return nb

@@ -82,6 +82,37 @@ except nbtrain.ConfigError as error:
     print(config_message)
 
 # %% [markdown]
+# ## The control panel
+#
+# `nbtrain.panel()` puts the same settings on widgets over the live model: pick a device and precision,
+# set batch size, workers, accumulation, processes and the learning-rate rule, press **Run**, watch the
+# live plot, and compare runs in the table below it. **Apply now** changes a running training at its next
+# optimizer step. It reads `model`, `train_data`, `loss_fn` (and `val_data`, `optimizer`) from the
+# notebook, so it trains the model defined above.
+
+# %%
+panel = nbtrain.panel(globals())
+
+# %% [markdown]
+# In JupyterLab you would press the buttons; so that this notebook runs top to bottom on its own, the
+# next cell sets two controls and presses **Run** from code, twice — once as it is, once in bf16.
+
+# %%
+panel.controls.batch_size.value = "128"
+panel.controls.max_epochs.value = "2"
+before = [p.detach().clone() for p in model.parameters()]
+panel.run_button.click()
+panel.wait()
+panel.controls.precision.select("bf16-mixed")
+panel.run_button.click()
+panel.wait()
+print(panel.status_text)
+for record in panel.runs:
+    s = record.result.summary
+    print(f"{record.label():45} {record.status:10} {s['samples_per_s']:9,.0f} samples/s  loss {s['last_loss']:.3f}")
+panel_trained = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+# %% [markdown]
 # ## Checks
 
 # %%
@@ -90,4 +121,7 @@ for r in runs:
 assert first.summary["val_acc"] > 0.85
 assert second.summary["samples_per_s"] > 1.5 * first.summary["samples_per_s"]  # batch 256 vs 32: far less overhead
 assert "batch_size=0" in config_message and "precision='fp8'" in config_message
+assert [r.status for r in panel.runs] == ["completed", "completed"]
+assert panel.runs[1].config.precision == "bf16-mixed" and panel.runs[0].config.batch_size == 128
+assert panel_trained  # the panel trained this notebook's live model
 print("all checks passed")
