@@ -9,6 +9,9 @@ diffed as code, not as JSON:
     # %%
     result = nbtrain.fit(...)
 
+A line `# requires: nbtrain.leaks` before the first cell names the modules the notebook
+teaches; the notebook tests skip it, saying so, where they are missing.
+
     python notebooks/build.py              # write notebooks/NN-*.ipynb without outputs
     python notebooks/build.py --execute    # ... executed in a real kernel, outputs kept
     python notebooks/build.py 03 --execute # only the notebooks whose name starts with 03
@@ -30,6 +33,16 @@ SOURCES = HERE / "src"
 KERNEL = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
+def read_requires(text: str) -> list[str]:
+    """Modules named on a `# requires: a, b` line before the first cell (features a notebook teaches)."""
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            break
+        if line.startswith("# requires:"):
+            return [name.strip() for name in line.split(":", 1)[1].split(",") if name.strip()]
+    return []
+
+
 def read_cells(text: str) -> list[tuple[str, str]]:
     """(kind, source) pairs from a percent-layout text; kind is 'markdown' or 'code'."""
     cells: list[tuple[str, list[str]]] = []
@@ -38,7 +51,7 @@ def read_cells(text: str) -> list[tuple[str, str]]:
             cells.append(("markdown" if "[markdown]" in line else "code", []))
             continue
         if not cells:
-            if line.strip():
+            if line.strip() and not line.startswith("# requires:"):
                 raise ValueError(f"text before the first '# %%' marker: {line!r}")
             continue
         kind, lines = cells[-1]
@@ -54,7 +67,11 @@ def build(source: Path) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = dict(KERNEL)
     nb.metadata["language_info"] = {"name": "python"}
-    for kind, text in read_cells(source.read_text()):
+    text = source.read_text()
+    requires = read_requires(text)
+    if requires:
+        nb.metadata["nbtrain"] = {"requires": requires}
+    for kind, text in read_cells(text):
         maker = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
         nb.cells.append(maker(text))
     # Stable cell ids, so a rebuild of an unchanged source is byte-identical.
@@ -82,6 +99,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("only", nargs="*", help="name prefixes (e.g. 03) of the notebooks to build")
     parser.add_argument("--execute", action="store_true", help="run each notebook and keep its outputs")
+    parser.add_argument("--nbtrain-from", metavar="DIR", default=str(HERE.parent),
+                        help="the checkout whose nbtrain the kernel imports (default: this one)")
     args = parser.parse_args(argv)
     chosen = sources(args.only)
     if not chosen:
@@ -92,7 +111,7 @@ def main(argv=None) -> int:
         target = HERE / (source.stem + ".ipynb")
         if args.execute:
             with tempfile.TemporaryDirectory(prefix="nbtrain-build-") as work:
-                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
+                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [args.nbtrain_from, os.environ.get("PYTHONPATH")]))
                 execute(nb, Path(work))
         nbformat.validate(nb)
         nbformat.write(nb, target)
