@@ -1,0 +1,157 @@
+# requires: nbtrain.launch, nbtrain.slurm
+# %% [markdown]
+# # 9 · Several machines: rendezvous, and SLURM jobs from the notebook
+#
+# **Checklist item:** past one machine, DDP runs one group of processes per node, and the nodes find each
+# other through a **rendezvous**: every node runs the same program, points it at one agreed `host:port`,
+# and is handed its ranks there. On a cluster, the scheduler (SLURM) allocates the nodes and starts that
+# program on each.
+#
+# In nbtrain: `num_nodes=N` (with `devices` processes per node); `fit_distributed(..., node_rank=r,
+# rdzv_endpoint="host:port")` is what each node runs; `nbtrain.slurm.submit(recipe, config, ...)` writes
+# the batch script, submits it, and streams the job's metrics back (`dry_run=True` only shows the script).
+
+# %%
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import Subset
+import matplotlib.pyplot as plt
+
+import nbtrain
+import nbtrain.slurm
+from nbtrain import TrainConfig, hardware
+from nbtrain.demo import DigitsDataset, DigitsMLP
+from nbtrain.launch import fit_distributed
+
+plt.rcParams.update({"figure.dpi": 72, "figure.figsize": (9, 3)})
+torch.set_num_threads(1)
+train_data = Subset(DigitsDataset(train=True), range(1280))
+
+
+def recipe():
+    torch.manual_seed(0)
+    return nbtrain.Recipe(model=DigitsMLP(), train_data=train_data, loss_fn=nn.CrossEntropyLoss(),
+                          optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
+
+# %% [markdown]
+# ## Two "nodes" on this machine
+#
+# Each node is a separate call of the same function — on a real cluster, one per machine; here, two threads
+# of this kernel. They meet at a c10d rendezvous on `127.0.0.1`, form one group of 2 ranks, train, and each
+# caller gets the trained weights.
+
+# %%
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+config = TrainConfig(num_nodes=2, devices=1, batch_size=32, max_epochs=2, accelerator="cpu")
+recipes, results, errors = [recipe(), recipe()], [None, None], []
+
+def node(rank):
+    try:
+        results[rank] = fit_distributed(recipes[rank], config, node_rank=rank, rdzv_endpoint=endpoint,
+                                        timeout=120, echo=False)
+    except Exception as error:  # shown below, with the other node's outcome
+        errors.append(error)
+
+started = time.perf_counter()
+threads = [threading.Thread(target=node, args=(rank,)) for rank in (0, 1)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(240)
+print(f"rendezvous at {endpoint}: {[r.status if r else None for r in results]} in "
+      f"{time.perf_counter() - started:.1f} s; errors: {errors or 'none'}")
+print(f"world size {results[0].summary['world_size']}, global batch {results[0].summary['global_batch']}")
+
+# %% [markdown]
+# Two nodes with 32 samples each make the update of one process with 64 — and both nodes' models ended
+# with those weights:
+
+# %%
+single = recipe()
+single_result = nbtrain.fit(recipe=single, config=TrainConfig(batch_size=64, max_epochs=2, accelerator="cpu"))
+differences = [max((a - b).abs().max().item() for a, b in zip(r.model.parameters(), single.model.parameters()))
+               for r in recipes]
+print("largest weight difference from one process with batch 64, per node:", [f"{d:.1e}" for d in differences])
+fig, ax = plt.subplots(figsize=(6, 2.8), layout="constrained")
+ax.plot(results[0].history["samples"], results[0].history["loss"], label="2 nodes x 32 (rank 0's batches)")
+ax.plot(single_result.history["samples"], single_result.history["loss"], "--", label="1 process x 64")
+ax.set(xlabel="samples seen", ylabel="training loss")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## The SLURM batch script
+#
+# For a cluster, nbtrain writes the batch script from the same config. The config is checked against the
+# *cluster's* hardware — here two nodes with four GPUs each, stated with `hardware.assume` since this
+# machine has none. `dry_run=True` shows the script and submits nothing:
+
+# %%
+cluster_node = hardware.Inventory(cuda_devices=4, cuda_bf16=True, mps=False, cpu_cores=32)
+with hardware.assume(cluster_node):
+    cluster_config = TrainConfig(accelerator="cuda", num_nodes=2, devices=4, precision="bf16-mixed",
+                                 batch_size=64, max_epochs=3)
+script = nbtrain.slurm.submit(recipe(), cluster_config, dry_run=True, partition="gpu", time="00:30:00")
+print(script)
+
+# %% [markdown]
+# One `srun` task per node starts `torchrun` with 4 processes; the first node of the allocation hosts the
+# rendezvous; the job's id picks its port. `nbtrain.slurm.export(recipe, config, folder)` writes the same
+# script plus a `train.py` to submit by hand.
+#
+# ## A real submission — only where SLURM is
+#
+# With `sbatch` on this machine and a controller that answers, the recipe is submitted for real and
+# followed from here; otherwise the cell says why it skipped.
+
+# %%
+def slurm_answers():
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return "no sbatch on this machine"
+    try:
+        done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer"
+    if done.returncode != 0 or "idle" not in done.stdout:
+        return "no SLURM controller with an idle node answers"
+    return None
+
+why_not = slurm_answers()
+job_result = None
+if why_not:
+    print("skipped:", why_not)
+else:
+    job = nbtrain.slurm.submit(recipe(), TrainConfig(batch_size=64, max_epochs=1, accelerator="cpu"), time="00:05:00")
+    print("submitted:", job)
+    try:
+        job_result = job.wait(timeout=60)
+    finally:
+        if not job.state.terminal:
+            job.cancel()
+    print(job_result.table())
+
+# %% [markdown]
+# **Takeaway:** a multi-node run is the same DDP run with a rendezvous every node can reach; the global
+# batch grows with the nodes (scale the learning rate, notebook 2). nbtrain writes and submits the SLURM
+# script from the config you already tested in the notebook.
+#
+# ## Checks
+
+# %%
+assert not errors and [r.status for r in results] == ["completed", "completed"]
+assert results[0].summary["world_size"] == 2 and results[0].summary["global_batch"] == 64
+assert max(differences) < 1e-4                       # 2 nodes x 32 == 1 process x 64, on both nodes
+for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "--nnodes=2", '--nproc-per-node="$nproc"',
+             "--rdzv-backend=c10d", "#SBATCH --partition=gpu"):
+    assert line in script, line
+if job_result is not None:
+    assert job_result.status == "completed"
+print("all checks passed")
