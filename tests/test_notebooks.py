@@ -72,7 +72,9 @@ def _importable(module: str) -> bool:
     """Whether this checkout's nbtrain has `module` (asked of a fresh interpreter, as the kernel would)."""
     import subprocess
     from notebook_runner import kernel_env
-    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    # Found in this checkout, not through another checkout's editable install.
+    code = (f"import importlib.util, sys; spec = importlib.util.find_spec({module!r}); "
+            f"sys.exit(spec is None or not spec.origin.startswith({str(ROOT) + '/'!r}))")
     return subprocess.run([sys.executable, "-c", code], env=kernel_env(), cwd=ROOT).returncode == 0
 
 
