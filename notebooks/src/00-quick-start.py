@@ -114,10 +114,14 @@ panel_trained = any(not torch.equal(a, b) for a, b in zip(before, model.paramete
 # %%
 for run in (first, second):
     assert run.status == "completed" and run.summary["last_loss"] < 0.5 * run.summary["first_loss"]
-assert first.summary["val_acc"] > 0.85
-assert second.summary["samples_per_s"] > 1.5 * first.summary["samples_per_s"]  # batch 256 vs 32: far less overhead
+assert first.summary["val_acc"] > 0.85, first.summary["val_acc"]
+# Batch 256 vs 32: far less overhead per sample. Compared on the median step, so one hiccup of a busy
+# machine during a sub-second run cannot decide it.
+from statistics import median
+typical = {run.name: run.config.batch_size / median(run.history["step_s"]) for run in (first, second)}
+assert typical["second"] > 1.5 * typical["first"], typical
 assert "--batch-size" in flag_message and "fp8" in flag_message
-assert [r.status for r in panel.runs] == ["completed", "completed"]
+assert [r.status for r in panel.runs] == ["completed", "completed"], [(r.status, r.error) for r in panel.runs]
 assert panel.runs[1].config.precision == "bf16-mixed" and panel.runs[0].config.batch_size == 128
 assert panel_trained  # the panel trained this notebook's live model
 print("all checks passed")
