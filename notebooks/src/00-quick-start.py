@@ -115,10 +115,9 @@ panel_trained = any(not torch.equal(a, b) for a, b in zip(before, model.paramete
 for run in (first, second):
     assert run.status == "completed" and run.summary["last_loss"] < 0.5 * run.summary["first_loss"]
 assert first.summary["val_acc"] > 0.85, first.summary["val_acc"]
-# Batch 256 vs 32: far less overhead per sample. Compared on the median step, so one hiccup of a busy
-# machine during a sub-second run cannot decide it.
-from statistics import median
-typical = {run.name: run.config.batch_size / median(run.history["step_s"]) for run in (first, second)}
+# Batch 256 vs 32: far less overhead per sample. Compared on each run's fastest step (its cost with the
+# machine at its quietest), so other programs' bursts on a shared machine cannot decide it.
+typical = {run.name: run.config.batch_size / min(run.history["step_s"]) for run in (first, second)}
 assert typical["second"] > 1.5 * typical["first"], typical
 assert "--batch-size" in flag_message and "fp8" in flag_message
 assert [r.status for r in panel.runs] == ["completed", "completed"], [(r.status, r.error) for r in panel.runs]
