@@ -50,7 +50,7 @@ def recipe():
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     endpoint = f"127.0.0.1:{s.getsockname()[1]}"
-config = TrainConfig(num_nodes=2, devices=1, batch_size=32, max_epochs=2, accelerator="cpu")
+config = TrainConfig(num_nodes=2, devices=1, batch_size=32, max_steps=12, log_every_n_steps=1, accelerator="cpu")
 recipes, results, errors = [recipe(), recipe()], [None, None], []
 
 def node(rank):
@@ -76,7 +76,8 @@ print(f"world size {results[0].summary['world_size']}, global batch {results[0].
 
 # %%
 single = recipe()
-single_result = nbtrain.fit(recipe=single, config=TrainConfig(batch_size=64, max_epochs=2, accelerator="cpu"))
+single_result = nbtrain.fit(recipe=single, config=TrainConfig(batch_size=64, max_steps=12, log_every_n_steps=1,
+                                                             accelerator="cpu"))
 differences = [max((a - b).abs().max().item() for a, b in zip(r.model.parameters(), single.model.parameters()))
                for r in recipes]
 print("largest weight difference from one process with batch 64, per node:", [f"{d:.1e}" for d in differences])
