@@ -93,7 +93,7 @@ print("identical losses with every worker count:", same_losses)
 
 # %%
 class AugmentedDigits(Dataset):
-    def __init__(self, samples=320, rounds=60):
+    def __init__(self, samples=320, rounds=40):
         self.digits = DigitsDataset(train=True, image=True)
         self.samples, self.rounds = samples, rounds
         self.kernel = torch.full((1, 1, 3, 3), 1 / 9)

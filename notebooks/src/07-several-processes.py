@@ -97,7 +97,7 @@ def measure(devices, hidden):
     torch.manual_seed(0)
     started = time.perf_counter()
     result = nbtrain.fit(DigitsMLP(hidden), train_data, loss_fn=loss_fn, optimizer=optimizer, accelerator="cpu",
-                         devices=devices, batch_size=128 // devices, max_epochs=4)
+                         devices=devices, batch_size=128 // devices, max_epochs=2)
     return result.summary["samples_per_s"], time.perf_counter() - started
 
 scaling = {(hidden, devices): measure(devices, hidden) for hidden in (128, 1024) for devices in (1, 2)}
