@@ -118,8 +118,9 @@ print(f"activations: {saved[64] / 1024:.0f} KiB at 64 vs {saved[256] / 1024:.0f}
 
 # %% [markdown]
 # Accumulating four micro-batches of 64 keeps a quarter of the activations of a batch of 256 — the
-# reason to accumulate. It costs time: four smaller forward/backward passes instead of one
-# (measured here; on a GPU small micro-batches also leave the device less busy).
+# reason to accumulate. It can cost time: four smaller forward/backward passes instead of one (measured
+# here, though on a busy machine the difference can drown in noise; on a GPU small micro-batches also
+# leave the device less busy).
 
 # %%
 for result in (big, acc):

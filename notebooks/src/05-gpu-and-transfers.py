@@ -86,8 +86,8 @@ for n, r in sync_runs.items():
 
 # %% [markdown]
 # The losses are identical — only *when* they are read changes. On a CPU there is no device to wait
-# for, so the speed is the same within noise; on a GPU the per-step sync stalls the queue (measured in
-# the [GPU] cells below).
+# for, so any difference in speed here is the machine's noise; on a GPU the per-step sync stalls the
+# queue (measured in the [GPU] cells below).
 #
 # ## [GPU] Pinned memory and `non_blocking`
 #

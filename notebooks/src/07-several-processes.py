@@ -97,7 +97,7 @@ def measure(devices, hidden):
     torch.manual_seed(0)
     started = time.perf_counter()
     result = nbtrain.fit(DigitsMLP(hidden), train_data, loss_fn=loss_fn, optimizer=optimizer, accelerator="cpu",
-                         devices=devices, batch_size=128 // devices, max_epochs=2)
+                         devices=devices, batch_size=128 // devices, max_epochs=4)
     return result.summary["samples_per_s"], time.perf_counter() - started
 
 scaling = {(hidden, devices): measure(devices, hidden) for hidden in (128, 1024) for devices in (1, 2)}
@@ -117,11 +117,12 @@ for hidden in (128, 1024):
     print(f"hidden {hidden:>4}: 2 processes run at {ratio:.2f}x the speed of 1")
 
 # %% [markdown]
-# Read it honestly. For the small model, averaging gradients between processes costs more than the
-# halved arithmetic saves. The wide model has about sixty times more arithmetic per step to share, so it
-# *can* gain — when a second core is actually free; on a busy or small machine (like the one that
-# rendered this page) it may not. On GPUs the same trade holds, with NCCL over fast links making the
-# all-reduce cheap and overlapped with backward — that is why DDP scales where DataParallel does not.
+# Read it honestly. Two effects compete: each process does half the arithmetic, and every step the
+# processes average their gradients. The small model has little arithmetic to halve, so the averaging
+# weighs heavily; the wide model has about sixty times more arithmetic per step, so it can gain — when a
+# second core is actually free. On a small or busy machine (like the one that rendered this page) these
+# numbers move from run to run: measure on yours. On GPUs the same trade holds, with NCCL over fast links
+# making the all-reduce cheap and overlapped with backward — that is why DDP scales where DataParallel does not.
 #
 # **Takeaway:** `--devices N` runs your notebook's model as DDP without leaving the notebook; the result
 # equals a single process with the whole global batch, so scale the learning rate as for any larger
