@@ -105,8 +105,10 @@ print(script)
 
 # %% [markdown]
 # One `srun` task per node starts `torchrun` with 4 processes; the first node of the allocation hosts the
-# rendezvous; the job's id picks its port. `nbtrain.slurm.export(recipe, config, folder)` writes the same
-# script plus a `train.py` to submit by hand.
+# rendezvous; the job's id picks its port. In a cell, `%%nbtrain --slurm-dry-run --num-nodes 2 --devices 4
+# --partition gpu` shows the same script for the cell's recipe, and `--slurm` submits it and follows the
+# job live. `nbtrain.slurm.export(recipe, config, folder)` writes the script plus a `train.py` to submit by
+# hand.
 #
 # ## A real submission — only where SLURM is
 #

@@ -5,10 +5,10 @@
 # **Checklist item:** before trying speed-ups, find out where a training step's time goes. A data-bound
 # run gains nothing from mixed precision; a compute-bound one gains nothing from more workers.
 #
-# In nbtrain: `nbtrain.profile(...)` measures a few steps of your live model phase by phase — data,
-# host→device copy, forward, backward, optimizer — and says which one bounds the step and what to try.
-# `nbtrain.checklist(...)` then walks the whole checklist on the same model within a time budget,
-# measuring every candidate, and draws the gains as a waterfall.
+# In nbtrain: `%%nbtrain --profile` (or `nbtrain.profile(...)`) measures a few steps of your live model
+# phase by phase — data, host→device copy, forward, backward, optimizer — and says which one bounds the
+# step and what to try. `%nbtrain_checklist` (or `nbtrain.checklist(...)`) then walks the whole checklist
+# on the same model within a time budget, measuring every candidate, and draws the gains as a waterfall.
 
 # %%
 import time
@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import Dataset
 import matplotlib.pyplot as plt
 
+%load_ext nbtrain
 import nbtrain
 from nbtrain.demo import DigitsDataset, DigitsMLP
 
@@ -40,42 +41,40 @@ class SlowStorageDigits(Dataset):
         time.sleep(self.latency_s)
         return self.digits[index]
 
+# %% [markdown]
+# ## The breakdown
+#
+# `--profile` in place of a training run: the cell defines the recipe as usual, and twenty steps of the
+# live model are measured (the model and optimizer are put back afterwards):
 
+# %%
+%%nbtrain --profile --batch-size 32 --accelerator cpu --name before
 torch.manual_seed(0)
 model = DigitsMLP()
 train_data = SlowStorageDigits()
 loss_fn = nn.CrossEntropyLoss()
-start = nbtrain.TrainConfig(batch_size=32, accelerator="cpu")
-
-# %% [markdown]
-# ## The breakdown
-#
-# Twenty measured steps of the live model (the model and optimizer are put back afterwards):
-
-# %%
-before = nbtrain.profile(model, train_data, loss_fn=loss_fn, config=start, steps=20)
-print(before.table())
-before.plot();
 
 # %% [markdown]
 # The verdict names the bound and a first thing to try. It proposes workers up to the cores it sees;
 # waiting on storage takes no core, so we go further, to 4 workers, and measure again:
 
 # %%
-after = nbtrain.profile(model, train_data, loss_fn=loss_fn, config=start.replace(num_workers=4, persistent_workers=True),
-                        steps=20)
-print(after.table())
+%%nbtrain --profile --batch-size 32 --accelerator cpu --num-workers 4 --persistent-workers true --name after
+# the same recipe (names from the cell above), loaded by 4 worker processes
 
+# %%
 fig, ax = plt.subplots(figsize=(8, 2.4), layout="constrained")
-for row, (label, d) in enumerate((("before", before), ("4 workers", after))):
+for row, d in enumerate((before, after)):
     left = 0.0
     for phase, ms in d.phase_ms.items():
         ax.barh(row, ms, left=left, color=f"C{list(d.phase_ms).index(phase)}", label=phase if row == 0 else None)
         left += ms
-ax.set_yticks([0, 1], ["before", "4 workers"])
+ax.set_yticks([0, 1], ["0 workers", "4 workers"])
 ax.set_xlabel("ms per optimizer step (measured)")
 ax.legend(ncol=5, fontsize=8, loc="lower right")
 plt.show()
+print(f"{before.samples_per_s:,.0f} -> {after.samples_per_s:,.0f} samples/s; "
+      f"waiting for data {100 * before.fractions['data']:.0f}% -> {100 * after.fractions['data']:.0f}% of the step")
 
 # %% [markdown]
 # ## The whole checklist, walked automatically
@@ -87,18 +86,19 @@ plt.show()
 
 # %%
 weights_before = [p.detach().clone() for p in model.parameters()]
-walk = nbtrain.checklist(model, train_data, loss_fn=loss_fn, config=start, budget_s=25)
-print(walk.table())
-walk.plot();
+
+# %%
+%nbtrain_checklist --budget 25 --batch-size 32 --accelerator cpu --name walk
 
 # %% [markdown]
 # Each bar of the waterfall is one checklist item's measured change in samples/s, from the starting
 # configuration on the left to the best one found on the right. `walk.best_config` is that configuration,
-# ready for `nbtrain.fit` or `%%nbtrain --config`; the walk's learning-rate note says how the rate was
+# ready for `nbtrain.fit` (`--keep-best` makes it the default of later `%%nbtrain` cells); the walk's learning-rate note says how the rate was
 # scaled for a larger batch — check the accuracy consequence as in notebook 2 before keeping it.
 #
-# **Takeaway:** measure first (`nbtrain.profile`), fix the phase that bounds the step, measure again; let
-# `nbtrain.checklist` try the rest on your own model rather than guessing.
+# **Takeaway:** measure first (`--profile`), fix the phase that bounds the step, measure again; let
+# `%nbtrain_checklist` try the rest on your own model rather than guessing. From Python, the same tools are
+# `nbtrain.profile(model, train_data, loss_fn=...)` and `nbtrain.checklist(...)`.
 #
 # ## Checks
 
