@@ -7,7 +7,8 @@
 
 Starting from the current config, items are tried in order — DataLoader workers, batch size
 (learning rate scaled by the linear rule), accumulation to a target global batch, device,
-precision, DDP processes — each candidate a short timed trial on the user's own engine. An
+precision, optimizer kernels, channels_last, TF32 matmuls, torch.compile, activation
+checkpointing, DDP processes — each item either measured or skipped with the reason, each candidate a short timed trial on the user's own engine. An
 item's best candidate is kept when it beats the current config by `min_gain`, and the next
 item starts from there. Trials never keep their weights (each is undone by a Snapshot); the
 walk stops starting trials when the stated budget would be passed.
@@ -26,7 +27,9 @@ from .config import ConfigError, TrainConfig
 from .diagnose import usable_cores
 from .tune import _is_oom, memory_limit
 
-ITEMS = ("workers", "batch_size", "accumulation", "device", "precision", "ddp")
+ITEMS = ("workers", "batch_size", "accumulation", "device", "precision", "optimizer_impl", "channels_last",
+         "matmul_precision", "compile", "activation_checkpointing", "ddp")
+_COMPILE_MIN_LEFT_S = 120  # compiling alone takes longer than a short walk has; below this it is only explained
 _DDP_START_S = 8.0  # first guess at starting worker interpreters, before any is measured
 
 
@@ -347,5 +350,54 @@ def _ddp(walk, engine, start, current, target):
     return [tried]
 
 
+def _optimizer_impl(walk, engine, start, current, target):
+    from .toggles import with_implementation
+    runnable, refused = [], []
+    for impl in ("foreach", "fused"):
+        if impl == current.optimizer_impl:
+            continue
+        _, note = with_implementation(engine.optimizer, impl)
+        if note:
+            refused.append(note)
+        else:
+            runnable.append((f"optimizer_impl={impl!r}", current.replace(optimizer_impl=impl)))
+    if not runnable:
+        return "; ".join(refused) or "already on the other kernels"
+    return _try_all(walk, runnable)
+
+
+def _channels_last(walk, engine, start, current, target):
+    from .toggles import has_conv2d
+    if current.channels_last:
+        return "already channels_last"
+    if not has_conv2d(engine.model):
+        return "the model has no 2-D convolutions, so its activations are not 4-D images"
+    return _try_all(walk, [("channels_last=True", current.replace(channels_last=True))])
+
+
+def _matmul_precision(walk, engine, start, current, target):
+    if current.device_type != "cuda":
+        return f"TF32 matmuls are a CUDA feature; this run is on {current.device_type}"
+    if current.matmul_precision == "high":
+        return "already matmul_precision='high'"
+    return _try_all(walk, [("matmul_precision='high'", current.replace(matmul_precision="high"))])
+
+
+def _compile(walk, engine, start, current, target):
+    if current.compile != "none":
+        return f"already compiled (mode {current.compile!r})"
+    if walk.left() < _COMPILE_MIN_LEFT_S:
+        return (f"compiling does not fit the {max(walk.left(), 0):.0f} s left of the budget; train once with "
+                f"compile='default' alone: its summary measures the compile cost and the step count at which it pays off")
+    return _try_all(walk, [("compile='default'", current.replace(compile="default"))])
+
+
+def _activation_checkpointing(walk, engine, start, current, target):
+    return ("it trades speed for memory (activations recomputed in backward), so it cannot speed up a run that fits; "
+            "use it with find_batch_size when the batch is memory-bound")
+
+
 _ITEM_FUNCTIONS = {"workers": _workers, "batch_size": _batch_size, "accumulation": _accumulation,
-                   "device": _device, "precision": _precision, "ddp": _ddp}
+                   "device": _device, "precision": _precision, "optimizer_impl": _optimizer_impl,
+                   "channels_last": _channels_last, "matmul_precision": _matmul_precision, "compile": _compile,
+                   "activation_checkpointing": _activation_checkpointing, "ddp": _ddp}

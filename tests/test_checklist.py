@@ -106,3 +106,20 @@ def test_walk_tries_the_gpu_from_a_cpu_config():
 def test_a_budget_too_small_to_measure_the_start_says_so():
     with pytest.raises(RuntimeError, match=r"budget_s=0.5 left no time to measure the starting config"):
         checklist(digits_recipe(), budget_s=0.5)
+
+
+def test_the_modern_toggles_are_walked_or_skipped_with_a_reason():
+    walk = checklist(digits_recipe(), config=TrainConfig(batch_size=32), budget_s=15,
+                     items=("optimizer_impl", "channels_last", "matmul_precision", "compile",
+                            "activation_checkpointing"))
+    skipped = dict(walk.skipped)
+    assert "no 2-D convolutions" in skipped["channels_last"]
+    assert "compiling does not fit" in skipped["compile"] and "pays off" in skipped["compile"]
+    assert "trades speed for memory" in skipped["activation_checkpointing"]
+    if not torch.cuda.is_available():
+        assert "CUDA feature" in skipped["matmul_precision"]
+    measured = {item.name: item for item in walk.items}
+    assert "optimizer_impl" in measured or "time budget" in skipped.get("optimizer_impl", "")
+    for item in measured.values():
+        assert all(t.samples_per_s is None or t.samples_per_s > 0 for t in item.tried)
+    assert "compiling does not fit" in walk.table()
