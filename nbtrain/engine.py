@@ -115,7 +115,7 @@ class Engine:
 
     def replace_optimizer(self) -> None:
         """A new optimizer from the recipe's factory (fresh state), at the configured rate."""
-        self.optimizer = self.recipe.optimizer(self.model.parameters())
+        self.optimizer = self.recipe.build_optimizer(self.model.parameters())
         self._use_optimizer_impl()
         self._optimizer_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self._set_lr(self.step)

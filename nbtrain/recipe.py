@@ -109,10 +109,38 @@ class Recipe:
 
     def step_loss(self, model: nn.Module, batch) -> torch.Tensor:
         """The loss of one batch: training_step(model, batch), or loss_fn(model(x), y)."""
-        if self.training_step is not None:
-            return self.training_step(model, batch)
-        inputs, target = split_batch(batch)
-        return self.loss_fn(model(inputs), target)
+        try:
+            if self.training_step is not None:
+                loss = self.training_step(model, batch)
+            else:
+                inputs, target = split_batch(batch)
+                loss = self.loss_fn(model(inputs), target)
+        except Exception as error:
+            # torch's shape and dtype errors name no batch; say what the data gave (no cost until it fails).
+            if not isinstance(error, RecipeError):
+                error.add_note(f"nbtrain: the failing batch held {describe_batch(batch)}")
+            raise
+        if not (isinstance(loss, torch.Tensor) and loss.ndim == 0):
+            what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
+                f"a {type(loss).__name__}"
+            source = "training_step(model, batch)" if self.training_step is not None else "loss_fn(model(x), y)"
+            raise RecipeError(f"{source} returned {what}; allowed: one scalar (0-dim) tensor that autograd can "
+                              "differentiate, e.g. loss.mean() or nn.CrossEntropyLoss() with its default reduction")
+        return loss
+
+    def build_optimizer(self, params) -> torch.optim.Optimizer:
+        """The optimizer factory's optimizer, or a message naming what the factory is allowed to be."""
+        try:
+            optimizer = self.optimizer(params)
+        except TypeError as error:
+            if error.__traceback__.tb_next is not None:
+                raise  # raised inside the user's factory: their own traceback says why
+            raise RecipeError(f"optimizer: calling it with the parameters failed ({error}); allowed: a function "
+                              "params -> torch.optim.Optimizer, e.g. lambda p: torch.optim.SGD(p, lr=0.1)") from None
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise RecipeError(f"optimizer: the factory returned a {type(optimizer).__name__}; allowed: a function "
+                              "params -> torch.optim.Optimizer, e.g. lambda p: torch.optim.SGD(p, lr=0.1)")
+        return optimizer
 
 
 def split_batch(batch):
@@ -125,3 +153,19 @@ def split_batch(batch):
         f"train_data items must be (input, target) pairs for loss_fn(model(input), target); got a "
         f"{type(batch).__name__}{' of ' + str(len(batch)) if isinstance(batch, (tuple, list)) else ''}; "
         "define training_step(model, batch) for other shapes")
+
+
+def describe_batch(batch) -> str:
+    """A batch's structure, shapes and dtypes in one line: what a shape or dtype error needs."""
+    def one(value) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+        if isinstance(value, (tuple, list)):
+            shown = ", ".join(one(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+            return f"{type(value).__name__} of [{shown}]"
+        if isinstance(value, Mapping):
+            return "dict of {" + ", ".join(f"{k!r}: {one(v)}" for k, v in list(value.items())[:4]) + "}"
+        return type(value).__name__
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return f"inputs: {one(batch[0])}; targets: {one(batch[1])}"
+    return one(batch)

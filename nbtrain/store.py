@@ -98,9 +98,10 @@ class RunStore:
         if key in _warned:
             return
         _warned.add(key)
-        warnings.warn(f"nbtrain: the run store {self.path} is unusable ({error}); training goes on, but runs "
-                      "are not recorded there. Move the file away, or set NBTRAIN_STORE to another path.",
-                      RuntimeWarning, stacklevel=3)
+        # Attributed to the store file, not to nbtrain's line that noticed: the user sees no nbtrain source path.
+        warnings.warn_explicit(f"nbtrain: the run store {self.path} is unusable ({error}); training goes on, but "
+                               "runs are not recorded there. Move the file away, or set NBTRAIN_STORE to another path.",
+                               RuntimeWarning, filename="nbtrain run store", lineno=0, module="nbtrain.store")
 
     # --- writing ------------------------------------------------------------------------
 

@@ -224,7 +224,12 @@ class NbtrainMagics(Magics):
         blank = next((i for i, text in enumerate(cell.splitlines()) if text.strip()), 0)
         source = "\n" * (1 + blank) + shell.transform_cell(cell)
         filename = shell.compile.cache(source, shell.execution_count, raw_code=raw)
-        code = shell.compile(source, filename, "exec")
+        try:
+            code = shell.compile(source, filename, "exec")
+        except SyntaxError as error:  # one line naming the cell line, not the compiler's frames in nbtrain
+            text = (error.text or "").strip()
+            raise UsageError(f"%%nbtrain: the cell body is not valid Python: {error.msg} on cell line {error.lineno}"
+                             f"{': ' + text if text else ''}") from None
         try:
             exec(code, shell.user_global_ns, shell.user_ns)
         except (Exception, KeyboardInterrupt) as error:
