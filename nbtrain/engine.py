@@ -282,6 +282,9 @@ class Engine:
                         self._end_epoch()
         except KeyboardInterrupt:
             status = "interrupted"
+        except BaseException as error:
+            _release_loader(error.__traceback__)
+            raise
         finally:
             self.running = False
             self._flush()
@@ -551,6 +554,25 @@ class Engine:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def _release_loader(tb) -> None:
+    """Drop the failed loop's locals (its DataLoader iterator): the error's traceback, which the kernel
+    keeps for %debug, would otherwise keep the loader's worker processes alive."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    loop = next((f for f in frames if f.f_code is Engine._train_some.__code__), None)
+    iterator = loop.f_locals.get("iterator") if loop is not None else None
+    if iterator is None:
+        return
+    for frame in frames:  # the loop's frame and the loader's own frames below it (their `self`)
+        if frame is loop or any(value is iterator for value in frame.f_locals.values()):
+            frame.clear()
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def _no_sync() -> None:

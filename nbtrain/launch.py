@@ -32,6 +32,8 @@ from .result import RunResult, summarize
 from .rundir import RunDir
 from .tracebacks import with_user_source
 
+_PEER_SYMPTOM = re.compile(r"connection (closed|reset) by peer|connectFullMesh failed", re.I)
+
 
 class WorkerError(RuntimeError):
     """A rank failed: raised, was killed by a signal, or timed out in a collective."""
@@ -129,7 +131,12 @@ def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
     """`nprocs` ranks forked by the warm zygote, joined by a store bound to `host` on a free port."""
     import torch.distributed as torch_dist
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind((host, 0))
+    try:
+        listener.bind((host, 0))
+    except OSError as error:
+        listener.close()
+        raise ValueError(f"host={host!r}: allowed: an address of this machine for the ranks to meet at (default "
+                         f"127.0.0.1); binding to it failed: {error}") from None
     listener.listen(128)
     port = listener.getsockname()[1]
     timeout = timedelta(seconds=run.launch_info()["timeout_s"])
@@ -244,7 +251,8 @@ class _Job:
             for rank, code in zip(self.ranks, codes):
                 if code is not None and code < 0:
                     return _signal_error(rank, -code)
-        errors = self.run.errors()
+        # A peer's "connection closed" can land before the root cause is written: the cause goes first.
+        errors = sorted(self.run.errors(), key=lambda found: bool(_PEER_SYMPTOM.search(found[1])))
         if errors:
             rank, text = errors[0]
             return _raised_error(rank, text, self.run.launch_info()["timeout_s"], self.shipped)

@@ -56,14 +56,18 @@ class RunDir:
         import psutil
         path = tempfile.mkdtemp(prefix="nbtrain-run-", dir=parent)  # mkdtemp makes it 0700
         run = cls(path)
-        owner = psutil.Process(owner_pid or os.getpid())
-        run._write_json(LAUNCH, {"backend": backend, "timeout_s": float(timeout_s), "owner_pid": owner.pid,
-                                 "owner_started": owner.create_time()})
-        if recipe is not None:
-            run._write_json(CONFIG, config.to_dict())
-            run._write_bytes(RECIPE, cloudpickle.dumps(recipe))
-        if function is not None:
-            run._write_bytes(FUNCTION, cloudpickle.dumps((function, tuple(args))))
+        try:
+            owner = psutil.Process(owner_pid or os.getpid())
+            run._write_json(LAUNCH, {"backend": backend, "timeout_s": float(timeout_s), "owner_pid": owner.pid,
+                                     "owner_started": owner.create_time()})
+            if recipe is not None:
+                run._write_json(CONFIG, config.to_dict())
+                run._write_bytes(RECIPE, _pickled(recipe, "the recipe (model, data, loss, optimizer)"))
+            if function is not None:
+                run._write_bytes(FUNCTION, _pickled((function, tuple(args)), "fn and args"))
+        except BaseException:
+            run.remove()  # a run that cannot start leaves no folder behind
+            raise
         return run
 
     def remove(self) -> None:
@@ -167,3 +171,12 @@ class RunDir:
 
     def _write_json(self, name: str, value) -> None:
         self._write_bytes(name, json.dumps(value).encode())
+
+
+def _pickled(value, what: str) -> bytes:
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as error:  # pickle raises TypeError, PicklingError, AttributeError... for the same cause
+        raise TypeError(f"{what} cannot be sent to the worker processes: cloudpickle failed ({error}); allowed: "
+                        "values that pickle (no open files, locks, sockets or generators): create those inside "
+                        "the workers, e.g. in the dataset's __getitem__ or in fn") from None
