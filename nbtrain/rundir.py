@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -87,10 +88,21 @@ class RunDir:
         return TrainConfig.from_dict(json.loads((self.path / CONFIG).read_text()))
 
     def recipe(self):
-        return cloudpickle.loads((self.path / RECIPE).read_bytes())
+        return cloudpickle.loads(self._private_bytes(RECIPE))
 
     def function(self):
-        return cloudpickle.loads((self.path / FUNCTION).read_bytes())
+        return cloudpickle.loads(self._private_bytes(FUNCTION))
+
+    def _private_bytes(self, name: str) -> bytes:
+        """A pickle's bytes, only from a folder and file this user owns and nobody else can write:
+        unpickling runs code, so a run directory someone else could change is refused."""
+        for path in (self.path, self.path / name):
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+                raise PermissionError(f"refusing to load {name} from {self.path}: a run directory and its files must "
+                                      f"be owned by uid {os.getuid()}, writable by no one else, and not symlinks; "
+                                      f"{path.name} is {oct(stat.S_IMODE(info.st_mode))}, uid {info.st_uid}")
+        return (self.path / name).read_bytes()
 
     # --- outputs --------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -45,12 +46,15 @@ def owner_alive(pid: int, started: float | None = None) -> bool:
         return False
 
 
-def watch_owner(pid: int, started: float | None, every_s: float = 0.5) -> None:
-    """Exit this process soon after `pid` stops existing (a thread polls it)."""
+def watch_owner(pid: int, started: float | None, every_s: float = 0.5, run_dir: str | None = None) -> None:
+    """Exit this process soon after `pid` stops existing (a thread polls it), removing `run_dir`,
+    which the dead owner can no longer remove."""
     def watch():
         while owner_alive(pid, started):
             time.sleep(every_s)
-        os._exit(OWNER_GONE_EXIT)  # no cleanup: the process group may be mid-collective
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)  # files only: safe even mid-collective
+        os._exit(OWNER_GONE_EXIT)  # no other cleanup: the process group may be mid-collective
 
     threading.Thread(target=watch, name="nbtrain-owner-watch", daemon=True).start()
 
@@ -124,7 +128,7 @@ def _train(run: RunDir, local_main: bool) -> None:
 def run_job(run: RunDir) -> int:
     info = run.launch_info()
     if info.get("owner_pid") is not None:  # a SLURM job has no owner: it outlives the kernel
-        watch_owner(info["owner_pid"], info.get("owner_started"))
+        watch_owner(info["owner_pid"], info.get("owner_started"), run_dir=str(run.path))
     rank = int(os.environ.get("RANK", 0))
     if os.environ.get("NBTRAIN_PREFIX_OUTPUT"):
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
