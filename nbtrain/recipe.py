@@ -25,6 +25,9 @@ NAMES = {
 }
 
 
+BATCH_NOTE = "nbtrain: the failing batch held"  # the note added to an error raised on a batch
+
+
 class RecipeError(ValueError):
     """A missing or wrong piece of the recipe, named."""
 
@@ -118,7 +121,7 @@ class Recipe:
         except Exception as error:
             # torch's shape and dtype errors name no batch; say what the data gave (no cost until it fails).
             if not isinstance(error, RecipeError):
-                error.add_note(f"nbtrain: the failing batch held {describe_batch(batch)}")
+                error.add_note(f"{BATCH_NOTE} {describe_batch(batch)}")
             raise
         if not (isinstance(loss, torch.Tensor) and loss.ndim == 0):
             what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
