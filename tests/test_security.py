@@ -156,10 +156,11 @@ def test_the_magic_refuses_hostile_names_and_uses_hostile_store_paths_literally(
         refused = shell.run_cell(f"%%nbtrain --max-steps 1 --name '{quoted}'" + cell)
     assert isinstance(refused.error_in_exec, UsageError)
     with capture_output():
-        stored = shell.run_cell(f"%%nbtrain --max-steps 1 --no-plot --no-progress --store '{quoted}/runs.sqlite'"
-                                + cell)
+        stored = shell.run_cell(f"%%nbtrain --max-steps 1 --no-plot --no-progress --store '{quoted}/runs.sqlite' "
+                                f"--checkpoint-every 1 --checkpoint-dir '{quoted}/checkpoints'" + cell)
     assert stored.success
     assert RunStore(workdir / hostile / "runs.sqlite").runs()[0].status == "completed"
+    assert list((workdir / hostile / "checkpoints").rglob("*.pt"))  # the literal folder holds the checkpoint
 
 
 # --- what listens, and where run directories live ------------------------------------------------
