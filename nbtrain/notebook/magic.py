@@ -96,7 +96,8 @@ def _unknown_flag_error(parser, unknown: list[str]) -> UsageError:
     if not value and len(unknown) > 1 and not unknown[1].startswith("--"):
         value = unknown[1]
     known = _known_flags(parser)
-    near = difflib.get_close_matches(name, known, n=1)
+    # A flag cut short (--batch for --batch-size) beats a spelling neighbour (--sbatch).
+    near = [k for k in known if k.startswith(name + "-")][:1] or difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {near[0]}? " if near else ""
     shown = f" {value}" if value else ""
     return UsageError(f"%%nbtrain: unknown flag {name}{shown}; {hint}allowed flags: {', '.join(known)}")
