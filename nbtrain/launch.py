@@ -27,10 +27,10 @@ from . import fsdp
 from .config import DEFAULT_TIMEOUT_S, TrainConfig
 from .metrics import MetricsLog
 from .pool import ZYGOTE, FileTail, Relay, start, terminate, worker_env
-from .recipe import BATCH_NOTE, Recipe
+from .recipe import Recipe
 from .result import RunResult, summarize
 from .rundir import RunDir
-from .tracebacks import with_user_source
+from .tracebacks import error_line, with_user_source
 
 _PEER_SYMPTOM = re.compile(r"connection (closed|reset) by peer|connectFullMesh failed", re.I)
 
@@ -276,8 +276,7 @@ def _signal_error(rank: int, number: int) -> WorkerError:
 
 def _raised_error(rank: int, text: str, timeout_s: float, shipped) -> WorkerError:
     text = with_user_source(text, shipped)
-    lines = [line for line in text.strip().splitlines() if not line.startswith(BATCH_NOTE)]  # notes follow the error
-    last = lines[-1] if lines else "an error"
+    last = error_line(text)
     if re.search(r"timed? ?out|timeout", last, re.I) and re.search(r"gloo|nccl|c10d|collective|store|wait", text, re.I):
         head = (f"rank {rank} timed out after {timeout_s:g} s waiting in a collective operation: another rank is "
                 f"stuck or too slow (raise timeout= if that much waiting is expected)")

@@ -32,6 +32,7 @@ from .rundir import LAUNCH, RunDir
 from .slurm_script import SIGNAL_DEFAULT, SlurmOptionError, sbatch_script
 from .slurm_state import NEVER_STARTS, JobState, parse_job
 from .slurm_export import export  # noqa: F401  (part of this module's interface)
+from .tracebacks import error_line, with_user_source
 
 __all__ = ["submit", "attach", "export", "JobHandle", "JobState", "SlurmError", "SlurmJobError",
            "SlurmOptionError"]
@@ -208,9 +209,8 @@ class JobHandle:
         errors = self.run.errors()
         if errors:
             rank, text = errors[0]  # the earliest written: the root cause, not a peer's broken pipe
-            text = _with_user_source(text)
-            last = text.strip().splitlines()[-1] if text.strip() else "an error"
-            raise SlurmJobError(f"SLURM job {self.job_id} {state}: rank {rank} raised {last}\n\n[rank {rank}] {text}",
+            text = with_user_source(text)  # notebook frames get their cell's source lines
+            raise SlurmJobError(f"SLURM job {self.job_id} {state}: rank {rank} raised {error_line(text)}\n\n[rank {rank}] {text}",
                                 state, rank, text)
         tail = "\n".join(self.output().splitlines()[-25:]) or "(no output)"
         raise SlurmJobError(f"SLURM job {self.job_id} {state}; the end of its output "
@@ -250,15 +250,6 @@ def _slurm(argv: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProc
     except subprocess.TimeoutExpired:
         raise SlurmError(f"`{' '.join(argv[:2])} ...` got no answer from the SLURM controller in {timeout_s:g} s "
                          f"(is slurmctld up? `scontrol ping` tells)") from None
-
-
-def _with_user_source(text: str) -> str:
-    """Source lines of notebook-defined frames, filled in from this kernel where it can."""
-    try:
-        from .tracebacks import with_user_source  # comes with the DDP launcher
-    except ImportError:
-        return text
-    return with_user_source(text)
 
 
 def _require(binary: str) -> str:

@@ -100,3 +100,10 @@ def with_user_source(text: str, shipped=()) -> str:
             if source:
                 out.append(f"    {source}\n")
     return "".join(out)
+
+
+def error_line(text: str) -> str:
+    """The exception line of a formatted traceback, past the notes nbtrain adds after it."""
+    from .recipe import BATCH_NOTE
+    lines = [line for line in text.strip().splitlines() if not line.startswith(BATCH_NOTE)]
+    return lines[-1] if lines else "an error"
