@@ -23,12 +23,16 @@ def _demo(args) -> int:
           f"{config.device_type}, {config.precision}", flush=True)
     result = fit(recipe=digits_recipe(seed=config.seed or 0), config=config, log=log, name="demo")
     print(result.table())
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "nbtrain-demo-loss.png"
-    result.plot(path=png)
-    print(f"loss curve: {png}")
+    print(f"loss curve: {_save_plot(result, args.out, 'nbtrain-demo-loss.png')}")
     return 0
+
+
+def _save_plot(result, folder: str, name: str) -> Path:
+    """Draw a result's plot into `folder` (created if needed); returns the file's path."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    result.plot(path=out / name)
+    return out / name
 
 
 def _tour(args) -> int:
@@ -41,11 +45,7 @@ def _tour(args) -> int:
     walk = checklist(digits_recipe(seed=config.seed or 0), config=config, budget_s=args.budget_s,
                      target_global_batch=args.target_global_batch)
     print(walk.table())
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "nbtrain-tour-waterfall.png"
-    walk.plot(path=png)
-    print(f"waterfall chart: {png}")
+    print(f"waterfall chart: {_save_plot(walk, args.out, 'nbtrain-tour-waterfall.png')}")
     return 0
 
 

@@ -18,7 +18,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
-from . import trial
+from . import plotting, trial
 from .config import TrainConfig
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward", "backward": "backward",
@@ -76,26 +76,16 @@ class Diagnosis:
 
     def plot(self, path=None, ax=None):
         """One horizontal stacked bar of the step, by phase; saved to `path` when given."""
-        import matplotlib
-        if path is not None and ax is None:
-            matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-        fig = None
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(8, 1.9), layout="constrained")
-        left = 0.0
-        for name, ms in self.phase_ms.items():
-            ax.barh([0], [ms], left=left, color=PHASE_COLORS[name], label=f"{PHASE_LABELS[name]} {ms:.2f} ms")
-            left += ms
-        ax.set_yticks([])
-        ax.set_xlabel("ms per optimizer step")
-        ax.set_title(self.verdict, fontsize=9, loc="left")
-        ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
-        fig = fig or ax.figure
-        if path is not None:
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-        return fig
+        with plotting.axes(path, ax, figsize=(8, 1.9)) as ax:
+            left = 0.0
+            for name, ms in self.phase_ms.items():
+                ax.barh([0], [ms], left=left, color=PHASE_COLORS[name], label=f"{PHASE_LABELS[name]} {ms:.2f} ms")
+                left += ms
+            ax.set_yticks([])
+            ax.set_xlabel("ms per optimizer step")
+            ax.set_title(self.verdict, fontsize=9, loc="left")
+            ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
+        return ax.figure
 
 
 def verdict_for(phase_ms: dict, step_ms: float, config: TrainConfig, device: str, cores: int | None = None):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import trial
+from . import plotting, trial
 from .config import TrainConfig
 from .metrics import MetricsLog
 
@@ -104,23 +104,13 @@ class LeakReport:
         return "\n".join(lines)
 
     def plot(self, path=None, ax=None):
-        import matplotlib
-        if path is not None and ax is None:
-            matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-        fig = None
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(5, 3), layout="constrained")
-        ax.plot(range(1, len(self.alive_per_step) + 1), self.alive_per_step, marker="o",
-                color="tab:red" if self.leaking else "tab:green")
-        ax.set_xlabel("step")
-        ax.set_ylabel("tensors holding a graph")
-        ax.set_title(self.message[:80], fontsize=8)
-        fig = fig or ax.figure
-        if path is not None:
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-        return fig
+        with plotting.axes(path, ax, figsize=(5, 3)) as ax:
+            ax.plot(range(1, len(self.alive_per_step) + 1), self.alive_per_step, marker="o",
+                    color="tab:red" if self.leaking else "tab:green")
+            ax.set_xlabel("step")
+            ax.set_ylabel("tensors holding a graph")
+            ax.set_title(self.message[:80], fontsize=8)
+        return ax.figure
 
 
 def find_graph_leaks(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import trial
+from . import plotting, trial
 from .config import TrainConfig
 
 
@@ -31,25 +31,15 @@ class LRFind:
                 f"  suggestion (steepest descent): lr = {self.suggestion:.3g}")
 
     def plot(self, path=None, ax=None):
-        import matplotlib
-        if path is not None and ax is None:
-            matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-        fig = None
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
-        ax.plot(self.lrs, self.losses, color="tab:blue", alpha=0.3, lw=1, label="loss")
-        ax.plot(self.lrs, self.smoothed, color="tab:blue", lw=1.6, label="smoothed")
-        ax.axvline(self.suggestion, color="tab:red", ls="--", label=f"suggestion {self.suggestion:.2g}")
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel("training loss")
-        ax.legend(fontsize=7)
-        fig = fig or ax.figure
-        if path is not None:
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-        return fig
+        with plotting.axes(path, ax, figsize=(6, 3.2)) as ax:
+            ax.plot(self.lrs, self.losses, color="tab:blue", alpha=0.3, lw=1, label="loss")
+            ax.plot(self.lrs, self.smoothed, color="tab:blue", lw=1.6, label="smoothed")
+            ax.axvline(self.suggestion, color="tab:red", ls="--", label=f"suggestion {self.suggestion:.2g}")
+            ax.set_xscale("log")
+            ax.set_xlabel("learning rate")
+            ax.set_ylabel("training loss")
+            ax.legend(fontsize=7)
+        return ax.figure
 
 
 def find_lr(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,

@@ -1,5 +1,26 @@
-"""Loss and throughput against step, from a MetricsLog; config changes marked."""
+"""Loss and throughput against step, from a MetricsLog; config changes marked; and the figure
+handling every result's plot method shares."""
 from __future__ import annotations
+
+import contextlib
+
+
+@contextlib.contextmanager
+def axes(path=None, ax=None, figsize=(6, 3.2)):
+    """An axis to draw on — `ax`, or one on a new figure — whose figure is saved to `path` on exit.
+
+    A figure drawn for a file is closed after saving, so scripts and notebooks do not pile them up.
+    """
+    import matplotlib
+    if path is not None and ax is None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize, layout="constrained")
+    yield ax
+    if path is not None:
+        ax.figure.savefig(path, dpi=100)
+        plt.close(ax.figure)
 
 
 def throughput_series(log) -> tuple[list, list]:

@@ -17,31 +17,21 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-from . import trial
+from . import plotting, trial
 from .config import TrainConfig
 from .diagnose import usable_cores
 from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
 
 
 def _bar_plot(labels, values, title, xlabel, path=None, ax=None, highlight=None):
-    import matplotlib
-    if path is not None and ax is None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1.2), layout="constrained")
-    colors = ["tab:green" if i == highlight else "tab:blue" for i in range(len(labels))]
-    ax.barh(range(len(labels)), values, color=colors)
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=9, loc="left")
-    fig = fig or ax.figure
-    if path is not None:
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-    return fig
+    with plotting.axes(path, ax, figsize=(7, 0.45 * len(labels) + 1.2)) as ax:
+        colors = ["tab:green" if i == highlight else "tab:blue" for i in range(len(labels))]
+        ax.barh(range(len(labels)), values, color=colors)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize=9, loc="left")
+    return ax.figure
 
 
 # --- DataLoader workers -------------------------------------------------------------------
@@ -157,29 +147,19 @@ class BatchSearch:
         return "\n".join(lines)
 
     def plot(self, path=None, ax=None):
-        import matplotlib
-        if path is not None and ax is None:
-            matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-        fig = None
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
-        for fits, color in ((True, "tab:green"), (False, "tab:red")):
-            pts = [(t.batch_size, t.peak_bytes / 2**20) for t in self.trials if t.fits == fits and t.peak_bytes]
-            if pts:
-                ax.scatter(*zip(*pts), color=color, label="fits" if fits else "too big")
-        if self.limit_bytes is not None:
-            ax.axhline(self.limit_bytes / 2**20, color="grey", ls="--", label="budget")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size")
-        ax.set_ylabel(f"peak {self.memory_kind} (MB)")
-        ax.set_title(f"largest batch {self.batch_size}", fontsize=9)
-        ax.legend(fontsize=7)
-        fig = fig or ax.figure
-        if path is not None:
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-        return fig
+        with plotting.axes(path, ax, figsize=(6, 3.2)) as ax:
+            for fits, color in ((True, "tab:green"), (False, "tab:red")):
+                pts = [(t.batch_size, t.peak_bytes / 2**20) for t in self.trials if t.fits == fits and t.peak_bytes]
+                if pts:
+                    ax.scatter(*zip(*pts), color=color, label="fits" if fits else "too big")
+            if self.limit_bytes is not None:
+                ax.axhline(self.limit_bytes / 2**20, color="grey", ls="--", label="budget")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size")
+            ax.set_ylabel(f"peak {self.memory_kind} (MB)")
+            ax.set_title(f"largest batch {self.batch_size}", fontsize=9)
+            ax.legend(fontsize=7)
+        return ax.figure
 
 
 def _is_oom(error: BaseException) -> bool:

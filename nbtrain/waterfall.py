@@ -1,41 +1,33 @@
 """Waterfall chart of a checklist walk: start, each item's measured change, result."""
 from __future__ import annotations
 
+from . import plotting
+
 
 def waterfall(walk, path=None, ax=None):
-    import matplotlib
-    if path is not None and ax is None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    fig = None
     labels = ["start"] + [item.name for item in walk.items] + ["result"]
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(1.1 * len(labels) + 2, 3.6), layout="constrained")
-    ax.bar(0, walk.baseline, color="tab:grey")
-    ax.annotate(f"{walk.baseline:,.0f}", (0, walk.baseline), ha="center", va="bottom", fontsize=7)
-    level = walk.baseline
-    for x, item in enumerate(walk.items, start=1):
-        if item.kept:
-            change = item.after - level
-            ax.bar(x, change, bottom=level, color="tab:green" if change >= 0 else "tab:red")
-            text = f"x{item.speedup:.2f}\n{item.chosen}"
-            level = item.after
-        else:
-            best = max((t.samples_per_s for t in item.tried if t.samples_per_s), default=None)
-            ax.plot([x - 0.4, x + 0.4], [level, level], color="tab:grey", lw=1.5)
-            text = "not kept" + (f"\nbest x{best / level:.2f}" if best else "")
-        ax.annotate(text, (x, level), ha="center", va="bottom", fontsize=7)
-    last = len(labels) - 1
-    ax.bar(last, level, color="tab:blue")
-    ax.annotate(f"{level:,.0f}\nx{level / walk.baseline:.2f}", (last, level), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_ylabel("samples/s (measured)")
-    ax.set_ylim(0, max([walk.baseline, level] + [i.after for i in walk.items]) * 1.3)
-    skipped = [f"skipped {name}: {reason[:70]}{'...' if len(reason) > 70 else ''}" for name, reason in walk.skipped]
-    ax.set_title("\n".join([f"checklist walk on {walk.device}, {walk.elapsed_s:.0f} s of a {walk.budget_s:.0f} s budget"]
-                           + skipped), fontsize=7, loc="left")
-    fig = fig or ax.figure
-    if path is not None:
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-    return fig
+    with plotting.axes(path, ax, figsize=(1.1 * len(labels) + 2, 3.6)) as ax:
+        ax.bar(0, walk.baseline, color="tab:grey")
+        ax.annotate(f"{walk.baseline:,.0f}", (0, walk.baseline), ha="center", va="bottom", fontsize=7)
+        level = walk.baseline
+        for x, item in enumerate(walk.items, start=1):
+            if item.kept:
+                change = item.after - level
+                ax.bar(x, change, bottom=level, color="tab:green" if change >= 0 else "tab:red")
+                text = f"x{item.speedup:.2f}\n{item.chosen}"
+                level = item.after
+            else:
+                best = max((t.samples_per_s for t in item.tried if t.samples_per_s), default=None)
+                ax.plot([x - 0.4, x + 0.4], [level, level], color="tab:grey", lw=1.5)
+                text = "not kept" + (f"\nbest x{best / level:.2f}" if best else "")
+            ax.annotate(text, (x, level), ha="center", va="bottom", fontsize=7)
+        last = len(labels) - 1
+        ax.bar(last, level, color="tab:blue")
+        ax.annotate(f"{level:,.0f}\nx{level / walk.baseline:.2f}", (last, level), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylabel("samples/s (measured)")
+        ax.set_ylim(0, max([walk.baseline, level] + [i.after for i in walk.items]) * 1.3)
+        skipped = [f"skipped {name}: {reason[:70]}{'...' if len(reason) > 70 else ''}" for name, reason in walk.skipped]
+        ax.set_title("\n".join([f"checklist walk on {walk.device}, {walk.elapsed_s:.0f} s of a {walk.budget_s:.0f} s budget"]
+                               + skipped), fontsize=7, loc="left")
+    return ax.figure

@@ -15,3 +15,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shell():
+    """A real IPython shell with the extension loaded (one per test session: IPython keeps a singleton)."""
+    from IPython.core.interactiveshell import InteractiveShell
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbtrain")
+    ip.run_line_magic("colors", "nocolor")
+    return ip

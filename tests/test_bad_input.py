@@ -19,7 +19,6 @@ import psutil
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
@@ -97,14 +96,6 @@ def no_nbtrain_frames(text: str) -> None:
 
 
 # --- the magic, through a real IPython shell -----------------------------------------------
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtrain")
-    ip.run_line_magic("colors", "nocolor")
-    return ip
-
 
 def body(model="nn.Linear(10, 4)", data="TensorDataset(torch.randn(32, 10), torch.randint(0, 4, (32,)))",
          loss="nn.CrossEntropyLoss()", extra=""):

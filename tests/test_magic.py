@@ -5,7 +5,6 @@ import warnings
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from nbtrain.config import options
@@ -18,14 +17,6 @@ model = DigitsMLP()
 train_data = DigitsDataset()
 loss_fn = torch.nn.CrossEntropyLoss()
 """
-
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtrain")
-    ip.run_line_magic("colors", "nocolor")
-    return ip
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ import subprocess
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbtrain.store import RunStore
 from slurm_fixture import slurm_cluster  # noqa: F401  (the session's private cluster)
@@ -18,14 +17,6 @@ model = DigitsMLP(hidden=32)
 train_data = DigitsDataset()
 loss_fn = torch.nn.CrossEntropyLoss()
 """
-
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtrain")
-    ip.run_line_magic("colors", "nocolor")
-    return ip
 
 
 @pytest.fixture

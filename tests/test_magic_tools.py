@@ -4,7 +4,6 @@ import json
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbtrain.checklist import ChecklistResult
 from nbtrain.diagnose import Diagnosis
@@ -28,14 +27,6 @@ def training_step(model, batch):
     losses.append(loss)          # keeps every step's graph alive
     return loss
 """
-
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtrain")
-    ip.run_line_magic("colors", "nocolor")
-    return ip
 
 
 @pytest.fixture
@@ -235,7 +226,8 @@ JUDGED_BY_THE_TOOL = {"%%nbtrain --find-leaks --steps 2", "%%nbtrain --find-batc
                                             "number from 1"),
     ("%nbtrain_checklist --budget 0", "%nbtrain_checklist: --budget 0.0: allowed: a number of seconds > 0"),
     ("%nbtrain_checklist --items workers,fast", "%nbtrain_checklist: --items ['workers', 'fast']: allowed: each one "
-                                                "of workers, batch_size, accumulation, device, precision, ddp"),
+                                                "of workers, batch_size, accumulation, device, precision, optimizer_impl, "
+                                                "channels_last, matmul_precision, compile, activation_checkpointing, ddp"),
     ("%nbtrain_checklist --budget 0.01", "%nbtrain_checklist: --checklist: --budget 0.01 left no time to measure the "
                                          "starting config; allow more (e.g. --budget 30)"),
     ("%nbtrain_checklist --bugdet 5", "%nbtrain_checklist: unknown flag --bugdet 5; did you mean --budget?"),

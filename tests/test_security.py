@@ -14,8 +14,8 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
+import torch
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from nbtrain import MetricsLog, TrainConfig
@@ -137,14 +137,6 @@ def test_hostile_checkpoint_folders_are_literal_folders_and_resume_from_them(wor
     assert result.status == "completed"
 
 
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtrain")
-    ip.run_line_magic("colors", "nocolor")
-    return ip
-
-
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_the_magic_refuses_hostile_names_and_uses_hostile_store_paths_literally(shell, workdir, hostile):
     shell.reset(new_session=False)
@@ -190,6 +182,13 @@ def private_tmp(tmp_path, monkeypatch):
     return folder
 
 
+def _slow_step(model, batch):
+    # Steps slow enough that the ranks are still running when the kernel sees the first metrics.
+    time.sleep(0.05)
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
 def test_a_ddp_run_listens_only_on_127_0_0_1_and_keeps_its_files_private_then_removes_them(private_tmp):
     seen = {}
 
@@ -203,8 +202,10 @@ def test_a_ddp_run_listens_only_on_127_0_0_1_and_keeps_its_files_private_then_re
 
     log = MetricsLog()
     log.subscribe(look)
-    fit_distributed(digits_recipe(), TrainConfig(devices=2, accelerator="cpu", max_steps=4, batch_size=16,
-                                                 log_every_n_steps=1), log=log, echo=False)
+    recipe = digits_recipe()
+    recipe.training_step = _slow_step
+    fit_distributed(recipe, TrainConfig(devices=2, accelerator="cpu", max_steps=20, batch_size=16,
+                                        log_every_n_steps=1), log=log, echo=False)
     assert seen["ranks"] >= 2
     assert seen["listening"], "the launcher's rendezvous store was not seen listening"
     assert {ip for _, ip in seen["listening"]} == {"127.0.0.1"}, seen["listening"]

@@ -23,6 +23,7 @@ import re
 from IPython.core.error import UsageError
 from IPython.display import display
 
+from ..checklist import ITEMS as CHECKLIST_ITEMS
 from ..config import ConfigError, TrainConfig
 from . import errors
 
@@ -56,8 +57,8 @@ OPTIONS = {
     "keep_best": (None, "leave the live model on the best config, and use it in later cells", ("checklist",),
                   "keep_best"),
     "target_global_batch": ("N", "global batch the walk accumulates up to", ("checklist",), "target_global_batch"),
-    "items": ("A,B,...", "checklist items to try (default all): workers, batch_size, accumulation, device, "
-              "precision, ddp", ("checklist",), "items"),
+    "items": ("A,B,...", "checklist items to try (default all): " + ", ".join(CHECKLIST_ITEMS), ("checklist",),
+              "items"),
 }
 DESTS = tuple(TOOLS) + tuple(OPTIONS)
 FIGSIZE = {"profile": (8, 2.2), "find_batch_size": (6, 3.2), "find_workers": (7, 3), "find_lr": (6, 3.2),
