@@ -33,12 +33,13 @@ def fits(engine, start, batch, limit, snapshot) -> bool:
     return m.ok and m.peak_bytes <= limit
 
 
-def main() -> int:
+def main(argv=None) -> dict:
+    """Returns {measure: (value, target)}."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--headroom-mb", type=float, default=150)
     parser.add_argument("--max-batch", type=int, default=2048)
     parser.add_argument("--stride", type=int, default=32)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     recipe = memory_heavy_recipe(args.max_batch)
     start = TrainConfig(batch_size=8)
@@ -74,8 +75,9 @@ def main() -> int:
     ok_trials = len(search.trials) <= bound
     print(f"found/true: {quality:.3f} (target within 10%) {'PASS' if ok_quality else 'FAIL'}; "
           f"trials {len(search.trials)} <= {bound} {'PASS' if ok_trials else 'FAIL'}")
-    return 0 if ok_quality and ok_trials else 1
+    return {"found batch / true largest batch": (quality, "within 10%"),
+            f"trials (bound {bound})": (len(search.trials), f"<= {bound}")}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
