@@ -39,3 +39,36 @@ def weights(model):
 
 def same_weights(a, b, atol=0.0):
     return all(torch.allclose(x, y, atol=atol, rtol=0) if atol else torch.equal(x, y) for x, y in zip(a, b))
+
+
+def fit_on_two_local_nodes(recipes, **options):
+    """Two 'nodes' of one process each, meeting at a c10d rendezvous on 127.0.0.1, as two kernels would.
+
+    Each node is nbtrain.fit with num_nodes=2 and its node_rank, in a thread of its own; returns both
+    results, or fails with what every node raised.
+    """
+    import socket
+    import threading
+
+    import nbtrain
+    from nbtrain import TrainConfig
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+    results, errors = [None, None], []
+
+    def node(rank):
+        try:  # the launch options are config options, as a magic's flags or the demo's command line give them
+            config = TrainConfig(num_nodes=2, node_rank=rank, rdzv_endpoint=endpoint, timeout=60, **options)
+            results[rank] = nbtrain.fit(recipe=recipes[rank], config=config)
+        except Exception as exc:  # reported below, with the other node's outcome
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+    return results

@@ -12,7 +12,7 @@ from nbtrain.demo import digits_recipe
 from nbtrain.launch import launch
 from nbtrain.split import split
 
-from helpers import same_weights, weights
+from helpers import fit_on_two_local_nodes, same_weights, weights
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -110,28 +110,9 @@ def test_fsdp_on_two_gpus_matches_one_gpu():
 
 
 def test_fsdp_across_two_nodes_gives_both_kernels_the_full_weights():
-    import socket
-    import threading
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
     recipes = [digits_recipe(seed=0), digits_recipe(seed=0)]
-    results, errors = [None, None], []
-
-    def node(rank):
-        try:
-            results[rank] = nbtrain.fit(recipe=recipes[rank], config=TrainConfig(
-                num_nodes=2, strategy="fsdp", batch_size=16, shuffle=False, max_steps=4, accelerator="cpu",
-                node_rank=rank, rdzv_endpoint=endpoint, timeout=60))
-        except Exception as exc:  # reported below, with the other node's outcome
-            errors.append(exc)
-
-    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    assert not errors, errors
+    results = fit_on_two_local_nodes(recipes, strategy="fsdp", batch_size=16, shuffle=False, max_steps=4,
+                                     accelerator="cpu")
     assert [r.summary["strategy"] for r in results] == ["fsdp", "fsdp"]
     single = digits_recipe(seed=0)
     Engine(single, TrainConfig(batch_size=32, shuffle=False, max_steps=4, accelerator="cpu")).run()

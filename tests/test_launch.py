@@ -1,6 +1,5 @@
 """DDP from the kernel: real worker processes with gloo on the CPU, results back in this process."""
 import os
-import socket
 import sys
 import threading
 
@@ -14,7 +13,7 @@ from nbtrain import Engine, MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
 from nbtrain.launch import ZYGOTE, fit_distributed, launch
 
-from helpers import same_weights, weights
+from helpers import fit_on_two_local_nodes, same_weights, weights
 
 # Workers cannot import this test module: ship its functions by value, as a notebook's are.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -180,31 +179,10 @@ def test_ddp_launches_after_the_kernel_initialised_cuda():
         assert result.status == "completed" and result.summary["device"] == "cuda:0"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_of_one_process_each_meet_through_c10d_rendezvous_on_localhost_as_configured():
-    endpoint = f"127.0.0.1:{_free_port()}"
     recipes = [digits_recipe(seed=0), digits_recipe(seed=0)]
-    results, errors = [None, None], []
-
-    def node(rank):
-        try:  # the launch options are config options, as a magic's flags or the demo's command line give them
-            config = TrainConfig(num_nodes=2, batch_size=16, shuffle=False, max_steps=6, accelerator="cpu",
-                                 node_rank=rank, rdzv_endpoint=endpoint, rdzv_host="127.0.0.1", timeout=60)
-            results[rank] = nbtrain.fit(recipe=recipes[rank], config=config)
-        except Exception as exc:  # reported below, with the other node's outcome
-            errors.append(exc)
-
-    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    assert not errors, errors
+    results = fit_on_two_local_nodes(recipes, batch_size=16, shuffle=False, max_steps=6, accelerator="cpu",
+                                     rdzv_host="127.0.0.1")
     assert [r.status for r in results] == ["completed", "completed"]
     assert {r.summary["world_size"] for r in results} == {2}
     single = digits_recipe(seed=0)
