@@ -1,21 +1,46 @@
 """`nbtrain.fit`: train a model with a config, in this process or as DDP workers."""
 from __future__ import annotations
 
-import weakref
-
 from .config import TrainConfig
 from .engine import Engine
 from .metrics import MetricsLog
 from .recipe import Recipe
 from .result import RunResult
 
-# One live engine per model, so a second run continues with the same optimizer state.
-_engines: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# One live engine per model, so a second run continues with the same optimizer state. The engine
+# hangs off its model (a reference cycle the garbage collector frees with the model) rather than
+# off a module-level table, which would keep every model and its memory alive.
+_SLOT = "_nbtrain_engine"
+
+
+class _EngineSlot:
+    """Holds a model's live engine; copies and pickles of the model get an empty slot."""
+
+    def __init__(self, engine=None):
+        self.engine = engine
+
+    def __reduce__(self):
+        return (_EngineSlot, ())
+
+    def __deepcopy__(self, memo):
+        return _EngineSlot()
+
+
+def live_engine(model):
+    """The engine that last trained `model` in this process, or None."""
+    slot = model.__dict__.get(_SLOT)
+    return slot.engine if slot is not None else None
+
+
+def _attach(model, engine) -> None:
+    model.__dict__[_SLOT] = _EngineSlot(engine)  # not a Module attribute: no state_dict, no repr
 
 
 def _same_function(a, b) -> bool:
     if a is b:
         return True
+    if getattr(a, "instance", None) is not None and getattr(a, "instance", None) is getattr(b, "instance", None):
+        return True  # the same optimizer instance given again: keep the optimizer the engine steps
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
     if code_a is None or code_b is None or (code_a.co_code, code_a.co_consts) != (code_b.co_code, code_b.co_consts):
         return False
@@ -29,10 +54,10 @@ def _same_function(a, b) -> bool:
 
 def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
     """The live engine of `recipe.model`, adopting the recipe's data, loss and config."""
-    engine = _engines.get(recipe.model)
+    engine = live_engine(recipe.model)
     if engine is None or engine.running:
         engine = Engine(recipe, config)
-        _engines[recipe.model] = engine
+        _attach(recipe.model, engine)
         return engine
     old = engine.recipe
     engine.recipe = recipe

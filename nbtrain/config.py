@@ -255,6 +255,9 @@ class TrainConfig:
                                      "the c10d rendezvous every node reaches (multi-node)")
     rdzv_host: str | None = _opt(None, "host", "a host name or IP address of this machine, or None (127.0.0.1)",
                                  "address the ranks meet on (one machine) / this node's address (multi-node)")
+    find_unused_parameters: bool = _opt(False, "bool", "true or false",
+                                        "DDP: allow parameters that take no part in a step's loss (DDP then "
+                                        "looks for them after every forward, which costs time)")
     timeout: float | None = _opt(None, "float", f"a number of seconds > 0, or None ({DEFAULT_TIMEOUT_S:g}, "
                                  "torch's default)", "how long a rank may wait in one collective before the run "
                                  "fails", low=1e-300, high=1e9, nullable=True)

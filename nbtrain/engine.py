@@ -31,7 +31,7 @@ import torch
 
 from . import checkpoint, data, dist, fsdp, toggles
 from .split import device_map, input_device
-from .config import TrainConfig
+from .config import ConfigError, Problem, TrainConfig
 from .memory import PeakMemory
 from .metrics import MetricsLog
 from .precision import Precision
@@ -72,7 +72,6 @@ class Engine:
         self._clock = _Clock()
         self._run_start = {"step": 0, "samples": 0, "epochs_done": 0}
         self._nonfinite: tuple[int, float] | None = None
-        self._resumed_from: str | None = None
         if self.config.seed is not None:
             torch.manual_seed(self.config.seed)
         self.notes: dict[str, str] = {}  # option -> why it does not apply here
@@ -96,8 +95,9 @@ class Engine:
             return model
         if self.world.distributed and torch.distributed.is_initialized():
             one_device = self.device.type == "cuda" and device_map(model) is None
-            return torch.nn.parallel.DistributedDataParallel(model, device_ids=[self.device.index] if one_device
-                                                             else None)
+            return torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if one_device else None,
+                find_unused_parameters=self.config.find_unused_parameters)
         if self.config.strategy == "dp" and self.device.type == "cuda":
             return torch.nn.DataParallel(model, device_ids=list(range(self.config.devices)))
         return model
@@ -153,7 +153,10 @@ class Engine:
         config = config or self.config
         factor = config.lr_factor()
         if config.lr is not None:
-            return [config.lr * factor for _ in self._optimizer_lrs]
+            # `lr` replaces the optimizer's default rate; groups with rates of their own keep their
+            # ratio to it (a group at lr=0, frozen by the user, stays frozen).
+            default = self.optimizer.defaults.get("lr") or 0.0
+            return [config.lr * factor * (lr / default if default else 1.0) for lr in self._optimizer_lrs]
         return [lr * factor for lr in self._optimizer_lrs]
 
     def _set_lr(self, step: int) -> None:
@@ -181,6 +184,7 @@ class Engine:
     def request(self, **changes) -> TrainConfig:
         """Ask for a config change; it is validated now and applied at the next optimizer step."""
         new = (self._pending or self.config).replace(**changes)
+        self._check_batches(new)
         out_of_process = set(new.changed_from(self.config)) & _OUT_OF_PROCESS
         if out_of_process:
             raise ValueError(f"{', '.join(sorted(out_of_process))} cannot change inside a running process; "
@@ -223,6 +227,16 @@ class Engine:
             self.log.emit({"type": "change", "step": self.step,
                            "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in changes.items()}})
 
+    def _check_batches(self, config: TrainConfig) -> None:
+        """Refuse a config whose epoch holds no batch: it would loop over empty epochs forever."""
+        per_rank = self.loader.sampler.per_epoch
+        batch = config.batch_size * (config.devices if config.strategy == "dp" else 1)
+        if config.drop_last and per_rank < batch:
+            shown = f"{per_rank} samples per rank" if self.world.size > 1 else f"{per_rank} samples"
+            raise ConfigError([Problem("batch_size", config.batch_size,
+                                       f"with drop_last=True an epoch of {shown} holds no full batch; allowed: "
+                                       f"batch_size <= {per_rank}, or drop_last=False")])
+
     def position(self) -> dict:
         """Where training stands, for checkpoints: enough to continue exactly."""
         return {"step": self.step, "epoch": self.epoch, "epoch_offset": self.epoch_offset, "samples": self.samples,
@@ -249,10 +263,19 @@ class Engine:
         """
         self.log = log if log is not None else MetricsLog()
         c = self.config
+        self._check_batches(c)
         self._run_start = {"step": self.step, "samples": self.samples, "epochs_done": 0}
-        if c.resume and c.resume != self._resumed_from:
-            checkpoint.load(self, checkpoint.resolve(c))  # restores the interrupted run's start too
-            self._resumed_from = c.resume
+        resumed_from = None
+        if c.resume:
+            # Every run asked to resume does (a second crash and `resume='last'` continues again); the
+            # request is then consumed, so trials and later runs on this engine do not rewind it.
+            resumed_from = checkpoint.resolve(c)
+            checkpoint.load(self, resumed_from)  # restores the interrupted run's start too
+            self.config = c = c.replace(resume=None)
+        # A run starts at a step boundary: gradients a crashed run left mid-accumulation must not
+        # leak into its first step (a plain loop's zero_grad at the top says the same).
+        for parameter in self.model.parameters():
+            parameter.grad = None
         self._stop.clear()
         self._stop_reason = ""
         self._nonfinite = None
@@ -263,7 +286,8 @@ class Engine:
         self._clock = _Clock()
         self.log.emit({"type": "start", "config": _plain(c.to_dict()),
                        "info": {**self._info(), "samples_start": self.samples, "step_start": self.step,
-                                "planned_steps": self._planned_steps()}})
+                                "planned_steps": self._planned_steps(),
+                                **({"resumed_from": str(resumed_from)} if resumed_from else {})}})
         status, message = "completed", ""
         try:
             with self._stop_on_sigint():

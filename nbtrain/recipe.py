@@ -39,22 +39,60 @@ def _default_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-3)
 
 
-def as_optimizer_factory(optimizer) -> OptimizerFactory:
+def as_optimizer_factory(optimizer, model: nn.Module | None = None) -> OptimizerFactory:
     """Accept a factory (params -> Optimizer) or an optimizer instance, and return a factory.
 
     An instance is bound to one set of parameters; the engine needs to rebuild its
-    optimizer (in DDP workers, after a device change), so an instance is turned into
-    a factory of the same class and hyper-parameters.
+    optimizer (after unpickling in a DDP worker, after FSDP replaces the parameters), so an
+    instance is turned into a factory of the same class, defaults *and param groups*: each
+    group keeps its own hyper-parameters (per-layer rates, weight-decay groups, lr=0
+    freezing) and its parameters, found again by their position in `model.parameters()`.
+    Parameters in no group stay out of the optimizer, as the user made them.
     """
     if optimizer is None:
         return _default_optimizer
     if isinstance(optimizer, torch.optim.Optimizer):
-        cls, defaults = type(optimizer), dict(optimizer.defaults)
-        return lambda params: cls(params, **defaults)
+        return _GroupedFactory(optimizer, model)
     if callable(optimizer):
         return optimizer
     raise RecipeError(f"optimizer: got {type(optimizer).__name__}; allowed: a function params -> "
                       "torch.optim.Optimizer (e.g. lambda p: torch.optim.SGD(p, lr=0.1)) or an optimizer")
+
+
+class _GroupedFactory:
+    """Rebuilds an optimizer instance's class, defaults and param groups over a model's parameters."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module | None):
+        self.instance = optimizer  # used as it is while its parameters are the model's (state kept too)
+        self.cls, self.defaults = type(optimizer), dict(optimizer.defaults)
+        groups = optimizer.param_groups
+        if model is None:  # no model to locate parameters in: one group per group, in order
+            self.groups = None
+            return
+        position = {id(p): i for i, p in enumerate(model.parameters())}
+        foreign = sum(1 for g in groups for p in g["params"] if id(p) not in position)
+        if foreign:
+            raise RecipeError(f"optimizer: {foreign} of its parameters are not parameters of the model (was it "
+                              "built for another model, e.g. before `model` was redefined?); allowed: an "
+                              "optimizer over model.parameters(), or a function params -> Optimizer")
+        self.groups = [({k: v for k, v in g.items() if k != "params"}, [position[id(p)] for p in g["params"]])
+                       for g in groups]
+
+    def __call__(self, params) -> torch.optim.Optimizer:
+        params = list(params)
+        if self.groups is None:
+            return self.cls(params, **self.defaults)
+        if len(params) <= max((i for _, idx in self.groups for i in idx), default=-1):
+            raise RecipeError(f"optimizer: the model now has {len(params)} parameters, fewer than when the "
+                              "optimizer was built; build the optimizer again after changing the model")
+        return self.cls([{**options, "params": [params[i] for i in idx]} for options, idx in self.groups],
+                        **self.defaults)
+
+    def adopts(self, params) -> bool:
+        """The instance itself can be used: its parameters are exactly `params`."""
+        own = [p for g in self.instance.param_groups for p in g["params"]]
+        ids = {id(p) for p in params}
+        return all(id(p) in ids for p in own)
 
 
 @dataclass
@@ -89,7 +127,7 @@ class Recipe:
                 problems.append(f"{name}: got {type(value).__name__}; allowed: a function")
         if problems:
             raise RecipeError("invalid recipe: " + "; ".join(problems))
-        self.optimizer = as_optimizer_factory(self.optimizer)
+        self.optimizer = as_optimizer_factory(self.optimizer, self.model)
 
     @classmethod
     def from_namespace(cls, namespace: Mapping[str, Any]) -> "Recipe":
@@ -132,7 +170,14 @@ class Recipe:
         return loss
 
     def build_optimizer(self, params) -> torch.optim.Optimizer:
-        """The optimizer factory's optimizer, or a message naming what the factory is allowed to be."""
+        """The optimizer factory's optimizer, or a message naming what the factory is allowed to be.
+
+        An optimizer instance given by the user is used itself while its parameters are
+        `params`: its groups, its state and the user's references to it (a scheduler) stay true.
+        """
+        params = list(params)
+        if isinstance(self.optimizer, _GroupedFactory) and self.optimizer.adopts(params):
+            return self.optimizer.instance
         try:
             optimizer = self.optimizer(params)
         except TypeError as error:

@@ -60,7 +60,9 @@ def with_implementation(optimizer: torch.optim.Optimizer, impl: str) -> tuple[to
         return optimizer, f"optimizer_impl={impl}: not applicable, {cls.__name__} offers no {missing[0]} kernels"
     current = {name: optimizer.defaults.get(name) for name in ("foreach", "fused") if name in accepted}
     wanted = {**{name: None if name == "foreach" else False for name in current}, **flags}
-    if all(current.get(name) == value for name, value in wanted.items()):
+    # fused=None is torch's "not fused": the user's own instance is then stepped as it is.
+    if all(current.get(name) == value or (name == "fused" and not value and not current.get(name))
+           for name, value in wanted.items()):
         return optimizer, None
     groups = [{**{k: v for k, v in g.items() if k not in ("foreach", "fused")}, **wanted}
               for g in optimizer.param_groups]
