@@ -13,7 +13,8 @@ from contextlib import redirect_stdout
 
 from .common import machine
 
-BENCHMARKS = ("parity", "launch_latency", "checklist_vs_grid", "batch_search", "magic_views_overhead")
+BENCHMARKS = ("parity", "launch_latency", "checklist_vs_grid", "batch_search", "magic_views_overhead", "budgets",
+              "notebook_time")
 
 
 def main(argv=None) -> int:

@@ -21,3 +21,9 @@ def median(values) -> float:
 def ratio_line(label: str, ours: list[float], theirs: list[float], target: str) -> str:
     r = median(ours) / median(theirs)
     return f"{label}: median {median(ours):.4f} s vs {median(theirs):.4f} s -> ratio {r:.3f} (target {target})"
+
+
+def spread(values) -> str:
+    """The median with the range it came from, e.g. '1.02 (0.99-1.06, 5 runs)': one run proves nothing."""
+    values = sorted(values)
+    return f"{median(values):.3f} ({values[0]:.3f}-{values[-1]:.3f}, {len(values)} runs)"

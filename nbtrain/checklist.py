@@ -11,7 +11,8 @@ precision, optimizer kernels, channels_last, TF32 matmuls, torch.compile, activa
 checkpointing, DDP processes — each item either measured or skipped with the reason, each candidate a short timed trial on the user's own engine. An
 item's best candidate is kept when it beats the current config by `min_gain`, and the next
 item starts from there. Trials never keep their weights (each is undone by a Snapshot); the
-walk stops starting trials when the stated budget would be passed.
+walk stops starting trials when the stated budget would be passed. The budget is read on the
+walk's own clock (`clock=`, default time.monotonic), so a test can run it on a fake one.
 """
 from __future__ import annotations
 
@@ -148,9 +149,8 @@ def _describe(c: TrainConfig) -> str:
 
 
 class _Walk:
-    def __init__(self, engine, budget_s: float, trial_s: float, memory_budget, min_gain: float):
-        self.engine = engine
-        self.t0 = time.perf_counter()
+    def __init__(self, engine, budget_s: float, trial_s: float, memory_budget, min_gain: float, clock, t0: float):
+        self.engine, self.clock, self.t0 = engine, clock, t0
         self.budget_s, self.trial_s, self.min_gain = budget_s, trial_s, min_gain
         self.overhead_s = 0.5  # start-up and restore per trial; re-estimated from each trial
         self.trials = 0
@@ -160,14 +160,14 @@ class _Walk:
             else (None, "")
 
     def left(self) -> float:
-        return self.budget_s - (time.perf_counter() - self.t0)
+        return self.budget_s - (self.clock() - self.t0)
 
     def measure(self, config: TrainConfig) -> Tried | None:
         """One timed trial; None when the budget has no room left for it."""
         seconds = min(self.trial_s, self.left() - self.overhead_s)
         if seconds < 0.25 * self.trial_s:
             return None
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             m = trial.measure(self.engine, config, seconds=seconds)
             note = m.error
@@ -182,7 +182,7 @@ class _Walk:
             self.snapshot.restore()
             trial.release_memory()
         self.trials += 1
-        self.overhead_s = max(0.2, 0.5 * self.overhead_s + 0.5 * (time.perf_counter() - t0 - seconds))
+        self.overhead_s = max(0.2, 0.5 * self.overhead_s + 0.5 * (self.clock() - t0 - seconds))
         ok = m is not None and not note and m.samples_per_s == m.samples_per_s
         return Tried("", config, m.samples_per_s if ok else None, note)
 
@@ -190,9 +190,8 @@ class _Walk:
 def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
               budget_s: float = 60.0, keep_best: bool = False, target_global_batch: int | None = None,
               items=ITEMS, trial_s: float | None = None, min_gain: float = 0.03, memory_budget=None,
-              **parts) -> ChecklistResult:
-    """Walk the checklist on the live model within `budget_s` seconds; see the module docstring."""
-    t0 = time.perf_counter()  # the budget counts from here: finding the engine is part of the walk
+              clock=time.monotonic, **parts) -> ChecklistResult:
+    """Walk the checklist on the live model within `budget_s` seconds of `clock`; see the module docstring."""
     problems = []
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
         problems.append(f"budget_s={budget_s!r}: a number of seconds > 0")
@@ -204,13 +203,15 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
         problems.append(f"target_global_batch={target_global_batch!r}: a whole number >= 1, or None")
     if not 0 <= min_gain < 1:
         problems.append(f"min_gain={min_gain!r}: a fraction in [0, 1) (smallest speed-up worth keeping)")
+    if not callable(clock):
+        problems.append(f"clock={clock!r}: a function returning seconds, like time.monotonic")
     if problems:
         raise ValueError("nbtrain.checklist: " + "; ".join(problems))
+    t0 = clock()  # the budget counts from here: finding the engine is part of the walk
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     start = trial.plain_config(engine.config)
     trial_s = trial_s or min(max(budget_s / 14, 0.5), 5.0)
-    walk = _Walk(engine, float(budget_s), trial_s, memory_budget, min_gain)
-    walk.t0 = t0
+    walk = _Walk(engine, float(budget_s), trial_s, memory_budget, min_gain, clock, t0)
     skipped, results = [], []
     current, finished = start, False
     try:
@@ -247,7 +248,7 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
                                                       if current.warmup_steps else
                                                       "; add warmup_steps (linear warm-up) for large scale-ups"))
     return ChecklistResult(start, current, base.samples_per_s, results, skipped, float(budget_s),
-                           time.perf_counter() - walk.t0, walk.trials, str(engine.device), lr_note, keep_best)
+                           clock() - t0, walk.trials, str(engine.device), lr_note, keep_best)
 
 
 # --- the items: each returns the candidates it measured, or a reason it did not apply ----------

@@ -146,7 +146,7 @@ def test_checklist_walk_restores_the_model_unless_keep_best_which_also_sets_late
     before = weights(ip.user_ns["model"])
     out = runs_ok(ip, capsys, "%nbtrain_checklist --budget 4 --items batch_size --batch-size 16 --name walk")
     walk = ip.user_ns["walk"]
-    assert isinstance(walk, ChecklistResult) and walk.budget_s == 4 and walk.elapsed_s < 6
+    assert isinstance(walk, ChecklistResult) and walk.budget_s == 4
     assert "nbtrain checklist walk on cpu" in out and "model and config restored" in out
     assert unchanged(before, ip.user_ns["model"])
     assert ToolView(walk, "checklist").png.startswith(b"\x89PNG")

@@ -4,9 +4,7 @@ Each notebook ends with a checks cell that asserts what the notebook claims (dir
 with margins, never exact speeds) and prints "all checks passed"; a broken claim is an
 error in that cell, which fails the notebook here.
 """
-import json
 import sys
-import time
 
 import nbformat
 import pytest
@@ -18,7 +16,6 @@ sys.path.insert(0, str(NOTEBOOKS))
 import build  # noqa: E402  (notebooks/build.py)
 
 CELL_TIMEOUT_S = 120   # one cell
-NOTEBOOK_BUDGET_S = 90  # what a notebook promises on a 2-core CPU (checked with slack for a busy box)
 NAMES = [p.name for p in stored_notebooks()]
 
 
@@ -56,16 +53,12 @@ def test_notebook_runs_top_to_bottom_and_its_claims_hold(name, tmp_path):
     missing = [m for m in nb.metadata.get("nbtrain", {}).get("requires", []) if not _importable(m)]
     if missing:
         pytest.skip(f"{name} teaches {', '.join(missing)}, which this checkout does not have")
-    started = time.perf_counter()
     try:
         execute(nb, tmp_path, CELL_TIMEOUT_S)
     except CellExecutionError as error:
         pytest.fail(f"{name} failed:\n{error}", pytrace=False)
-    took = time.perf_counter() - started
+    # Its 90 s promise is measured by benchmarks/notebook_time.py: a busy machine must not fail a test.
     assert CHECKS_PASSED in text_of(nb.cells[-1])
-    # The 90 s promise, with room for a machine shared by other test runs.
-    assert took < 2 * NOTEBOOK_BUDGET_S, f"{name} took {took:.0f} s"
-    print(json.dumps({"notebook": name, "seconds": round(took, 1)}))
 
 
 def _importable(module: str) -> bool:

@@ -88,15 +88,15 @@ def test_find_workers_button_measures_worker_counts_on_the_live_model(make_panel
     assert "&lt;- best" in panel.tools.text.value  # the table, HTML-escaped
 
 
-def test_checklist_walk_button_stays_in_its_budget_and_draws_the_waterfall(make_panel):
+def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)
     panel.tools.budget.value = 4
     panel.controls.processes.value = 2  # the tools measure in this kernel; the walk tries DDP itself
-    started = time.monotonic()
     click_and_wait(panel, "checklist")
     walk = panel.tools.results["checklist"]
-    assert isinstance(walk, ChecklistResult) and walk.budget_s == 4 and time.monotonic() - started < 8
+    # The walk stopping by its budget is tested on a fake clock (test_checklist.py); here, that it gets it.
+    assert isinstance(walk, ChecklistResult) and walk.budget_s == 4
     assert walk.start_config.world_size == 1
     assert panel.status_text.startswith("Checklist walk done: "), panel.errors
     assert "nbtrain checklist walk on cpu" in panel.tools.text.value
@@ -113,10 +113,9 @@ def test_stop_ends_a_running_tool_and_the_model_is_restored(make_panel):
     assert panel.running and panel.tools.buttons["profile"].disabled and panel.run_button.disabled
     while not panel.engine.running and time.monotonic() < deadline:
         time.sleep(0.01)
-    started = time.monotonic()
     panel.stop_button.click()
     assert panel.status_text.startswith("stopping Checklist walk")
-    assert panel.wait(20) and time.monotonic() - started < 10
+    assert panel.wait(20)  # a hang guard only: the 60 s walk ends on the stop, not on its budget
     assert panel.status_text == "Checklist walk stopped; the model and its optimizer are restored as they were"
     assert "checklist" not in panel.tools.results
     assert unchanged(before, panel.recipe.model)

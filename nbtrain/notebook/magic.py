@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import keyword
-import shlex
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments
 from IPython.display import display
 
 from ..api import fit
@@ -30,7 +29,7 @@ from ..metrics import MetricsLog
 from ..recipe import NAMES, Recipe, RecipeError
 from ..result import RunResult
 from ..store import RunStore, StoreError
-from . import errors, slurm_cell, tools
+from . import arguments, errors, slurm_cell, tools
 from .views import LivePlot, LiveProgress, RunsTable, Summary
 
 CONVENTIONS = "\n".join(
@@ -113,12 +112,8 @@ class NbtrainMagics(Magics):
 
     # --- reading the flags (nothing runs before they are all good) ----------------------
 
-    def _parse(self, line: str):
-        try:
-            tokens = shlex.split(line)
-        except ValueError as error:
-            raise UsageError(f"%%nbtrain: cannot read the flags ({error}): {line!r}") from None
-        args, unknown = self.parser.parse_known_args(tokens)
+    def _parse(self, line: str, magic: str = "%%nbtrain"):
+        args, unknown = self.parser.parse_known_args(arguments.split(magic, line))
         if unknown:
             raise _unknown_flag_error(self.parser, unknown)
         given = {k: v for k, v in vars(args).items() if k not in _RUN_OPTIONS}
@@ -150,7 +145,7 @@ class NbtrainMagics(Magics):
 
     @line_cell_magic
     def nbtrain(self, line, cell=None):
-        args, given = self._parse(line)
+        args, given = self._parse(line, "%%nbtrain" if cell is not None else "%nbtrain")
         if args.help:
             print(self.parser.format_help())
             return
@@ -194,6 +189,7 @@ class NbtrainMagics(Magics):
     def nbtrain_checklist(self, line, cell=None):
         """The automated checklist walk on the namespace's recipe (the cell body runs first, if any):
         `%nbtrain_checklist --budget 60 --keep-best [training flags]`; see `%%nbtrain?` (tool options)."""
+        arguments.split("%nbtrain_checklist", line)  # unbalanced quotes: quoted as the user wrote the line
         try:
             self.nbtrain(f"--checklist {line}", cell if cell is not None else "")
         except UsageError as error:
@@ -269,9 +265,11 @@ class NbtrainMagics(Magics):
         notes = []
         if result.status != "completed":
             planned = (result.log.last("start") or {}).get("info", {}).get("planned_steps", "?")
+            # An in-kernel run's model holds its steps so far; a DDP run that did not complete loaded
+            # nothing back, and its message says so: one statement about the model, never two.
+            model = "" if result.extras.get("weights_loaded") is False else " and the model keeps its training so far"
             notes.append(f"{result.status} after {result.summary.get('run_steps', result.summary['steps'])} of "
-                         f"{planned} planned steps: {result.message}. The partial history is kept and the model "
-                         "keeps its training so far.")
+                         f"{planned} planned steps: {result.message}. The partial history is kept{model}.")
         params = sum(p.numel() for p in recipe.model.parameters())
         model = f"{type(recipe.model).__name__} ({params:,} parameters)"
         store = RunStore(self._option(args, "store"))
@@ -293,7 +291,7 @@ class NbtrainMagics(Magics):
     @argument("--store", default=None, help="run-store file (default: $NBTRAIN_STORE or .nbtrain/runs.sqlite)")
     def nbtrain_runs(self, line):
         """List the runs recorded in the run store (they survive kernel restarts)."""
-        args = parse_argstring(self.nbtrain_runs, line)
+        args = arguments.parse(self.nbtrain_runs, line)
         store = RunStore(args.store or self.run_defaults.get("store"))
         try:
             display(RunsTable(store.runs(last=args.last), store.path))
@@ -308,7 +306,7 @@ class NbtrainMagics(Magics):
     @argument("--save", default=None, metavar="PATH", help="also save the figure to this file")
     def nbtrain_compare(self, line):
         """Draw runs side by side: loss against time, time to a loss, samples/s, peak memory."""
-        args = parse_argstring(self.nbtrain_compare, line)
+        args = arguments.parse(self.nbtrain_compare, line)
         store = RunStore(args.store or self.run_defaults.get("store"))
         namespace = self.shell.user_ns
         runs = [namespace[r] if isinstance(namespace.get(r), RunResult) else r for r in args.runs]
