@@ -10,12 +10,13 @@ from .result import RunResult
 from .cache import cache
 from .checklist import checklist
 from .diagnose import profile
+from .measure.ab import ab
 from .launch import launch  # the function; its module's helpers: `from nbtrain.launch import ...`
 from .split import split
 from . import slurm  # nbtrain.slurm.submit / attach / export
 
 __version__ = "0.1.0"
-__all__ = ["fit", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
+__all__ = ["fit", "ab", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
            "RunResult", "cache", "checklist", "profile", "launch", "split"]
 
 

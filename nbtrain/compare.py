@@ -11,6 +11,8 @@ import io
 import math
 from dataclasses import dataclass
 
+from .measure.steady import block_rates, columns_series
+from .measure.verdict import Verdict, unpaired
 from .result import RunResult, _fmt
 
 
@@ -107,10 +109,10 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     rows = []
     for label, run, t in zip(labels, results, times):
         s = run.summary
-        speedup = s["samples_per_s"] / base.summary["samples_per_s"] if base.summary["samples_per_s"] else math.nan
         changes = ", ".join(f"{k}={new}" for k, (_, new) in run.config.changed_from(base.config).items())
         rows.append({"run": label, "status": run.status, "steps": s["steps"],
-                     "samples/s": _fmt(s["samples_per_s"]), "vs first": f"x{speedup:.2f}",
+                     "samples/s": run.steady().text(""),
+                     "vs first": "-" if run is base else versus(base, run).short(),
                      f"time to loss {target:.3g}": "not reached" if t is None else _fmt(t, " s"),
                      "peak memory": _fmt(s.get("peak_mem_mb"), " MB"), "last loss": _fmt(s["last_loss"]),
                      "changed from first": changes or "-"})
@@ -119,6 +121,21 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     if path is not None:
         result.save(path)
     return result
+
+
+def versus(first: RunResult, other: RunResult) -> Verdict:
+    """`other`'s steady throughput over `first`'s, with its interval (runs measured apart: unpaired).
+
+    Two runs taken at different times cannot see a load that changed between them; for a
+    verdict on one config against another, `nbtrain.ab` measures them in alternation.
+    """
+    return unpaired(block_rates(*columns_series(first.history, _samples_start(first))),
+                    block_rates(*columns_series(other.history, _samples_start(other))))
+
+
+def _samples_start(run: RunResult) -> int:
+    start = run.log.last("start")
+    return start["info"].get("samples_start", 0) if start else 0
 
 
 def _draw(results, labels, target, times):

@@ -26,4 +26,7 @@ class ConsoleProgress:
             self.bar.write(f"epoch {event['epoch']}: held-out loss {event['val_loss']:.4f}, "
                            f"accuracy {100 * event['val_acc']:.1f}%")
         elif kind == "end" and self.bar is not None:
+            # The bar's last word is the summary's steady rate: one speed on the screen, not two.
+            self.bar.set_postfix(loss=f"{event['summary'].get('last_loss', float('nan')):.4f}",
+                                 samples_s=f"{event['summary'].get('samples_per_s', float('nan')):,.0f}", refresh=False)
             self.bar.close()

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from .config import TrainConfig
+from .measure.steady import SteadyRate, duration_text as _seconds, of_columns
 from .metrics import PHASES, MetricsLog
 
 
@@ -16,6 +17,7 @@ def summarize(log: MetricsLog, extra: dict) -> dict:
     start = log.last("start")
     samples_start = start["info"].get("samples_start", 0) if start else 0
     samples = cols["samples"][-1] - samples_start if steps else 0
+    steady = of_columns(cols, samples_start)
     losses = [x for x in cols["loss"] if x is not None]
     phase_totals = {p[:-2]: sum(cols[p]) for p in PHASES}
     step_total = sum(cols["step_s"]) or float("nan")
@@ -24,7 +26,10 @@ def summarize(log: MetricsLog, extra: dict) -> dict:
         "steps": steps,
         "samples": samples,
         "train_time_s": train_time,
-        "samples_per_s": samples / train_time if train_time > 0 else float("nan"),
+        # The headline is the steady rate (warm-up set apart), the one every view shows.
+        "samples_per_s": steady.rate,
+        "steady": steady.as_dict(),
+        "overall_samples_per_s": samples / train_time if train_time > 0 else float("nan"),
         "first_loss": losses[0] if losses else float("nan"),
         "last_loss": losses[-1] if losses else float("nan"),
         "val_loss": last_epoch.get("val_loss") if last_epoch else None,
@@ -80,8 +85,10 @@ class RunResult:
                              f"{self.config.accumulate_grad_batches} x {s.get('world_size', 1)} processes)"),
             ("learning rate", s.get("lr_note", "-")),
             ("steps / epochs", f"{s['steps']} / {_fmt(s.get('epochs_trained'))}"),
-            ("samples/s", _fmt(s["samples_per_s"])),
-            ("time/epoch", _fmt(s["time_per_epoch_s"], " s")),
+            ("samples/s", self.steady().text("") + (f"; {self.steady().warmup_text()}" if s["steps"] else "")),
+            ("total time", f"{_seconds(s.get('train_time_s'))} for {s['steps']} steps"
+                           + (f", {_seconds(s['time_per_epoch_s'])} per epoch"
+                              if s.get("epochs_trained", 0) and s["epochs_trained"] >= 1 else "")),
             ("peak memory", f"{_fmt(s.get('peak_mem_mb'), ' MB')} ({s.get('mem_kind', '-')})"
                             + _per_rank(s.get("peak_mem_mb_per_rank"))),
             ("step time by phase", phases or "-"),
@@ -89,6 +96,15 @@ class RunResult:
             ("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "
                                          f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}"),
         ] + [("note", note) for note in s.get("notes", [])]
+
+    def steady(self) -> SteadyRate:
+        """The steady-state rate with its interval (stored summaries carry it; older ones only the rate)."""
+        known = self.summary.get("steady")
+        if known:
+            return SteadyRate(**known)
+        rate = self.summary.get("samples_per_s", float("nan"))
+        return SteadyRate(rate, float("nan"), float("nan"), float("nan"), 0, 0.0, self.summary.get("steps", 0),
+                          self.summary.get("train_time_s", 0.0))
 
     def table(self) -> str:
         rows = self.rows()

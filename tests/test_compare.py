@@ -3,12 +3,16 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from torch import nn
 
 import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.compare import smoothed, time_to_loss
 from nbtrain.demo import digits_recipe
 from nbtrain.store import RunStore, StoreError
+
+from helpers import regression_data
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +33,8 @@ def test_compare_measures_each_run_against_the_first(runs, tmp_path):
     result = nbtrain.compare(small, large, path=tmp_path / "cmp.png")
     assert result.labels == ["b16", "b128"]
     assert [row["run"] for row in result.rows] == ["b16", "b128"]
-    ratio = large.summary["samples_per_s"] / small.summary["samples_per_s"]
-    assert result.rows[1]["vs first"] == f"x{ratio:.2f}"
+    assert result.rows[0]["vs first"] == "-"
+    assert result.rows[1]["vs first"].endswith("too few steps to tell")  # 8 steps give no interval
     assert result.rows[1]["changed from first"] == "batch_size=128"
     # By default the target is the lowest loss every run reached, so every run has a time.
     assert all(time_to_loss(r, result.target_loss) is not None for r in runs)
@@ -62,3 +66,23 @@ def test_compare_module_imports_no_jupyter():
     code = "import sys, nbtrain.compare, nbtrain.store; print(sorted(m for m in sys.modules if m.split('.')[0] in {'IPython', 'ipywidgets', 'ipykernel'}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_vs_first_states_the_ratio_with_its_interval_or_no_measurable_difference():
+    import re
+    data = regression_data(n=2048)
+    runs = []
+    for batch in (8, 256):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        runs.append(nbtrain.fit(model, data, loss_fn=nn.MSELoss(), batch_size=batch, max_steps=120,
+                                name=f"b{batch}"))
+    cell = nbtrain.compare(*runs).rows[1]["vs first"]
+    found = re.fullmatch(r"x([\d.]+) \(([\d.]+)-([\d.]+)\)|no measurable difference \(([\d.]+)-([\d.]+)\)", cell)
+    assert found, cell
+    if found.group(1):  # a measured difference: the interval holds the ratio and excludes 1
+        ratio, low, high = map(float, found.group(1, 2, 3))
+        assert low <= ratio <= high and not low <= 1 <= high
+    else:
+        low, high = map(float, found.group(4, 5))
+        assert low <= 1.02 and high >= 0.98

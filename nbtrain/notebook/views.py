@@ -46,6 +46,10 @@ class LiveProgress:
             self.bar.set_postfix(val_loss=f"{event['val_loss']:.4f}", val_acc=f"{100 * event['val_acc']:.1f}%",
                                  refresh=False)
         elif kind == "end":
+            if self.bar is not None:  # end on the summary's steady rate: one speed on the screen, not two
+                summary = event.get("summary", {})
+                self.bar.set_postfix(loss=f"{summary.get('last_loss', float('nan')):.4f}",
+                                     samples_s=f"{summary.get('samples_per_s', float('nan')):,.0f}", refresh=False)
             self.close()
         self.cost_s += time.perf_counter() - started
 

@@ -1,0 +1,153 @@
+"""Steady-state throughput from a run's step series: warm-up found and set apart, spread stated.
+
+A run's first steps pay for lazy initialisation, loader start-up, allocator growth and
+compilation; averaging them in understates the speed a config trains at. The warm-up is
+found from the step-time series itself (the first steps whose running median sits well
+above the settled level), reported apart, and the rate comes from the steps after it,
+with a 95% interval from a moving-block bootstrap (blocks keep a passing load spike
+together, as it really came) and the spread of block rates, so a figure taken on a busy
+machine says so.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+WIDE_SPREAD = 0.10  # IQR / median of block rates above this: too noisy to trust (torch.utils.benchmark's rule)
+_RESAMPLES = 400
+
+
+@dataclass(frozen=True)
+class SteadyRate:
+    """Samples per second after the warm-up, with its 95% interval and spread."""
+    rate: float
+    low: float
+    high: float
+    spread: float          # IQR / median of block rates (0.05 = 5%)
+    warmup_steps: int
+    warmup_s: float
+    steady_steps: int
+    total_s: float
+
+    @property
+    def wide(self) -> bool:
+        return not math.isfinite(self.spread) or self.spread > WIDE_SPREAD
+
+    def text(self, unit: str = "samples/s") -> str:
+        if not math.isfinite(self.rate):
+            return "-"
+        out = f"{self.rate:,.0f}" + (f" {unit}" if unit else "")
+        if math.isfinite(self.low) and math.isfinite(self.high):
+            out += f" (95% interval {self.low:,.0f}-{self.high:,.0f})"
+        if self.wide and math.isfinite(self.spread):
+            out += f"; spread {100 * self.spread:.0f}% between blocks: too noisy to trust"
+        return out
+
+    def warmup_text(self) -> str:
+        return f"warm-up {self.warmup_steps} steps, {duration_text(self.warmup_s)}" if self.warmup_steps else "no warm-up"
+
+    def as_dict(self) -> dict:
+        return {"rate": self.rate, "low": self.low, "high": self.high, "spread": self.spread,
+                "warmup_steps": self.warmup_steps, "warmup_s": self.warmup_s, "steady_steps": self.steady_steps,
+                "total_s": self.total_s}
+
+
+def duration_text(value) -> str:
+    """A duration as people read it: 58.5 ms, 4.2 s, 3 min 20 s."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if value < 1:
+        return f"{1000 * value:.3g} ms"
+    if value < 120:
+        return f"{value:.3g} s"
+    return f"{int(value // 60)} min {value % 60:.0f} s"
+
+
+NOTHING = SteadyRate(float("nan"), float("nan"), float("nan"), float("nan"), 0, 0.0, 0, 0.0)
+
+
+def step_durations(times, first_step_s: float | None = None) -> list[float]:
+    """Each step's wall time from the run clock's readings at step ends (the first from its own timer)."""
+    times = list(times)
+    if not times:
+        return []
+    first = first_step_s if first_step_s is not None else times[0]
+    return [first] + [b - a for a, b in zip(times, times[1:])]
+
+
+def warmup_length(durations) -> int:
+    """How many leading steps are warm-up: until the running median settles near the later level."""
+    d = np.asarray(durations, dtype=float)
+    n = len(d)
+    if n < 4:
+        return 1 if n >= 3 and d[0] > 2 * np.median(d[1:]) else 0
+    settled = d[n // 2:]
+    level = float(np.median(settled))
+    mad = 1.4826 * float(np.median(np.abs(settled - level)))
+    limit = level + max(3 * mad, 0.1 * level)
+    window = 3  # short, so the settled steps that follow do not hide the warm-up's tail
+    for i in range(0, n // 2):
+        if float(np.median(d[i:i + window])) <= limit:
+            return i
+    return n // 2
+
+
+def steady_rate(durations, samples, *, seed: int = 0) -> SteadyRate:
+    """The steady rate of steps taking `durations` seconds and holding `samples` samples each."""
+    d = np.asarray(list(durations), dtype=float)
+    s = np.asarray(list(samples), dtype=float)
+    if len(d) == 0 or not np.all(np.isfinite(d)):
+        return NOTHING
+    warm = warmup_length(d)
+    steady_d, steady_s = d[warm:], s[warm:]
+    total = float(d.sum())
+    if steady_d.sum() <= 0:
+        return SteadyRate(float("nan"), float("nan"), float("nan"), float("nan"), warm, float(d[:warm].sum()),
+                          len(steady_d), total)
+    rate = float(steady_s.sum() / steady_d.sum())
+    low, high, spread = _interval(steady_d, steady_s, seed)
+    return SteadyRate(rate, low, high, spread, warm, float(d[:warm].sum()), len(steady_d), total)
+
+
+def _interval(d: np.ndarray, s: np.ndarray, seed: int) -> tuple[float, float, float]:
+    """Moving-block bootstrap 95% interval of sum(s)/sum(d), and the IQR/median of block rates."""
+    n = len(d)
+    if n < 6:
+        return float("nan"), float("nan"), float("nan")
+    length = max(2, int(round(math.sqrt(n))))
+    starts = np.arange(0, n - length + 1)
+    cd, cs = np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.cumsum(s)])
+    block_d, block_s = cd[starts + length] - cd[starts], cs[starts + length] - cs[starts]
+    count = math.ceil(n / length)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(starts), size=(_RESAMPLES, count))
+    rates = block_s[picks].sum(1) / block_d[picks].sum(1)
+    low, high = np.percentile(rates, [2.5, 97.5])
+    disjoint = np.arange(0, n - length + 1, length)  # non-overlapping blocks for the spread
+    block_rates = (cs[disjoint + length] - cs[disjoint]) / (cd[disjoint + length] - cd[disjoint])
+    q1, median, q3 = np.percentile(block_rates, [25, 50, 75])
+    return float(low), float(high), float((q3 - q1) / median) if median > 0 else float("nan")
+
+
+def of_columns(columns: dict, samples_start: int = 0) -> SteadyRate:
+    """The steady rate of a MetricsLog's step columns (time, samples, step_s)."""
+    # The first step's duration is the run clock's first reading: its start-up counts as warm-up.
+    return steady_rate(*columns_series(columns, samples_start))
+
+
+def block_rates(durations, samples) -> list[float]:
+    """Rates of disjoint blocks of the steady steps (what an unpaired comparison resamples)."""
+    d, s = np.asarray(list(durations), dtype=float), np.asarray(list(samples), dtype=float)
+    warm = warmup_length(d)
+    d, s = d[warm:], s[warm:]
+    length = max(2, int(round(math.sqrt(len(d))))) if len(d) >= 6 else max(len(d), 1)
+    return [float(s[i:i + length].sum() / d[i:i + length].sum())
+            for i in range(0, len(d) - length + 1, length) if d[i:i + length].sum() > 0]
+
+
+def columns_series(columns: dict, samples_start: int = 0) -> tuple[list[float], list[float]]:
+    """(durations, samples) per step from a MetricsLog's columns."""
+    totals = list(columns.get("samples", []))
+    return step_durations(columns.get("time", [])), [b - a for a, b in zip([samples_start] + totals, totals)]

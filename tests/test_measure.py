@@ -1,0 +1,111 @@
+"""The measurement module on synthetic step series (seeded, no wall clock) and on the live model."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nbtrain
+from nbtrain.measure import paired, steady_rate, unpaired
+from nbtrain.measure.steady import warmup_length
+
+from helpers import regression_data, same_weights, weights
+
+
+def series(n=300, step_s=0.01, noise=0.03, warmup=0, seed=0, slow_from=None, slow_factor=1.0):
+    rng = np.random.default_rng(seed)
+    d = step_s * (1 + noise * rng.standard_normal(n)).clip(0.5)
+    if warmup:
+        d[:warmup] *= np.linspace(20, 2, warmup)  # lazy init, loader start-up
+    if slow_from is not None:
+        d[slow_from:] *= slow_factor
+    return d, np.full(n, 64.0)
+
+
+def test_the_warm_up_is_found_and_excluded_from_the_rate():
+    d, s = series(warmup=14)
+    assert 12 <= warmup_length(d) <= 16
+    rate = steady_rate(d, s)
+    assert rate.warmup_steps == warmup_length(d) and rate.warmup_s > 14 * 0.01
+    assert rate.rate == pytest.approx(6400, rel=0.02)  # 64 samples / 10 ms
+    overall = s.sum() / d.sum()
+    assert overall < 0.8 * rate.rate  # averaging the warm-up in would understate the speed
+
+
+def test_a_settled_series_has_no_warm_up():
+    d, s = series(warmup=0, seed=3)
+    assert warmup_length(d) <= 2
+
+
+def test_the_interval_covers_the_true_rate_about_95_times_in_100():
+    covered = 0
+    for seed in range(100):
+        d, s = series(seed=seed, noise=0.2)
+        rate = steady_rate(d, s, seed=seed)
+        true = 64.0 / (0.01 * np.mean((1 + 0.2 * np.random.default_rng(seed).standard_normal(10**5)).clip(0.5)))
+        covered += rate.low <= true <= rate.high
+    assert covered >= 85
+
+
+def test_a_noisy_series_says_it_is_too_noisy_to_trust():
+    quiet = steady_rate(*series(noise=0.02))
+    noisy = steady_rate(*series(noise=0.9, seed=1))
+    assert not quiet.wide and "too noisy" not in quiet.text()
+    assert noisy.wide and "too noisy to trust" in noisy.text()
+
+
+def test_a_a_comparisons_find_no_measurable_difference_at_least_19_times_in_20():
+    # 95% intervals: about 1 false alarm in 20 is the design; over 400 comparisons at most 6%.
+    rng = np.random.default_rng(0)
+    calm = 0
+    for _ in range(400):
+        a = 1000 * (1 + 0.08 * rng.standard_normal(8))
+        b = 1000 * (1 + 0.08 * rng.standard_normal(8))
+        v = paired(a, b)
+        calm += not v.measurable and "no measurable difference" in v.text()
+    assert calm >= 376
+
+
+def test_an_injected_30_percent_slowdown_is_found_with_its_direction_19_times_in_20():
+    rng = np.random.default_rng(1)
+    found = 0
+    for _ in range(400):
+        load = 1 + 0.3 * rng.random(8)  # a drifting load falls on both sides of each pair
+        a = 1000 / load * (1 + 0.05 * rng.standard_normal(8))
+        b = 1000 / 1.3 / load * (1 + 0.05 * rng.standard_normal(8))
+        v = paired(a, b)
+        found += v.measurable and v.ratio < 1 and "slower" in v.text(name="injected")
+    assert found >= 380
+
+
+def test_an_unpaired_verdict_of_two_identical_runs_is_no_measurable_difference():
+    a = steady_rate(*series(seed=4, noise=0.1))
+    from nbtrain.measure.steady import block_rates
+    v = unpaired(block_rates(*series(seed=4, noise=0.1)), block_rates(*series(seed=5, noise=0.1)))
+    assert not v.measurable and math.isfinite(a.rate)
+
+
+def test_ab_on_the_live_model_leaves_it_exactly_as_it_was_and_gives_a_verdict():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    data = regression_data()
+    nbtrain.fit(model, data, loss_fn=nn.MSELoss(), max_steps=2, batch_size=32)
+    before = weights(model)
+    ticks = iter(range(10**6))
+    result = nbtrain.ab(model, data, loss_fn=nn.MSELoss(), a={"batch_size": 32}, b={"batch_size": 32},
+                        block_steps=4, min_pairs=2, max_pairs=3, budget_s=5, clock=lambda: float(next(ticks)))
+    assert same_weights(before, weights(model))
+    assert len(result.rates_a) == len(result.rates_b) >= 2
+    assert result.label == "the same config"
+    assert "pairs of blocks" in result.text()
+
+
+def test_ab_stops_when_its_own_clock_says_the_budget_is_spent():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 1))
+    ticks = iter(range(0, 10**6, 100))  # each reading 100 s later: the budget ends after the first pairs
+    result = nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), b={"batch_size": 16}, block_steps=3,
+                        min_pairs=10, max_pairs=30, budget_s=50, clock=lambda: float(next(ticks)))
+    assert result.stopped_by == "budget" and len(result.rates_a) == 2
+    assert result.label == "batch_size=16"
