@@ -206,14 +206,20 @@ def training_step(model, batch):
 # --- views, store, compare ----------------------------------------------------------------
 
 
-def test_live_plot_is_one_image_updated_in_place(ip):
+def test_live_plot_is_one_image_updated_in_place_and_drawn_while_the_run_goes_on(ip):
+    # Steps of at least 10 ms: 300 of them last 3 s or more, and the plot redraws about once a second.
+    slow = "\nimport time\ndef training_step(model, batch):\n    time.sleep(0.01)\n" \
+           "    return loss_fn(model(batch[0]), batch[1])\n"
     with capture_output() as captured:
-        ip.run_cell("%%nbtrain --max-steps 30 --log-every-n-steps 2 --no-progress" + DIGITS)
+        ip.run_cell("%%nbtrain --max-steps 300 --log-every-n-steps 2 --no-progress" + DIGITS + slow)
     images = [o for o in captured.outputs if "image/png" in o.data]
-    assert len(images) >= 2  # the first frame and the final one at least
+    assert len(images) >= 2  # frames while it trained, and the final one
     ids = {o.transient.get("display_id") for o in images}
     assert len(ids) == 1 and None not in ids
     assert not images[0].update and all(o.update for o in images[1:])
+    first_step = int(images[0].data["text/plain"].rsplit("step ", 1)[1])
+    assert 0 < first_step < 300, "the first frame came only at the end"
+    assert images[-1].data["text/plain"].endswith("step 300")
     assert any("text/html" in o.data and "samples/s" in o.data["text/html"] for o in captured.outputs)
 
 

@@ -238,7 +238,7 @@ class NbtrainMagics(Magics):
     def _views(self, log: MetricsLog, args) -> list:
         """The live progress bar and plot, subscribed to `log`, unless the flags turned them off."""
         progress = None if self._option(args, "no_progress") else log.subscribe(LiveProgress(args.name or ""))
-        plot = None if self._option(args, "no_plot") else log.subscribe(LivePlot(title=args.name))
+        plot = None if self._option(args, "no_plot") else LivePlot(title=args.name).follow(log)
         return [view for view in (progress, plot) if view is not None]
 
     def _train(self, recipe: Recipe, config: TrainConfig, args) -> RunResult | None:

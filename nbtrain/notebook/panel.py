@@ -33,7 +33,8 @@ from ..store import RunStore
 from .panel_controls import Controls
 from .panel_runs import RunRecord, _number
 from .panel_tools import LABELS as TOOL_LABELS, ToolButtons
-from .panel_views import CompareView, LivePlot, RunsTable
+from .panel_views import CompareView, RunsTable
+from .views import LivePlot
 
 # One panel per live model: a new panel for the same model closes the old one (and stops its run).
 _panels: "weakref.WeakKeyDictionary[Any, weakref.ref]" = weakref.WeakKeyDictionary()
@@ -77,7 +78,7 @@ class Panel:
         self.stop_button = _button("Stop", "nbtrain-stop", "danger", self._on_stop, disabled=True)
         self.apply_button = _button("Apply now", "nbtrain-apply", "warning", self._on_apply)
         self.close_button = _button("Close", "nbtrain-close", "", self._on_close)
-        self.plot = LivePlot()
+        self.plot = LivePlot(interval_s=0.7, widget=True, figsize=(8.4, 2.8), dpi=90)
         self.table = RunsTable()
         self.compare = CompareView()
         self.tools = ToolButtons(self)

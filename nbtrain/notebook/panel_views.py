@@ -1,4 +1,4 @@
-"""The panel's views: a live plot, the runs table and the compare view.
+"""The panel's views: the runs table and the compare view (its live plot is views.LivePlot).
 
 Training runs in a background thread, so these views never use an Output widget's
 context manager (it captures output per thread unreliably). They only assign widget
@@ -11,14 +11,11 @@ from __future__ import annotations
 import html
 import io
 import math
-import threading
 
 import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .. import plotting
-from ..metrics import MetricsLog
 from .panel_runs import RunRecord
 
 
@@ -27,69 +24,6 @@ def render_png(figure: Figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90)
     return buffer.getvalue()
-
-
-class LivePlot:
-    """Loss and samples/s against step for the current run, redrawn on its own thread.
-
-    The training thread only marks the plot stale (a cheap event handler), so drawing
-    never sits inside the measured step time.
-    """
-
-    def __init__(self, interval_s: float = 0.7):
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
-        self.image.add_class("nbtrain-live-plot")
-        self.interval_s = interval_s
-        self._log: MetricsLog | None = None
-        self._title = ""
-        self._stale = threading.Event()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: str | None = None
-
-    def follow(self, log: MetricsLog, title: str) -> None:
-        """Draw `log` as it grows until `finish()`."""
-        self.finish()
-        self._log, self._title = log, title
-        self._done.clear()
-        log.subscribe(self._on_event)
-        self._thread = threading.Thread(target=self._loop, name="nbtrain-panel-plot", daemon=True)
-        self._thread.start()
-
-    def _on_event(self, event, log) -> None:
-        if event["type"] in ("steps", "change", "end"):
-            self._stale.set()
-
-    def _loop(self) -> None:
-        while not self._done.is_set():
-            self._done.wait(self.interval_s)
-            if self._stale.is_set():
-                self._stale.clear()
-                self.redraw()
-
-    def finish(self) -> None:
-        """Stop following and draw the final state once."""
-        if self._thread is None:
-            return
-        self._done.set()
-        self._thread.join()
-        self._thread = None
-        self.redraw()
-
-    def redraw(self) -> None:
-        if self._log is None:
-            return
-        try:
-            # Replaying the events gives a consistent copy while training appends to the original.
-            snapshot = MetricsLog.from_events(list(self._log.events))
-            if not len(snapshot):
-                return
-            figure = Figure(figsize=(8.4, 2.8), layout="constrained")
-            loss_ax, rate_ax = figure.subplots(1, 2)
-            plotting.draw(snapshot, loss_ax, rate_ax, title=self._title)
-            self.image.value = render_png(figure)
-        except Exception as exc:  # shown by the panel's status; training goes on
-            self.error = f"live plot failed: {exc!r}"
 
 
 COLUMNS = ("run", "status", "device", "precision", "batch", "accum", "workers", "processes", "global batch",

@@ -2,19 +2,22 @@
 
 Views are MetricsLog subscribers (`view(event, log)`), called in the training loop every
 `log_every_n_steps` steps, so each one keeps its own cost small: the bar is tqdm's
-(rate-limited by tqdm), and the plot renders only when the time since its last render is
-at least `1 / budget` times what that render cost (and at least `min_interval`), so drawing
-costs the loop about `budget` (1%) of its time. The final frame is always drawn.
+(rate-limited by tqdm), and the plot only marks itself stale there; it draws on its own
+thread about once a second, and its final frame when the run ends.
 """
 from __future__ import annotations
 
 import base64
 import html
 import io
+import threading
 import time
 
 from IPython.display import display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
+from ..metrics import MetricsLog
 from ..plotting import draw
 
 
@@ -61,62 +64,103 @@ class LiveProgress:
 
 
 class LivePlot:
-    """Loss and samples/s against step, one image updated in place through a display handle.
+    """Loss and samples/s against step, redrawn about once a second on a thread of its own.
 
-    The figure is built and a first (empty) frame rendered before training starts: that
-    takes the import and font set-up out of the loop and measures what a frame costs,
-    so the first frame inside the loop is already spaced by the budget.
+    The training thread only marks the plot stale (one cheap event handler), so drawing never
+    sits in a measured step and a costly frame makes frames no rarer: the plot is live from
+    the first second of a run. Frames go to a display handle updated in place (a %%nbtrain
+    cell) or to an ipywidgets Image (the panel), both safe to update from another thread.
+    Figures use matplotlib's object API on an Agg canvas, never pyplot, so the drawing
+    thread owns its figure outright.
     """
 
-    def __init__(self, title: str | None = None, budget: float = 0.01, min_interval: float = 1.0,
+    def __init__(self, title: str | None = None, interval_s: float = 1.0, widget: bool = False,
                  figsize=(8.5, 2.8), dpi: int = 72):
-        from matplotlib.figure import Figure  # Agg only: no pyplot figure that the inline backend re-shows
-        from ..metrics import MetricsLog
         self.title = title
-        self.budget = budget
-        self.min_interval = min_interval
-        self.dpi = dpi
+        self.interval_s = interval_s
+        self.figsize, self.dpi = figsize, dpi
+        self.image = None
+        if widget:
+            import ipywidgets as widgets
+            self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
+            self.image.add_class("nbtrain-live-plot")
         self.handle = None
         self.renders = 0
-        self.cost_s = 0.0  # spent rendering inside the training loop
-        self._figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-        self._axes = self._figure.subplots(1, 2)
+        self.cost_s = 0.0  # spent inside the training loop (marking the plot stale)
+        self.error: str | None = None
+        self._log = None
+        self._stale = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, log, title: str | None = None) -> "LivePlot":
+        """Draw `log` as it grows, until `finish()`."""
+        self.finish()
+        self._log = log
+        self.title = title if title is not None else self.title
+        self._done.clear()
+        log.subscribe(self._on_event)
+        self._thread = threading.Thread(target=self._loop, name="nbtrain-live-plot", daemon=True)
+        self._thread.start()
+        return self
+
+    def _on_event(self, event, log) -> None:
         started = time.perf_counter()
-        self.render(MetricsLog())
-        self._next = time.perf_counter() + self._spacing(time.perf_counter() - started)
+        if event["type"] in ("steps", "change", "end"):
+            self._stale.set()
+        self.cost_s += time.perf_counter() - started
 
-    def _spacing(self, cost: float) -> float:
-        return max(self.min_interval, cost / self.budget)
+    def _loop(self) -> None:
+        while not self._done.wait(self.interval_s):
+            if self._stale.is_set():
+                self._stale.clear()
+                self.redraw()
 
-    def __call__(self, event: dict, log) -> None:
-        kind = event["type"]
-        if kind not in ("steps", "change", "end") or not len(log):
+    def finish(self) -> None:
+        """Stop following and draw the final state once."""
+        if self._thread is None:
             return
-        now = time.perf_counter()
-        if kind != "end" and now < self._next:
+        self._done.set()
+        self._thread.join()
+        self._thread = None
+        if self._log is not None:
+            self._log.unsubscribe(self._on_event)
+        self.redraw()
+
+    close = finish
+
+    def redraw(self) -> None:
+        if self._log is None:
             return
-        self.render(log)
-        cost = time.perf_counter() - now
-        if kind != "end":  # the final frame is drawn after the last step's clock reading
-            self.cost_s += cost
-        self._next = time.perf_counter() + self._spacing(cost)
+        try:
+            # Replaying the events gives a consistent copy while training appends to the original.
+            snapshot = MetricsLog.from_events(list(self._log.events))
+            if len(snapshot):
+                self._show(self.png(snapshot), snapshot)
+        except Exception as exc:  # said by the front-end; training goes on
+            self.error = f"live plot failed: {exc!r}"
 
     def png(self, log) -> bytes:
-        draw(log, *self._axes, title=self.title)
+        figure = Figure(figsize=self.figsize, dpi=self.dpi, layout="constrained")
+        FigureCanvasAgg(figure)
+        draw(log, *figure.subplots(1, 2), title=self.title)
         buffer = io.BytesIO()
-        self._figure.savefig(buffer, format="png", dpi=self.dpi)
+        figure.savefig(buffer, format="png", dpi=self.dpi)
         return buffer.getvalue()
 
-    def render(self, log) -> None:
+    def _show(self, png: bytes, log) -> None:
+        self.renders += 1
+        if self.image is not None:
+            self.image.value = png
+            return
         steps = log.columns["step"]
-        bundle = {"image/png": base64.b64encode(self.png(log)).decode(),
+        bundle = {"image/png": base64.b64encode(png).decode(),
                   "text/plain": f"nbtrain live plot{' ' + self.title if self.title else ''}: loss and samples/s, "
-                                f"{'step ' + str(steps[-1]) if steps else 'waiting for the first steps'}"}
+                                f"step {steps[-1]}"}
         if self.handle is None:
             self.handle = display(bundle, raw=True, display_id=True)
         else:
             self.handle.update(bundle, raw=True)
-        self.renders += 1
 
 
 class Summary:
