@@ -16,6 +16,8 @@ import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..compare import versus
+from ..measure.ab import describe_change
 from .panel_runs import RunRecord
 
 
@@ -74,26 +76,36 @@ class CompareView:
         self.summary.value = comparison_text(chosen)
         figure = Figure(figsize=(8.4, 2.8), layout="constrained")
         loss_ax, rate_ax = figure.subplots(1, 2)
-        for run in chosen:
+        labels = run_labels(chosen)
+        for run, label in zip(chosen, labels):
             cols = run.result.log.columns
-            loss_ax.plot(cols["time"], cols["loss"], lw=1.2, label=f"#{run.number}")
+            loss_ax.plot(cols["time"], cols["loss"], lw=1.2, label=label)
         loss_ax.set_xlabel("training time (s)")
         loss_ax.set_ylabel("training loss")
         loss_ax.legend(fontsize=7)
-        rates = [run.result.summary["samples_per_s"] for run in chosen]
-        rate_ax.bar([f"#{run.number}" for run in chosen], [0 if math.isnan(x) else x for x in rates],
-                    color="tab:orange")
-        rate_ax.set_ylabel("samples/s")
+        steady = [run.result.steady() for run in chosen]
+        rates = [0 if math.isnan(r.rate) else r.rate for r in steady]
+        # The bars carry their 95% intervals: overlapping whiskers mean the runs cannot be told apart.
+        errors = [[max(0.0, r.rate - r.low) if math.isfinite(r.low) else 0 for r in steady],
+                  [max(0.0, r.high - r.rate) if math.isfinite(r.high) else 0 for r in steady]]
+        rate_ax.bar(range(len(chosen)), rates, yerr=errors, capsize=4, color="tab:orange")
+        rate_ax.set_xticks(range(len(chosen)), labels, fontsize=7)
+        rate_ax.set_ylabel("steady samples/s")
         self.image.value = render_png(figure)
 
 
+def run_labels(runs: list[RunRecord]) -> list[str]:
+    """Each run named by what differs from the first chosen one ('#2 precision=bf16-mixed')."""
+    first = runs[0].result.config
+    return [f"#{r.number} " + (describe_change(first, r.result.config) if r is not runs[0] else "(first)")
+            for r in runs]
+
+
 def comparison_text(runs: list[RunRecord]) -> str:
-    """Each run's measured throughput relative to the first chosen one."""
+    """Each run's steady throughput against the first chosen one, as a verdict with its interval."""
     first = runs[0]
-    base = first.result.summary["samples_per_s"]
-    parts = []
-    for run in runs[1:]:
-        rate = run.result.summary["samples_per_s"]
-        if base > 0 and not math.isnan(rate):
-            parts.append(f"#{run.number} runs at {rate / base:.2f}x the samples/s of #{first.number}")
-    return "<small>" + html.escape("; ".join(parts) or f"#{first.number} alone") + "</small>"
+    parts = [f"#{run.number} vs #{first.number}: " + versus(first.result, run.result).text(
+        describe_change(first.result.config, run.result.config)) for run in runs[1:]]
+    if parts:
+        parts.append("runs measured at different times; nbtrain.ab(...) measures two configs in alternation")
+    return "<small>" + "<br>".join(html.escape(p) for p in parts or [f"#{first.number} alone"]) + "</small>"

@@ -181,6 +181,16 @@ class Summary:
         return f"<div><b>{title}</b><table>{rows}</table>{notes}</div>"
 
 
+def _steady_cell(summary: dict) -> str:
+    """Steady samples/s with its 95% interval, compact for a table cell."""
+    from ..result import _fmt
+    steady = summary.get("steady") or {}
+    low, high = steady.get("low"), steady.get("high")
+    if low is None or high is None or low != low or high != high:
+        return _fmt(summary.get("samples_per_s"))
+    return f"{_fmt(summary.get('samples_per_s'))} ({_fmt(low)}-{_fmt(high)})"
+
+
 class RunsTable:
     """`%nbtrain_runs`: stored runs, one line each."""
 
@@ -199,7 +209,7 @@ class RunsTable:
         return (str(run.id), run.name or "-", time.strftime("%m-%d %H:%M", time.localtime(run.created)), run.status,
                 run.model or "-", f"{s.get('device', '-')} x{s.get('world_size', 1)}", c.get("precision", "-"),
                 str(s.get("global_batch", c.get("batch_size"))), str(s.get("steps", "-")),
-                _fmt(s.get("samples_per_s")), _fmt(s.get("last_loss")),
+                _steady_cell(s), _fmt(s.get("last_loss")),
                 "-" if acc is None else f"{100 * acc:.1f}%", _fmt(s.get("peak_mem_mb")))
 
     def __repr__(self) -> str:
