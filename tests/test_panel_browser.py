@@ -30,6 +30,15 @@ NOTEBOOK_CELLS = [
     "p = nbtrain.panel(recipe, nbtrain.TrainConfig(accelerator='cpu', max_epochs=1))",
 ]
 
+# A %%nbtrain run of several seconds (each step sleeps 5 ms) whose live plot must draw while it trains.
+MAGIC_CELLS = [
+    "%load_ext nbtrain",
+    "%%nbtrain --max-steps 1500 --batch-size 32 --accelerator cpu --name live\n"
+    "import time, torch\nfrom nbtrain.demo import DigitsDataset, DigitsMLP\n"
+    "model, train_data, loss_fn = DigitsMLP(), DigitsDataset(), torch.nn.CrossEntropyLoss()\n"
+    "def training_step(model, batch):\n    time.sleep(0.005)\n    return loss_fn(model(batch[0]), batch[1])",
+]
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
@@ -88,6 +97,9 @@ def lab(chromium_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, notebooks / "panel.ipynb")
+    magic = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in MAGIC_CELLS])
+    magic.metadata["kernelspec"] = nb.metadata["kernelspec"]
+    nbformat.write(magic, notebooks / "magic.ipynb")
     port = free_port()
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
@@ -172,12 +184,40 @@ def test_panel_in_jupyterlab_runs_with_changed_settings_and_stops_on_request(lab
     epochs.fill("1000")
     epochs.press("Enter")
     expect(panel.locator(".nbtrain-readout")).to_contain_text("1000 epoch(s)")
+    before = page.locator("img.nbtrain-live-plot").get_attribute("src")
     panel.locator(".nbtrain-run").click()
     expect(panel.locator(".nbtrain-progress")).to_contain_text(re.compile(r"run #2: step \d+ of \d+"))
     expect(panel.locator(".nbtrain-stop")).to_be_enabled()
+    # The live plot draws run #2 while it trains (a new frame), not only when it ends.
+    page.wait_for_function("(before) => { const img = document.querySelector('img.nbtrain-live-plot');"
+                           " return img !== null && img.src !== before && img.naturalWidth > 0; }", arg=before)
+    expect(panel.locator(".nbtrain-stop")).to_be_enabled()  # still running
+    panel.screenshot(path=str(ARTIFACTS / "panel-while-running.png"))
     panel.locator(".nbtrain-stop").click()
     expect(status).to_contain_text(re.compile(r"run #2 stopped: stopped at step \d+ \(epoch \d+"))
     expect(panel.locator(".nbtrain-runs tr[data-run='2'][data-status='stopped']")).to_be_visible()
     expect(panel.locator(".nbtrain-stop")).to_be_disabled()
     expect(panel.locator(".nbtrain-run")).to_be_enabled()
     panel.screenshot(path=str(ARTIFACTS / "panel-after-stop.png"))
+
+
+def test_a_magic_cells_live_plot_has_data_while_the_run_goes_on(lab, page):
+    from playwright.sync_api import expect
+    expect.set_options(timeout=60_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.goto(f"http://127.0.0.1:{lab}/lab/tree/magic.ipynb?reset")
+    kernel = page.locator("#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel']")
+    expect(kernel).to_contain_text("Idle")
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(1)
+    image = cell.locator(".jp-OutputArea-output img")
+    expect(image).to_be_visible()
+    # Drawn while the cell still runs: its prompt shows [*] and no summary table yet.
+    expect(cell.locator(".jp-InputPrompt")).to_contain_text("[*]")
+    assert image.evaluate("img => img.naturalWidth") > 0
+    assert cell.locator("text=nbtrain run live").count() == 0
+    cell.screenshot(path=str(ARTIFACTS / "magic-while-running.png"))
+    expect(cell.locator("text=nbtrain run live")).to_be_visible(timeout=120_000)  # the summary, at the end
+    expect(cell.locator(".jp-OutputArea-output img")).to_have_count(1)  # one plot, updated in place
+    cell.screenshot(path=str(ARTIFACTS / "magic-after-run.png"))
