@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -387,6 +388,21 @@ class TrainConfig:
         """The options whose values differ from `other`, as {name: (old, new)}."""
         return {f.name: (getattr(other, f.name), getattr(self, f.name))
                 for f in dataclasses.fields(self) if getattr(other, f.name) != getattr(self, f.name)}
+
+    # --- settings as code ---------------------------------------------------------------
+
+    def as_flags(self) -> str:
+        """The `%%nbtrain` line that gives these settings (options left at their defaults omitted)."""
+        words = ["%%nbtrain"]
+        for name, (_, value) in self.changed_from(TrainConfig()).items():
+            text = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            words += ["--" + name.replace("_", "-"), shlex.quote(text)]
+        return " ".join(words)
+
+    def as_code(self) -> str:
+        """A `TrainConfig(...)` expression that gives these settings."""
+        changed = self.changed_from(TrainConfig())
+        return "TrainConfig(" + ", ".join(f"{name}={value!r}" for name, (_, value) in changed.items()) + ")"
 
 
 def option_names() -> list[str]:

@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_ar
 from IPython.display import display
 
 from ..api import fit
-from ..compare import compare
+from ..compare import compare, resolve as compare_resolve
 from ..config import ConfigError, TrainConfig, options
 from ..flags import add_config_flags
 from ..metrics import MetricsLog
@@ -316,6 +316,26 @@ class NbtrainMagics(Magics):
             raise UsageError(f"%nbtrain_compare: {error}") from None
         namespace["_nbtrain_compare"] = comparison
         display(comparison)
+
+    @line_magic
+    @magic_arguments()
+    @argument("run", nargs="?", default=None,
+              help="a result variable, a stored run name or id (default: the last run, _nbtrain)")
+    @argument("--store", default=None, help="run-store file (default: $NBTRAIN_STORE or .nbtrain/runs.sqlite)")
+    def nbtrain_export_config(self, line):
+        """A run's settings as code: the %%nbtrain line and the TrainConfig(...) that reproduce them."""
+        args = arguments.parse(self.nbtrain_export_config, line)
+        namespace = self.shell.user_ns
+        run = namespace.get(args.run or "_nbtrain")
+        if not isinstance(run, RunResult):
+            if args.run is None:
+                raise UsageError("%nbtrain_export_config: no run yet in this kernel; give a stored run's name or id")
+            try:
+                run = compare_resolve([args.run], RunStore(args.store or self.run_defaults.get("store")))[0]
+            except StoreError as error:
+                raise UsageError(f"%nbtrain_export_config: {error}") from None
+        print(run.config.as_flags())
+        print("config = nbtrain." + run.config.as_code())
 
 
 NbtrainMagics.nbtrain.__doc__ = build_parser().format_help()
