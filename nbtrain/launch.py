@@ -80,11 +80,14 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         status, error = job.supervise(log, echo)
         if error is not None:
             raise error
-        if status == "completed":
-            state = run.load_model()
-            if state is not None:
-                recipe.model.load_state_dict(state)
-        return _result(config, log, run.load_result(), status)
+        state = run.load_model() if status == "completed" else None
+        if state is not None:
+            recipe.model.load_state_dict(state)
+        result = _result(config, log, run.load_result(), status)
+        # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
+        # back only from a run that completed).
+        result.extras["weights_loaded"] = state is not None
+        return result
     finally:
         run.remove()
 
@@ -297,8 +300,9 @@ def _result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: st
     start = log.last("start")
     info = dict(start["info"]) if start else {}
     info.update(status=status, epochs_trained=float("nan"))
-    message = f"interrupted; the history up to step {log.columns['step'][-1] if len(log) else 0} is kept, " \
-              "the model keeps its weights from before the run"
+    message = (f"interrupted; the history up to step {log.columns['step'][-1] if len(log) else 0} is kept; the "
+               "model keeps its weights from before the run (the workers were stopped, and a DDP run's training "
+               "comes back into the model only when the run completes)")
     return RunResult(config, log, summarize(log, info), status, message)
 
 

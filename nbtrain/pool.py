@@ -112,6 +112,9 @@ class Zygote:
                     self._ready.set()
                 elif "started" in message:
                     self._started[message["started"]] = message["pid"]
+                    # pids wrap (pid_max may be 32768): a new rank must not inherit the exit code of an
+                    # earlier rank that had its pid, or it would be "failed" before it ran.
+                    self._exits.pop(message["pid"], None)
                 elif "exited" in message:
                     self._exits[message["exited"]] = message["code"]
                 self._changed.notify_all()

@@ -52,6 +52,11 @@ class RequeueWatch:
     def __call__(self, event: dict, _log) -> None:
         if event["type"] != "steps" or self.requested:
             return
+        if not self.engine.running:
+            # The run's last flush, after its loop ended: on a rank that raised, its peers are still
+            # inside DDP's gradient all-reduce, and a vote here would meet that one (gloo aborts and the
+            # user's traceback is lost). A run that has ended has nothing left to stop anyway.
+            return
         seen = self.flag.exists()
         if torch_dist.is_available() and torch_dist.is_initialized():
             vote = torch.tensor([int(seen)], device=self.engine.device)

@@ -185,10 +185,21 @@ class RunDir:
         self._write_bytes(name, json.dumps(value).encode())
 
 
+class NotPicklableError(TypeError):
+    """What the kernel would send to the workers does not pickle: bad input, said in one message.
+
+    Its frames are nbtrain's and its way out is in the message, so in IPython (which shows
+    `_render_traceback_` instead of the traceback) the message stands alone.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
 def _pickled(value, what: str) -> bytes:
     try:
         return cloudpickle.dumps(value)
     except Exception as error:  # pickle raises TypeError, PicklingError, AttributeError... for the same cause
-        raise TypeError(f"{what} cannot be sent to the worker processes: cloudpickle failed ({error}); allowed: "
+        raise NotPicklableError(f"{what} cannot be sent to the worker processes: cloudpickle failed ({error}); allowed: "
                         "values that pickle (no open files, locks, sockets or generators): create those inside "
                         "the workers, e.g. in the dataset's __getitem__ or in fn") from None

@@ -22,14 +22,41 @@ _FRAME = re.compile(r'(\s*File ")(.+)(", line )(\d+)(, in )(.+)')
 
 
 def user_traceback(exc: BaseException) -> str:
-    """The formatted traceback without torch's and nbtrain's frames (all frames if only those)."""
+    """The formatted traceback without torch's and nbtrain's frames (all frames if only those).
+
+    A torch error nbtrain can say in the user's terms (DDP's unused parameters) is that message
+    and the user's frames only: torch's and nbtrain's frames would only hide the way out.
+    """
     frames = traceback.extract_tb(exc.__traceback__)
     users = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_HIDDEN_ROOTS)
              and "runpy" not in f.filename]
+    explained = _explained(exc)
+    if explained is not None:
+        lines = ["Traceback (most recent call last):\n"] if users else []
+        lines += traceback.format_list(traceback.StackSummary.from_list(users))
+        lines += [f"{type(exc).__name__}: {explained}\n"] + [f"{note}\n" for note in getattr(exc, "__notes__", ())]
+        return "".join(lines)
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_list(traceback.StackSummary.from_list(users or frames))
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
+
+
+_UNUSED_PARAMETERS = re.compile(r"parameters that were not used in producing loss")
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+
+
+def _explained(exc: BaseException) -> str | None:
+    """nbtrain's own message for a torch error whose text names torch's API, not nbtrain's option."""
+    text = str(exc)
+    if not (isinstance(exc, RuntimeError) and _UNUSED_PARAMETERS.search(text)):
+        return None
+    found = _UNUSED_INDICES.search(text)
+    which = (f" (on rank {found.group(1)}, parameters {', '.join(found.group(2).split())} of "
+             "model.parameters() got no gradient)") if found else ""
+    return ("DDP expected a gradient for every parameter, but some of the model's parameters took no part in "
+            f"the loss{which}; set find_unused_parameters=True (flag --find-unused-parameters true) to let DDP "
+            "skip them, or make every parameter take part in the loss")
 
 
 def _codes_of(obj, found: list, seen: set, depth: int = 0) -> None:
@@ -103,7 +130,13 @@ def with_user_source(text: str, shipped=()) -> str:
 
 
 def error_line(text: str) -> str:
-    """The exception line of a formatted traceback, past the notes nbtrain adds after it."""
-    from .recipe import BATCH_NOTE
-    lines = [line for line in text.strip().splitlines() if not line.startswith(BATCH_NOTE)]
-    return lines[-1] if lines else "an error"
+    """The headline of a formatted traceback: the last exception's type and the first line of its message.
+
+    A message's further lines and the notes nbtrain adds stay in the text below the headline. The
+    exception line is the first unindented line after the last "Traceback" header (frame and source
+    lines are indented; a chained exception's own traceback comes before that header).
+    """
+    lines = text.strip().splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    after = lines[headers[-1] + 1:] if headers else lines
+    return next((line for line in after if line and not line[0].isspace()), lines[-1] if lines else "an error")

@@ -90,6 +90,11 @@ def _join_group(backend: str, timeout_s: float) -> None:
         torch_dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     else:
         torch_dist.init_process_group(backend, timeout=timeout)
+    # init_process_group returns on a rank once its own side of the mesh is up (torch has no join
+    # barrier): a rank with a quick job would finish and close its sockets while a slower peer is
+    # still connecting, which then fails with "connectFullMesh failed ... Connection closed by peer".
+    # No rank goes on before every rank has joined.
+    torch_dist.barrier(device_ids=[torch.cuda.current_device()] if backend == "nccl" else None)
 
 
 def _train(run: RunDir, local_main: bool) -> None:

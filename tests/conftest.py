@@ -25,3 +25,21 @@ def shell():
     ip.run_line_magic("load_ext", "nbtrain")
     ip.run_line_magic("colors", "nocolor")
     return ip
+
+
+@pytest.fixture
+def cpu_load():
+    """A CPU-bound process beside the test for as long as it runs (its pids are yielded, so leak checks can
+    leave it out). Races between processes — a rank ending while a peer is still connecting — show up here
+    rather than first on a busy CI machine. NBTRAIN_CPU_LOAD sets how many (default 1)."""
+    import subprocess
+    import sys
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(int(os.environ.get("NBTRAIN_CPU_LOAD", "1")))]
+    try:
+        yield [b.pid for b in burners]
+    finally:
+        for burner in burners:
+            burner.kill()
+        for burner in burners:
+            burner.wait()

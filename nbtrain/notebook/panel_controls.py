@@ -118,11 +118,15 @@ class Controls:
                                                description="optimizer")
         self.matmul = widgets.Dropdown(options=[("torch's", "none")] + [(m, m) for m in MATMUL_PRECISIONS],
                                        value=config.matmul_precision or "none", description="matmul")
+        # DDP's way out when some parameters take no part in the loss (its error names this option).
+        self.find_unused = widgets.Checkbox(value=config.find_unused_parameters, indent=False,
+                                            description="find_unused_parameters (DDP)")
         self.fields = {"batch-size": self.batch_size, "accumulate": self.accumulate, "workers": self.workers,
                        "processes": self.processes, "scale-lr": self.scale_lr, "base-batch": self.base_batch,
                        "lr": self.lr, "max-epochs": self.max_epochs, "max-steps": self.max_steps,
                        "compile": self.compile, "channels-last": self.channels_last,
-                       "optimizer-impl": self.optimizer_impl, "matmul": self.matmul}
+                       "optimizer-impl": self.optimizer_impl, "matmul": self.matmul,
+                       "find-unused-parameters": self.find_unused}
         for name, widget in self.fields.items():
             widget.add_class(f"nbtrain-{name}")
             widget.style.description_width = "80px"
@@ -133,7 +137,7 @@ class Controls:
                           widgets.VBox([self.workers, self.max_epochs, self.max_steps]),
                           widgets.VBox([self.scale_lr, self.base_batch, self.lr])]),
             _folded("more speed toggles", widgets.HBox([self.compile, self.optimizer_impl, self.matmul,
-                                                        self.channels_last])),
+                                                        self.channels_last, self.find_unused])),
         ])
         self.refresh_choices()
 
@@ -147,6 +151,7 @@ class Controls:
             "lr": self.lr.value, "max_epochs": self.max_epochs.value, "max_steps": self.max_steps.value,
             "compile": self.compile.value, "channels_last": self.channels_last.value,
             "optimizer_impl": self.optimizer_impl.value, "matmul_precision": self.matmul.value,
+            "find_unused_parameters": self.find_unused.value,
         }
 
     def refresh_choices(self) -> None:
