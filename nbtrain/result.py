@@ -93,9 +93,10 @@ class RunResult:
                             + _per_rank(s.get("peak_mem_mb_per_rank"))),
             ("step time by phase", phases or "-"),
             ("loss first -> last", f"{_fmt(s['first_loss'])} -> {_fmt(s['last_loss'])}"),
-            ("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "
-                                         f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}"),
-        ] + [("note", note) for note in s.get("notes", [])]
+        ] + ([("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "
+                                           f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}")]
+             if s.get("val_loss") is not None else []) \
+          + [("note", note) for note in s.get("notes", [])]
 
     def steady(self) -> SteadyRate:
         """The steady-state rate with its interval (stored summaries carry it; older ones only the rate)."""

@@ -19,7 +19,7 @@ def test_the_demo_trains_prints_a_summary_and_writes_a_loss_plot(tmp_path):
     done = subprocess.run([sys.executable, "-m", "nbtrain", "demo", "--max-epochs", "3", "--quiet",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    for label in ("samples/s", "time/epoch", "peak memory", "loss first -> last", "held-out loss / accuracy"):
+    for label in ("samples/s", "total time", "peak memory", "loss first -> last", "held-out loss / accuracy"):
         assert label in done.stdout
     png = tmp_path / "nbtrain-demo-loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
