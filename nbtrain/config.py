@@ -283,6 +283,14 @@ class TrainConfig:
                                        "batches each worker loads ahead", low=1, high=1024, nullable=True)
     shuffle: bool = _opt(True, "bool", "true or false", "reshuffle the training data every epoch")
     drop_last: bool = _opt(False, "bool", "true or false", "drop the last incomplete batch of an epoch")
+    # Automatic by default: the batches are the DataLoader's, bit for bit (same sampler, seed and values),
+    # so it changes what runs, never what is learned. Auto holds only a TensorDataset (or a Subset of one),
+    # whose samples are rows of its tensors and nothing more; another Dataset's __getitem__ may make new
+    # samples at each read (augmentation), so holding one read of it is the user's call: true.
+    preload_data: bool | None = _opt(None, "bool", "true, false or auto (a TensorDataset, when num_workers=0 "
+                                     "and it fits)", "hold the training tensors in memory on the training device "
+                                     "and cut each batch by index, in the DataLoader's order (no per-sample reads "
+                                     "and collate); num_workers >= 1 keeps the DataLoader", nullable=True)
     lr: float | None = _opt(None, "float", "a number > 0, or None (keep the optimizer's own rate)",
                             "base learning rate (before scaling)", low=1e-300, nullable=True)
     scale_lr: str = _opt("none", "choice", "one of none, linear, sqrt",

@@ -40,7 +40,7 @@ from .result import RunResult, summarize
 
 # Which parts of the live session each option touches.
 _LOADER_OPTIONS = {"batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
-                   "shuffle", "drop_last", "accelerator"}
+                   "shuffle", "drop_last", "accelerator", "preload_data"}
 _LR_OPTIONS = {"lr", "scale_lr", "base_batch_size", "batch_size", "accumulate_grad_batches", "devices", "num_nodes"}
 _OUT_OF_PROCESS = {"devices", "num_nodes", "strategy"}
 _TOGGLE_OPTIONS = {"compile", "channels_last", "matmul_precision", "cudnn_benchmark", "optimizer_impl",
@@ -83,6 +83,7 @@ class Engine:
             self.model.to(self.device)
         self._train_model = self._wrap(self.model)
         self.precision = Precision(self.config.precision, self.device.type)
+        self._held: data.Held | None = None  # the training data held for preload_data, kept across loaders
         self.loader = self._build_loader()
         self.replace_optimizer()
         self._apply_toggles(_TOGGLE_OPTIONS)
@@ -106,10 +107,21 @@ class Engine:
         config = self.config
         if config.strategy == "dp":  # DataParallel splits each loaded batch across the devices
             config = config.replace(batch_size=config.batch_size * config.devices)
+        self._held, note = data.hold(self.recipe.train_data, config, self.world, self.device, self.recipe.collate_fn,
+                                     previous=self._held)
+        self._note("preload_data", note)
+        if self._held is not None:  # the same batches in the same order, without the per-sample path
+            return data.HeldBatches(self._held, config, self.world, self.seed)
         return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
+
+    @property
+    def held_data(self) -> data.Held | None:
+        """The training data held in memory for preload_data (what it costs, where), or None."""
+        return self._held
 
     def rebuild_loader(self) -> None:
         """New training data: start its first epoch from the beginning."""
+        self._held = None
         self.loader = self._build_loader()
         self.epoch_offset = 0
 
@@ -327,6 +339,9 @@ class Engine:
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - start_step}
         extra.update(self._info())
         extra["notes"] = list(self.notes.values()) + self._compile_accounting(extra)
+        if self.log.thinning:  # rows were dropped to bound memory: the count of steps is the log's, not its rows'
+            extra["notes"].append(self.log.thinning)
+            extra["steps"] = self.log.steps_seen
         summary = summarize(self.log, extra)
         self.log.emit({"type": "end", "summary": _plain(summary), "status": status, "message": message})
         return RunResult(self.config, self.log, summary, status, message)
@@ -387,7 +402,7 @@ class Engine:
             return True
         # Everything the hot loop touches is a local: this loop must cost no more than a hand-written one.
         k, n, world = c.accumulate_grad_batches, len(sizes), self.world.size
-        move = self.device.type != "cpu" or c.channels_last
+        move = (self.device.type != "cpu" and not isinstance(self.loader, data.HeldBatches)) or c.channels_last
         perf, now = time.perf_counter, self._clock.now
         no_sync = getattr(model, "no_sync", None)
         # FSDP's no_sync: a flag that must hold through backward, set before every micro-step's forward.
@@ -537,8 +552,8 @@ class Engine:
             for batch in loader:
                 batch = self._prepare(batch)
                 size = _batch_size(batch)
-                if recipe.training_step is not None:
-                    loss = recipe.training_step(model, batch)
+                if recipe.training_step is not None or recipe.loss_fn is None:
+                    loss = recipe.step_loss(model, batch)
                 else:
                     inputs, target = split_batch(batch)
                     output = model(inputs)

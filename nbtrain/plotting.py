@@ -1,8 +1,16 @@
 """Loss and throughput against step, from a MetricsLog; config changes marked; and the figure
-handling every result's plot method shares."""
+handling every result's plot method shares.
+
+A long run is decimated for drawing (means over spans of steps), so the live plot's redraw
+costs the same at step 1,000 and step 1,000,000."""
 from __future__ import annotations
 
 import contextlib
+from array import array
+
+import numpy as np
+
+MAX_POINTS = 1000  # points a line draws: enough for any figure's width
 
 
 @contextlib.contextmanager
@@ -23,34 +31,62 @@ def axes(path=None, ax=None, figsize=(6, 3.2)):
         plt.close(ax.figure)
 
 
-def throughput_series(log) -> tuple[list, list]:
-    """(step, samples/s) at the end of each log window, measured over that window."""
+def _numbers(column: array) -> np.ndarray:
+    return np.frombuffer(column, dtype=np.dtype(column.typecode))  # (a copy from MetricsLog.read: no one appends)
+
+
+def _bucket_starts(rows: int, every: int) -> np.ndarray:
+    return np.arange(0, rows, max(every, 1))
+
+
+def _every(log, rows: int, max_points: int) -> int:
+    """Rows per drawn point: the log window, or more where the run has more than `max_points` of them."""
     start = log.last("start")
-    prev_samples = start["info"].get("samples_start", 0) if start else 0
-    prev_time = 0.0
-    steps, rates = [], []
-    for event in log.of_type("steps"):
-        rows = event["rows"]
-        if not rows["step"]:
-            continue
-        t, s = rows["time"][-1], rows["samples"][-1]
-        if t > prev_time:
-            steps.append(rows["step"][-1])
-            rates.append((s - prev_samples) / (t - prev_time))
-        prev_time, prev_samples = t, s
-    return steps, rates
+    window = (start or {}).get("config", {}).get("log_every_n_steps") or 1
+    return max(int(window), -(-rows // max_points))
 
 
-def draw(log, loss_ax, rate_ax, title=None) -> None:
-    """Draw (or redraw in place) the two panels of a run's history."""
-    cols = log.columns
+def throughput_series(log, max_points: int = MAX_POINTS) -> tuple[list, list]:
+    """(step, samples/s) at the end of each log window (or of each of at most `max_points` spans of
+    steps, in a long run), measured over that span."""
+    cols = log.read("step", "time", "samples")
+    rows = len(cols["step"])
+    if not rows:
+        return [], []
+    start = log.last("start")
+    ends = np.append(_bucket_starts(rows, _every(log, rows, max_points))[1:] - 1, rows - 1)
+    steps, t, s = (_numbers(cols[name])[ends] for name in ("step", "time", "samples"))
+    t0 = np.append(0.0, t[:-1])
+    s0 = np.append(start["info"].get("samples_start", 0) if start else 0, s[:-1])
+    ok = t > t0  # (a requeued run's clock starts again: no rate across that)
+    return steps[ok].tolist(), ((s - s0)[ok] / (t - t0)[ok]).tolist()
+
+
+def loss_series(log, max_points: int = MAX_POINTS) -> tuple[list, list, int]:
+    """(step, loss) drawn: every step, or the mean of each span of steps when there are more than
+    `max_points`; and the steps per point."""
+    cols = log.read("step", "loss")
+    rows = len(cols["step"])
+    steps, loss = _numbers(cols["step"]), _numbers(cols["loss"])
+    if rows <= max_points:
+        return steps.tolist(), loss.tolist(), 1
+    every = -(-rows // max_points)
+    starts = _bucket_starts(rows, every)
+    means = np.add.reduceat(loss, starts) / np.diff(np.append(starts, rows))
+    return steps[np.append(starts[1:] - 1, rows - 1)].tolist(), means.tolist(), every
+
+
+def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS) -> None:
+    """Draw (or redraw in place) the two panels of a run's history; at most `max_points` points a
+    line, so a redraw costs the same however long the run."""
     loss_ax.clear()
     rate_ax.clear()
-    loss_ax.plot(cols["step"], cols["loss"], color="tab:blue", lw=1.2)
+    steps, loss, every = loss_series(log, max_points)
+    loss_ax.plot(steps, loss, color="tab:blue", lw=1.2)
     loss_ax.set_xlabel("optimizer step")
-    loss_ax.set_ylabel("training loss")
-    steps, rates = throughput_series(log)
-    rate_ax.plot(steps, rates, color="tab:orange", lw=1.2, marker="o", ms=2)
+    loss_ax.set_ylabel("training loss" + (f" (mean of {every} steps)" if every > 1 else ""))
+    steps, rates = throughput_series(log, max_points)
+    rate_ax.plot(steps, rates, color="tab:orange", lw=1.2, marker="o" if len(steps) < 200 else None, ms=2)
     rate_ax.set_xlabel("optimizer step")
     rate_ax.set_ylabel("samples/s")
     for event in log.of_type("change"):

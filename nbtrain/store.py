@@ -2,7 +2,9 @@
 
 Comparisons survive a kernel restart because runs live on disk, by default in
 `.nbtrain/runs.sqlite` under the working directory (a notebook's own folder), or where
-the NBTRAIN_STORE environment variable or a `path` argument says.
+the NBTRAIN_STORE environment variable or a `path` argument says. A run's row stays
+bounded: past STORED_ROWS steps its history is thinned as MetricsLog thins (recent steps
+whole, older ones at every 2nd, 4th, ... step), and the loaded log states the thinning.
 
 Recording never breaks training: a corrupt, locked or unwritable file makes `record`
 warn once (per file, per process) and return None. Several kernels may write at once:
@@ -26,6 +28,7 @@ from .metrics import MetricsLog
 from .result import RunResult
 
 SCHEMA_VERSION = 1
+STORED_ROWS = 2**14  # step rows a run keeps in the store: every step of a run up to 16,384 steps
 _SCHEMA = ("""
 CREATE TABLE IF NOT EXISTS runs (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -36,7 +39,7 @@ CREATE TABLE IF NOT EXISTS runs (
     model    TEXT,
     config   TEXT NOT NULL,   -- JSON: TrainConfig.to_dict()
     summary  TEXT NOT NULL,   -- JSON: RunResult.summary
-    events   BLOB NOT NULL    -- zlib(JSON): the MetricsLog's events, replayable
+    events   BLOB NOT NULL    -- zlib(JSON): the MetricsLog's events, replayable (thinned past STORED_ROWS)
 )""", "CREATE INDEX IF NOT EXISTS runs_by_name ON runs (name, id)", f"PRAGMA user_version={SCHEMA_VERSION}")
 _warned: set[str] = set()
 
@@ -107,7 +110,8 @@ class RunStore:
 
     def record(self, result: RunResult, name: str | None = None, model: str | None = None) -> int | None:
         """Store a finished run; its id, or None (after one warning) when the file is unusable."""
-        events = zlib.compress(json.dumps(result.log.events).encode())
+        # A long run's history is thinned (recent steps kept whole), so its row stays a few MB at most.
+        events = zlib.compress(json.dumps(result.log.snapshot(STORED_ROWS).events).encode())
         row = (name if name is not None else result.name, time.time(), result.status, result.message, model,
                json.dumps(result.config.to_dict()), json.dumps(result.summary, default=str), events)
         try:

@@ -8,6 +8,9 @@ a factory, frozen parameters, dropout and BatchNorm buffers. The reference is th
 person would write by hand over the same data order, with checkpoints kept as in-memory
 copies. At fp32 on the CPU the weights must come out bit-identical.
 
+Every case runs twice: batches through the DataLoader, and cut from the data held in memory
+(preload_data); both must match the plain loop.
+
 NBTRAIN_DIFFERENTIAL_CASES (default 40, a few seconds) sets how many cases are generated;
 NBTRAIN_DIFFERENTIAL_SEED picks another set.
 """
@@ -245,7 +248,7 @@ class PlainLoop:
 # --- nbtrain, as a notebook user drives it ---------------------------------------------
 
 
-def play_nbtrain(case: Case, train_seed: int, folder) -> nn.Module:
+def play_nbtrain(case: Case, train_seed: int, folder, preload_data: bool) -> nn.Module:
     model = make_model(case)
     optimizer = make_optimizer(case, model)
     dataset = data()  # defined once, as in a notebook cell above the training cells
@@ -256,7 +259,7 @@ def play_nbtrain(case: Case, train_seed: int, folder) -> nn.Module:
         options = dict(batch_size=run.batch, max_steps=run.steps, accumulate_grad_batches=run.accumulate,
                        precision=run.precision, drop_last=case.drop_last, seed=train_seed, accelerator="cpu",
                        checkpoint_every=str(case.checkpoint_every), checkpoint_dir=str(folder),
-                       resume="last" if run.resume else None)
+                       resume="last" if run.resume else None, preload_data=preload_data)
         try:  # (a crash planned past the run's last call never comes: both sides then just finish)
             nbtrain.fit(model, dataset, loss_fn=ScriptedLoss(run, model), optimizer=optimizer, **options)
         except RuntimeError as error:
@@ -269,12 +272,15 @@ def _cases():
     return [generate(rng) for _ in range(CASES)]
 
 
+@pytest.mark.parametrize("preload_data", [False, True], ids=["dataloader", "held-in-memory"])
 @pytest.mark.parametrize("case", _cases(), ids=str)
-def test_nbtrain_trains_exactly_as_the_plain_loop(case, tmp_path):
+def test_nbtrain_trains_exactly_as_the_plain_loop(case, preload_data, tmp_path):
     train_seed = 1000 + sum(map(ord, str(case))) % 1000
     reference = PlainLoop(case, train_seed)
     for run in case.runs:
         reference.play(run)
-    trained = play_nbtrain(case, train_seed, tmp_path)
+    trained = play_nbtrain(case, train_seed, tmp_path, preload_data)
+    engine = nbtrain.api.live_engine(trained)
+    assert isinstance(engine.loader, nbtrain.data.HeldBatches) == preload_data
     for (name, a), b in zip(trained.state_dict().items(), reference.model.state_dict().values()):
         assert torch.equal(a, b), f"{name} differs by {(a.float() - b.float()).abs().max().item():.3g} in {case}"

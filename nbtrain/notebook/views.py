@@ -17,7 +17,6 @@ from IPython.display import display
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..metrics import MetricsLog
 from ..plotting import draw
 
 
@@ -133,8 +132,7 @@ class LivePlot:
         if self._log is None:
             return
         try:
-            # Replaying the events gives a consistent copy while training appends to the original.
-            snapshot = MetricsLog.from_events(list(self._log.events))
+            snapshot = self._log.snapshot()  # a consistent copy while training appends to the original
             if len(snapshot):
                 self._show(self.png(snapshot), snapshot)
         except Exception as exc:  # said by the front-end; training goes on
