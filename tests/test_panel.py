@@ -12,8 +12,10 @@ import time
 import pytest
 import torch
 
+import ipywidgets as widgets
 import nbtrain
 from nbtrain import hardware
+from nbtrain.notebook.panel_layout import descendants
 from nbtrain.demo import digits_recipe
 from nbtrain.recipe import Recipe
 
@@ -43,6 +45,19 @@ def wait_until(condition, timeout=30.0):
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting")
         time.sleep(0.01)
+
+
+def row_cells(panel, number: int) -> list[str]:
+    """The runs table's main cells of run #number, as shown."""
+    import html
+    row = re.search(rf"<tr class='nbtrain-run-row' data-run='{number}' data-status='\w+'>(.*?)</tr>",
+                    panel.table.html.value).group(1)
+    return [html.unescape(cell) for cell in re.findall(r"<td>(.*?)</td>", row)]
+
+
+def text_of(html_value: str) -> str:
+    import html
+    return html.unescape(re.sub(r"<style>.*?</style>|<[^>]+>", "", html_value, flags=re.S))
 
 
 def start_long_run(panel):
@@ -75,25 +90,26 @@ def test_run_trains_the_live_model_with_the_settings_chosen_in_the_panel(make_pa
     assert engine.model is recipe.model
     assert (engine.config.batch_size, engine.config.precision, engine.step) == (64, "bf16-mixed", 12)
     assert any(not torch.equal(a, b) for a, b in zip(before, recipe.model.parameters()))
-    assert re.fullmatch(r"run #1 completed after 12 steps — [\d,.]+ samples/s, final loss [\d.]+",
-                        panel.status_text), panel.status_text
-    row = re.search(r"<tr class='nbtrain-run-row' data-run='1' data-status='completed'>(.*?)</tr>",
-                    panel.table.html.value).group(1)
-    cells = re.findall(r"<td>(.*?)</td>", row)
-    assert cells[:9] == ["#1", "completed", "cpu", "bf16-mixed", "64", "1", "0", "1", "64"]
+    steady = panel.runs[0].result.steady()
+    assert panel.status_text.startswith(f"run #1 completed after 12 steps — {steady.text()}, final loss "), \
+        panel.status_text
+    cells = row_cells(panel, 1)
+    assert cells[:4] == ["#1", "(first run)", "completed", "12"]
+    assert cells[4].startswith(f"{steady.rate:,.0f}")  # steady samples/s, then its interval where it has one
+    assert cells[6].endswith(" MB")
     assert not panel.run_button.disabled and panel.stop_button.disabled
     assert panel.errors == []
 
 
 def test_readout_states_the_global_batch_and_the_scaled_learning_rate(make_panel):
     panel = make_panel()
-    assert "global batch 32</b> = batch 32 × accumulate 1 × 1 process" in panel.readout.value
+    assert "global batch 32</b> = batch 32 × accumulate 1 × 1 device" in panel.readout.value
     assert "learning rate 0.003" in panel.readout.value  # digits recipe: AdamW(lr=3e-3)
     panel.controls.batch_size.value = "64"
     panel.controls.accumulate.value = 2
     panel.controls.scale_lr.value = "linear"  # tuned for the starting global batch, 32
     text = panel.readout.value
-    assert "global batch 128</b> = batch 64 × accumulate 2 × 1 process" in text
+    assert "global batch 128</b> = batch 64 × accumulate 2 × 1 device" in text
     assert "learning rate 0.012 (linear rule: base 0.003 x 4 for global batch 128 vs 32)" in text
     panel.controls.scale_lr.value = "sqrt"
     assert "learning rate 0.006 (sqrt rule" in panel.readout.value
@@ -136,10 +152,12 @@ def test_unavailable_device_and_precision_are_disabled_with_the_configs_reason(m
     device, precision = panel.controls.device, panel.controls.precision
     assert device.value == "cpu" and not device.buttons["cpu"].disabled
     assert device.buttons["cuda"].disabled
-    assert device.buttons["cuda"].tooltip == "not available on this machine; available: cpu"
+    assert device.buttons["cuda"].tooltip.startswith(
+        "Not available on this machine; available: cpu. Train on a CUDA GPU.")
     assert "<b>cuda</b>: not available on this machine" in device.reasons.value
     assert precision.buttons["16-mixed"].disabled
     assert precision.buttons["16-mixed"].tooltip.startswith("16-mixed needs a CUDA GPU")
+    assert "(precision). Checklist: 16-bit mixed precision" in precision.buttons["16-mixed"].tooltip
     assert not precision.buttons["bf16-mixed"].disabled and not precision.buttons["32-true"].disabled
     with hardware.assume(NO_GPU):  # a disabled choice set from code still meets config.py's check
         precision.select("16-mixed")
@@ -193,13 +211,110 @@ def test_stop_ends_the_run_at_a_step_boundary_and_says_where(make_panel):
     assert panel.status_text.startswith(("stopping run #1 at the next optimizer step…", "run #1 stopped"))
     assert panel.wait(30)
     steps = panel.engine.step
-    assert re.fullmatch(rf"run #1 stopped: stopped at step {steps} \(epoch \d+, \d+ samples into it\) — .*",
-                        panel.status_text), panel.status_text
+    assert re.fullmatch(rf"run #1 stopped after {steps:,} of 45,000 steps \(epoch \d+, \d+ samples into it\) — .*",
+                        panel.status_text, flags=re.S), panel.status_text  # 1437 samples / 32 = 45 steps/epoch
     assert steps < 45 * 1000 and not panel.engine.running
-    assert f"run #1: step {steps} of 45000 · loss" in panel.progress.value  # 1437 samples / 32 = 45 steps/epoch
+    assert f"run #1 stopped at step {steps:,} of 45,000 · " in text_of(panel.progress.value)
+    assert panel.progress.bar.value == steps and panel.progress.bar.bar_style == "warning"
     assert panel.runs[0].result.summary["run_steps"] == steps
     panel.stop_button.click()
     assert panel.status_text == "no run in progress"
+
+
+def test_a_stopped_run_states_one_step_count_in_its_status_progress_and_table_row(make_panel):
+    panel = make_panel()
+    panel.controls.max_steps.value = "5"
+    panel.run_button.click()
+    assert panel.wait(60)
+    panel.controls.max_steps.value = ""
+    start_long_run(panel)  # the model trained 5 steps before this run
+    panel.stop_button.click()
+    assert panel.wait(30)
+    steps = panel.runs[1].result.summary["run_steps"]
+    assert panel.engine.step == 5 + steps
+    assert panel.status_text.startswith(f"run #2 stopped after {steps:,} of 45,000 steps (epoch "), panel.status_text
+    assert f"the model's step {5 + steps:,} overall)" in panel.status_text  # where the model stands, said apart
+    assert f"run #2 stopped at step {steps:,} of 45,000" in text_of(panel.progress.value)
+    assert panel.progress.bar.value == steps
+    assert row_cells(panel, 2)[3] == f"{steps:,}"
+
+
+def test_the_progress_bar_counts_this_runs_steps_with_elapsed_and_remaining_time(make_panel):
+    panel = make_panel()
+    start_long_run(panel)
+    wait_until(lambda: "left" in text_of(panel.progress.value))
+    text = text_of(panel.progress.value)
+    assert re.fullmatch(r"run #1 · step [\d,]+ of 45,000 · \d+:\d\d elapsed · about [\d:]+ left · loss [\d.]+",
+                        text), text
+    assert panel.progress.bar.max == 45000 and 0 < panel.progress.bar.value <= panel.engine.step
+    panel.stop_button.click()
+    assert panel.wait(30)
+
+
+def test_every_control_has_a_tooltip_with_what_it_does_and_the_checklists_rule(make_panel):
+    panel = make_panel()
+    controls = panel.controls
+    for option, widget in controls.fields.items():
+        assert f"({option})" in widget.tooltip, (option, widget.tooltip)  # the option's own word
+    for option in ("batch_size", "accumulate_grad_batches", "num_workers", "devices", "scale_lr", "compile"):
+        assert "Checklist: " in controls.fields[option].tooltip, option
+    labels = {w.value: w.tooltip for w in descendants(controls.widget) if isinstance(w, widgets.Label)}
+    assert "(devices)" in labels["devices"] and controls.processes is controls.devices  # Lightning's word
+    assert "DDP" in controls.devices.tooltip and "not DataParallel" in controls.devices.tooltip
+    for row in (controls.device, controls.precision):
+        assert all(button.tooltip for button in row.buttons.values())
+    tools = set(map(id, descendants(panel.tools.widget)))  # the tools' own controls: panel_tools.py's part
+    interactive = (widgets.Button, widgets.ToggleButton, widgets.ValueWidget)
+    untold = [w for w in descendants(panel.widget) if isinstance(w, interactive) and id(w) not in tools
+              and not isinstance(w, (widgets.HTML, widgets.Label, widgets.IntProgress, widgets.Image))
+              and not w.tooltip]
+    assert untold == []
+
+
+def test_copy_as_code_shows_the_settings_as_a_magic_line_and_a_trainconfig(make_panel):
+    panel = make_panel()
+    assert panel.code.html.layout.display == "none"  # folded until asked for
+    panel.code.toggle.value = True
+    assert panel.code.html.layout.display is None
+    panel.controls.batch_size.value = "64"
+    panel.controls.precision.select("bf16-mixed")
+    text = text_of(panel.code.html.value)
+    assert panel.config.as_flags() == ("%%nbtrain --accelerator cpu --precision bf16-mixed --batch-size 64 "
+                                       "--base-batch-size 32")
+    assert text == panel.config.as_flags() + panel.config.as_code()  # two blocks: one click selects each
+    assert eval(panel.config.as_code(), {"TrainConfig": nbtrain.TrainConfig}) == panel.config  # it round-trips
+    panel.controls.batch_size.value = "lots"
+    assert "invalid" in text_of(panel.code.html.value)
+
+
+def test_images_stay_hidden_until_they_have_a_frame(make_panel):
+    panel = make_panel()
+    for image in (panel.plot.image, panel.compare.image, panel.tools.image):
+        assert image.layout.display == "none"  # an empty Image would show a broken-image icon
+    panel.controls.max_steps.value = "12"
+    panel.run_button.click()
+    assert panel.wait(60)
+    assert panel.plot.image.layout.display is None and bytes(panel.plot.image.value).startswith(b"\x89PNG")
+    assert panel.compare.image.layout.display is None  # one run: its own bar
+    panel.compare.select.value = ()
+    assert panel.compare.image.layout.display == "none"
+
+
+def test_runs_table_shows_what_differs_first_and_folds_the_rest(make_panel):
+    panel = make_panel()
+    panel.controls.max_steps.value = "12"
+    panel.run_button.click()
+    assert panel.wait(60)
+    panel.controls.batch_size.value = "64"
+    panel.run_button.click()
+    assert panel.wait(60)
+    assert row_cells(panel, 2)[1] == "batch_size=64"
+    assert "<tr class='nbtrain-run-details'" not in panel.table.html.value
+    panel.table.details.value = True
+    details = re.findall(r"<tr class='nbtrain-run-details' data-run='(\d)'>(.*?)</tr>", panel.table.html.value)
+    assert [number for number, _ in details] == ["1", "2"]
+    assert "global batch 64 = batch 64 × accumulate 1 × 1 device" in text_of(details[1][1])
+    assert "held-out" in panel.table.html.value and "samples/s (95% interval)" in panel.table.html.value
 
 
 def test_a_second_run_while_one_is_going_is_refused_in_the_status_line(make_panel):
@@ -269,13 +384,13 @@ def test_live_plot_and_compare_view_are_drawn_from_measured_runs(make_panel):
     assert panel.compare.select.value == (1, 2)
     from nbtrain.compare import versus
     verdict = versus(panel.runs[0].result, panel.runs[1].result)
-    text = panel.compare.summary.value
-    assert text.startswith("<small>#2 vs #1: " + verdict.text("batch_size=128")), text
+    text = text_of(panel.compare.summary.value)
+    assert text.startswith("#2 vs #1: " + verdict.text("batch_size=128")), text
     assert "faster" in text or "slower" in text or "no measurable difference" in text or "too few" in text
     assert "measured at different times" in text
     assert bytes(panel.compare.image.value).startswith(b"\x89PNG")
     panel.compare.select.value = (2,)
-    assert panel.compare.summary.value == "<small>#2 alone</small>"
+    assert text_of(panel.compare.summary.value) == "#2 alone"
 
 
 def test_further_toggles_apply_and_say_why_one_does_not_apply_here(make_panel):
@@ -307,7 +422,7 @@ def test_processes_above_one_run_through_the_ddp_launcher(make_panel):
     before = [p.detach().clone() for p in recipe.model.parameters()]
     panel.controls.processes.value = 2
     panel.controls.max_steps.value = "4"
-    assert "× 2 processes" in panel.readout.value
+    assert "× 2 devices" in panel.readout.value
     panel.run_button.click()
     assert panel.wait(240), panel.status_text
     assert panel.runs[0].status == "completed", panel.status_text

@@ -145,10 +145,83 @@ def page(lab, chromium_path):
             browser.close()
 
 
+# Every shown element of the panel must fit: no text cut off (an ellipsis or a clipped label reads as
+# scrollWidth > clientWidth), nothing sticking out of the panel or the panel out of its output area,
+# no broken image, no widget that failed to render. Form fields scroll their own text by design, so they
+# are left out of the width check.
+LAYOUT_PROBLEMS = """(root) => {
+  const name = (el) => el.tagName.toLowerCase() + [...el.classList].filter(c => c.startsWith('nbtrain-')
+      || c.startsWith('widget-') || c.startsWith('jupyter-widget')).map(c => '.' + c).slice(0, 2).join('')
+      + (el.textContent ? ` "${el.textContent.trim().slice(0, 30)}"` : '');
+  const problems = [];
+  const panel = root.getBoundingClientRect();
+  const area = (root.closest('.jp-OutputArea-output') || root.parentElement).getBoundingClientRect();
+  for (const failed of root.querySelectorAll('.jupyter-widgets-error-widget'))
+    problems.push(`a widget failed to render: ${failed.textContent.trim().slice(0, 200)}`);
+  if (panel.right > area.right + 1 || panel.right > window.innerWidth)
+    problems.push(`the panel (right edge ${panel.right}) runs out of its output area (${area.right})`);
+  for (const el of root.querySelectorAll('*')) {
+    if (el.getClientRects().length === 0 || getComputedStyle(el).visibility === 'hidden') continue;
+    const box = el.getBoundingClientRect();
+    if (box.width === 0 || box.height === 0) continue;
+    if (box.left < panel.left - 1 || box.right > panel.right + 1)
+      problems.push(`${name(el)} sticks out of the panel: ${box.left}-${box.right} vs ${panel.left}-${panel.right}`);
+    if (!['INPUT', 'SELECT', 'TEXTAREA'].includes(el.tagName) && el.scrollWidth > el.clientWidth + 1
+        && el.clientWidth > 0)
+      problems.push(`${name(el)} is cut off or overflows: ${el.scrollWidth}px of content in ${el.clientWidth}px`);
+    if (el.tagName === 'IMG' && !(el.complete && el.naturalWidth > 0))
+      problems.push(`${name(el)} is a broken image`);
+  }
+  return problems;
+}"""
+SIZES = [(1280, 800), (1920, 1080)]
+# What the pointer shows over each control: ipywidgets puts the tooltip on the button, the field or its label.
+TOOLTIPS = """(root) => Object.fromEntries([...root.querySelectorAll(
+    '.nbtrain-run, .nbtrain-stop, .nbtrain-apply, .nbtrain-close, .nbtrain-code-toggle, .nbtrain-runs-details, '
+    + '[class*="nbtrain-device-"]:not(.nbtrain-device-reasons), '
+    + '[class*="nbtrain-precision-"]:not(.nbtrain-precision-reasons), '
+    + '.nbtrain-batch-size, .nbtrain-accumulate, .nbtrain-workers, .nbtrain-devices, .nbtrain-scale-lr, '
+    + '.nbtrain-base-batch, '
+    + '.nbtrain-lr, .nbtrain-max-epochs, .nbtrain-max-steps, .nbtrain-compile, .nbtrain-channels-last, '
+    + '.nbtrain-optimizer-impl, .nbtrain-matmul, .nbtrain-find-unused-parameters, .nbtrain-compare-select')]
+  .map(el => [[...el.classList].find(c => c.startsWith('nbtrain-')),
+              el.title || (el.querySelector('[title]') || {}).title || '']))"""
+
+
+def assert_fits(page, panel, label: str) -> None:
+    """The panel's layout holds at each screen size (checked in the page, after the reflow)."""
+    for width, height in SIZES:
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(400)
+        problems = panel.evaluate(LAYOUT_PROBLEMS)
+        assert problems == [], f"{label} at {width}x{height}: " + "\n".join(problems)
+    page.set_viewport_size({"width": SIZES[0][0], "height": SIZES[0][1]})
+    page.wait_for_timeout(400)
+
+
+def shoot(page, panel, name: str, width: int = 1280) -> None:
+    """A screenshot of the whole panel as laid out at `width`: the window is made tall enough to hold
+    it (JupyterLab's notebook scrolls inside the window, so a taller panel would be cut off)."""
+    page.set_viewport_size({"width": width, "height": 2400})
+    page.wait_for_timeout(400)
+    panel.screenshot(path=str(ARTIFACTS / name))
+    page.set_viewport_size({"width": SIZES[0][0], "height": SIZES[0][1]})
+    page.wait_for_timeout(400)
+
+
+def open_tab(panel, title: str) -> None:
+    panel.locator(".nbtrain-tabs .lm-TabBar-tab", has_text=re.compile(rf"^{title}$")).click()
+
+
+def number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
 def test_panel_in_jupyterlab_runs_with_changed_settings_and_stops_on_request(lab, page):
     from playwright.sync_api import expect
     expect.set_options(timeout=60_000)  # a cold kernel imports torch first; this machine may be busy
     ARTIFACTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
     page.goto(f"http://127.0.0.1:{lab}/lab/tree/panel.ipynb?reset")
     kernel = page.locator("#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel']")
     expect(kernel).to_contain_text("Idle")
@@ -159,7 +232,15 @@ def test_panel_in_jupyterlab_runs_with_changed_settings_and_stops_on_request(lab
     expect(panel).to_be_visible()
     status = panel.locator(".nbtrain-status")
     expect(status).to_contain_text("ready: press Run")
+    expect(panel.locator(".nbtrain-progress")).to_contain_text("no run yet")
+    assert panel.locator("img.nbtrain-live-plot").is_hidden()  # no frame yet: hidden, not a broken image
+    assert_fits(page, panel, "the new panel")
 
+    # Tooltips say what a control does, in the option's own word, and the checklist's rule.
+    tooltips = panel.evaluate(TOOLTIPS)
+    assert [name for name, title in tooltips.items() if not title] == [], tooltips
+    assert "(devices)" in tooltips["nbtrain-devices"] and "Checklist:" in tooltips["nbtrain-batch-size"]
+    assert tooltips["nbtrain-run"].startswith("Train the live model")
     if not torch.cuda.is_available():  # the kernel runs on this machine: no CUDA there either
         expect(panel.locator(".nbtrain-device-cuda")).to_be_disabled()
         expect(panel.locator(".nbtrain-device-reasons")).to_contain_text("cuda: not available on this machine")
@@ -169,16 +250,33 @@ def test_panel_in_jupyterlab_runs_with_changed_settings_and_stops_on_request(lab
     panel.locator(".nbtrain-precision-bf16-mixed").click()
     expect(panel.locator(".nbtrain-readout")).to_contain_text("global batch 64 = batch 64")
     expect(panel.locator(".nbtrain-readout")).to_contain_text("bf16-mixed on cpu")
+    panel.locator(".nbtrain-code-toggle").click()
+    expect(panel.locator(".nbtrain-code")).to_contain_text(
+        "%%nbtrain --accelerator cpu --precision bf16-mixed --batch-size 64 --max-epochs 1 --base-batch-size 32")
+    expect(panel.locator(".nbtrain-code")).to_contain_text("TrainConfig(accelerator='cpu', precision='bf16-mixed'")
+    panel.get_by_text("more speed toggles").click()
+    expect(panel.locator(".nbtrain-find-unused-parameters")).to_be_visible()
+    assert_fits(page, panel, "copy as code, more speed toggles")
+    shoot(page, panel, "panel-copy-as-code.png")
+    panel.locator(".nbtrain-code-toggle").click()
+    panel.get_by_text("more speed toggles").click()
 
     panel.locator(".nbtrain-run").click()
+    expect(status).to_contain_text(re.compile(r"run #1 completed after \d+ steps — [\d,]+ samples/s"))
+    page.wait_for_function("() => { const img = document.querySelector('img.nbtrain-live-plot');"
+                           " return img !== null && img.naturalWidth > 0; }")
+    expect(panel.locator(".nbtrain-progress")).to_contain_text(re.compile(
+        r"run #1 completed at step \d+ of \d+ · \d+:\d\d · final loss [\d.]+ · recorded as run #1 in "
+        r"\.nbtrain/runs\.sqlite"))  # where the notebook is: no temporary machine path
+    assert_fits(page, panel, "after a run")
+    shoot(page, panel, "panel-after-run.png")
+    open_tab(panel, "runs")
     row = panel.locator(".nbtrain-runs tr[data-run='1'][data-status='completed']")
     expect(row).to_be_visible()
     cells = row.locator("td").all_inner_texts()
-    assert cells[:5] == ["#1", "completed", "cpu", "bf16-mixed", "64"], cells
-    expect(status).to_contain_text(re.compile(r"run #1 completed after \d+ steps — [\d,.]+ samples/s"))
-    page.wait_for_function("() => { const img = document.querySelector('img.nbtrain-live-plot');"
-                           " return img !== null && img.naturalWidth > 0; }")
-    panel.screenshot(path=str(ARTIFACTS / "panel-after-run.png"))
+    assert cells[:3] == ["#1", "(first run)", "completed"], cells
+    assert re.fullmatch(r"[\d,]+( \([\d,]+–[\d,]+\))?( noisy)?", cells[4]), cells  # steady rate (+ interval)
+    open_tab(panel, "settings")
 
     epochs = panel.locator(".nbtrain-max-epochs input")
     epochs.fill("1000")
@@ -186,19 +284,51 @@ def test_panel_in_jupyterlab_runs_with_changed_settings_and_stops_on_request(lab
     expect(panel.locator(".nbtrain-readout")).to_contain_text("1000 epoch(s)")
     before = page.locator("img.nbtrain-live-plot").get_attribute("src")
     panel.locator(".nbtrain-run").click()
-    expect(panel.locator(".nbtrain-progress")).to_contain_text(re.compile(r"run #2: step \d+ of \d+"))
+    expect(panel.locator(".nbtrain-progress")).to_contain_text(
+        re.compile(r"run #2 · step [\d,]+ of [\d,]+ · \d+:\d\d elapsed · about [\d:]+ left · loss"))
     expect(panel.locator(".nbtrain-stop")).to_be_enabled()
     # The live plot draws run #2 while it trains (a new frame), not only when it ends.
     page.wait_for_function("(before) => { const img = document.querySelector('img.nbtrain-live-plot');"
                            " return img !== null && img.src !== before && img.naturalWidth > 0; }", arg=before)
     expect(panel.locator(".nbtrain-stop")).to_be_enabled()  # still running
-    panel.screenshot(path=str(ARTIFACTS / "panel-while-running.png"))
+    page.screenshot(path=str(ARTIFACTS / "jupyterlab-1280x800-while-running.png"))  # what the user sees
+    shoot(page, panel, "panel-while-running.png", width=1920)
     panel.locator(".nbtrain-stop").click()
-    expect(status).to_contain_text(re.compile(r"run #2 stopped: stopped at step \d+ \(epoch \d+"))
-    expect(panel.locator(".nbtrain-runs tr[data-run='2'][data-status='stopped']")).to_be_visible()
+    expect(status).to_contain_text(re.compile(r"run #2 stopped after [\d,]+ of [\d,]+ steps \(epoch \d+"))
     expect(panel.locator(".nbtrain-stop")).to_be_disabled()
     expect(panel.locator(".nbtrain-run")).to_be_enabled()
-    panel.screenshot(path=str(ARTIFACTS / "panel-after-stop.png"))
+    # One step count for the stopped run: in the status line, the progress line and the runs table.
+    said = number(re.search(r"run #2 stopped after ([\d,]+) of", status.inner_text()).group(1))
+    shown = panel.locator(".nbtrain-progress").inner_text()
+    assert number(re.search(r"run #2 stopped at step ([\d,]+) of", shown).group(1)) == said, shown
+    open_tab(panel, "runs")
+    stopped = panel.locator(".nbtrain-runs tr[data-run='2'][data-status='stopped']")
+    expect(stopped).to_be_visible()
+    assert number(stopped.locator("td").nth(3).inner_text()) == said
+    assert stopped.locator("td").nth(1).inner_text() == "max_epochs=1000"
+    expect(panel.locator(".nbtrain-compare-summary")).to_contain_text("#2 vs #1: max_epochs=1000")
+    page.wait_for_function("() => { const img = document.querySelector('img.nbtrain-compare-plot');"
+                           " return img !== null && img.naturalWidth > 0; }")
+    panel.locator(".nbtrain-runs-details").click()
+    expect(panel.locator(".nbtrain-runs tr.nbtrain-run-details[data-run='2']")).to_contain_text("global batch 64")
+    assert_fits(page, panel, "the runs tab")
+    shoot(page, panel, "panel-runs-tab.png")
+    shoot(page, panel, "panel-runs-tab-1920.png", width=1920)
+    open_tab(panel, "tools")
+    expect(panel.locator(".nbtrain-tool-profile")).to_be_visible()
+    assert panel.locator("img.nbtrain-tool-plot").is_hidden()  # no tool has run: no image, no broken icon
+    assert_fits(page, panel, "the tools tab")
+    panel.locator(".nbtrain-tool-profile").click()
+    expect(status).to_contain_text("Bottleneck breakdown done")
+    page.wait_for_function("() => { const img = document.querySelector('img.nbtrain-tool-plot');"
+                           " return img !== null && img.naturalWidth > 0; }")
+    assert_fits(page, panel, "the tools tab with the bottleneck breakdown")
+    shoot(page, panel, "panel-tools-tab.png")
+    open_tab(panel, "settings")
+    shoot(page, panel, "panel-after-stop-1920.png", width=1920)
+    page.set_viewport_size({"width": 1920, "height": 1080})
+    page.wait_for_timeout(400)
+    page.screenshot(path=str(ARTIFACTS / "jupyterlab-1920x1080.png"))
 
 
 def test_a_magic_cells_live_plot_has_data_while_the_run_goes_on(lab, page):

@@ -8,6 +8,11 @@ line); Run trains in a background thread (the engine in this kernel for one proc
 and optimizer. Every callback reports its failure in the status line instead of
 losing it.
 
+Its parts: panel_controls (the settings, with their tooltips from panel_help),
+panel_layout (where each part sits), panel_progress (the bar, elapsed and remaining
+time), panel_training (the run's background thread), panel_views (runs table, compare
+view, "copy as code") and panel_tools (the checklist tools).
+
     p = nbtrain.panel(recipe)                  # or a namespace: nbtrain.panel(globals())
     p = nbtrain.panel(recipe, display=False)   # build without showing (tests, layouts)
 """
@@ -15,14 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import html
 import threading
 import traceback
 import weakref
 from typing import Any, Mapping
 
 try:
-    import ipywidgets as widgets
+    import ipywidgets  # noqa: F401 - the first import of it: fails here, with the install command
 except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency, but say how to get it
     raise ImportError("nbtrain.panel needs ipywidgets: pip install ipywidgets") from exc
 
@@ -31,9 +35,14 @@ from ..config import ConfigError, TrainConfig
 from ..recipe import Recipe
 from ..store import RunStore
 from .panel_controls import Controls
-from .panel_runs import RunRecord, _number
+from .panel_help import BUTTONS
+from .panel_layout import button, descendants, html_line, layout, status_html
+from .panel_progress import RunProgress
+from . import panel_training as training
+from .panel_training import describe
+from .panel_runs import RunRecord
 from .panel_tools import LABELS as TOOL_LABELS, ToolButtons
-from .panel_views import CompareView, RunsTable
+from .panel_views import CodeView, CompareView, RunsTable, readout_html
 from .views import LivePlot
 
 # One panel per live model: a new panel for the same model closes the old one (and stops its run).
@@ -71,26 +80,21 @@ class Panel:
         self._displayed = False
 
         self.controls = Controls(self.base, self._controls_changed)
-        self.readout = _html("nbtrain-readout")
-        self.progress = _html("nbtrain-progress")
-        self.status = _html("nbtrain-status")
-        self.run_button = _button("Run", "nbtrain-run", "success", self._on_run)
-        self.stop_button = _button("Stop", "nbtrain-stop", "danger", self._on_stop, disabled=True)
-        self.apply_button = _button("Apply now", "nbtrain-apply", "warning", self._on_apply)
-        self.close_button = _button("Close", "nbtrain-close", "", self._on_close)
-        self.plot = LivePlot(interval_s=0.7, widget=True, figsize=(8.4, 2.8), dpi=90)
+        self.readout = html_line("nbtrain-readout")
+        self.progress = RunProgress()
+        self.status = html_line("nbtrain-status")
+        self.run_button = button("Run", "nbtrain-run", "success", self._on_run, BUTTONS["run"])
+        self.stop_button = button("Stop", "nbtrain-stop", "danger", self._on_stop, BUTTONS["stop"], disabled=True)
+        self.apply_button = button("Apply now", "nbtrain-apply", "warning", self._on_apply, BUTTONS["apply"])
+        self.close_button = button("Close", "nbtrain-close", "", self._on_close, BUTTONS["close"])
+        # Drawn at twice the pixels it is shown at, so it stays sharp on HiDPI screens.
+        self.plot = LivePlot(interval_s=0.7, widget=True, figsize=(7.6, 2.6), dpi=144)
         self.table = RunsTable()
         self.compare = CompareView()
+        self.code = CodeView()
         self.tools = ToolButtons(self)
         self.compare.select.observe(lambda _change: self._draw_compare(), "value")
-        self.widget = widgets.VBox([
-            widgets.HTML("<b>nbtrain</b> — training settings for this live model"),
-            self.controls.widget, self.readout,
-            widgets.HBox([self.run_button, self.stop_button, self.apply_button, self.close_button]),
-            self.status, self.progress, self.plot.image, self.tools.widget,
-            widgets.HTML("<b>runs</b>"), self.table.html, self.compare.widget,
-        ])
-        self.widget.add_class("nbtrain-panel")
+        self.widget = layout(self)
         self.table.show(self.runs)
         self._controls_changed()
 
@@ -103,8 +107,7 @@ class Panel:
     def say(self, text: str, error: bool = False) -> None:
         """Set the status line (safe from any thread)."""
         self.status_text = text
-        color = "#b00020" if error else "inherit"
-        self.status.value = f"<div style='white-space:pre-wrap;color:{color}'>{html.escape(text)}</div>"
+        self.status.value = status_html(text, error)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the current run ends; True when it has."""
@@ -120,15 +123,11 @@ class Panel:
         self.controls.refresh_choices()
         self.config = None
         self.readout.value = ""
+        self.code.show(None)
         self.config = self.base.replace(**self.controls.changes())
         c = self.config
-        processes = f"{c.world_size} process{'es' if c.world_size > 1 else ''}"
-        budget = ", ".join(x for x in (f"{c.epochs_budget} epoch(s)" if c.epochs_budget else "",
-                                       f"at most {c.max_steps} steps" if c.max_steps else "") if x)
-        self.readout.value = (
-            f"<b>global batch {c.global_batch_size}</b> = batch {c.batch_size} × accumulate "
-            f"{c.accumulate_grad_batches} × {processes} · <b>learning rate {html.escape(self.engine.lr_note(c))}</b>"
-            f" · {c.precision} on {c.device_type} · {budget}")
+        self.code.show(c)
+        self.readout.value = readout_html(c, self.engine.lr_note(c))
         if self.running:
             self.say("changed: press Apply now to use this from the next optimizer step")
         else:
@@ -146,14 +145,16 @@ class Panel:
         record = RunRecord(len(self.runs) + 1, config)
         if config.world_size == 1:
             self.engine = api.engine_for(self.recipe, config)
-        record.log.subscribe(functools.partial(self._on_run_event, record))
+        record.log.subscribe(functools.partial(training.on_event, self, record))
         self.runs.append(record)
         self._current = record
         self.table.show(self.runs)
         self.plot.follow(record.log, record.label())
+        self.progress.start(record.number, {})  # the run's start event then says how many steps it plans
         self._set_running(True)
-        self.say(f"run #{record.number} starting ({record.label()})")
-        self._thread = threading.Thread(target=self._train, args=(record,), name="nbtrain-panel-run", daemon=True)
+        self.say(f"run #{record.number} starting: {record.settings_text()}")
+        self._thread = threading.Thread(target=training.train, args=(self, record), name="nbtrain-panel-run",
+                                        daemon=True)
         self._thread.start()
 
     @_reported
@@ -178,7 +179,7 @@ class Panel:
             return
         if not self.running:
             if config.world_size > 1:
-                self.say(f"{config.world_size} processes: they start with the next Run")
+                self.say(f"{config.world_size} devices: their worker processes start with the next Run")
                 return
             self.engine.reconfigure(config)
             self.say("applied to the live model; the next Run continues with it")
@@ -191,7 +192,7 @@ class Panel:
             self.say("nothing to apply: the run already uses these settings")
             return
         # Said first: the training thread may apply the change and report it before request() returns.
-        self.say(f"requested {_describe({k: (getattr(self.engine.config, k), v) for k, v in changes.items()})}; "
+        self.say(f"requested {describe({k: (getattr(self.engine.config, k), v) for k, v in changes.items()})}; "
                  "it applies at the next optimizer step")
         self.engine.request(**changes)  # validated now, applied at the next optimizer step
 
@@ -210,7 +211,7 @@ class Panel:
         self.plot.finish()
         if _panels.get(self.recipe.model, lambda: None)() is self:
             del _panels[self.recipe.model]
-        for widget in _descendants(self.widget):
+        for widget in descendants(self.widget):
             widget.close()
 
     def _request_stop(self) -> None:
@@ -242,61 +243,6 @@ class Panel:
             self.say(f"{self._busy()} is still going: Stop it first")
             return
         self.tools.run(tool)
-
-    # --- the run (background thread) ------------------------------------------------------
-
-    def _train(self, record: RunRecord) -> None:
-        message, error = "", False
-        try:
-            if record.config.world_size > 1:
-                result = api.fit(recipe=self.recipe, config=record.config, log=record.log)
-            else:
-                result = self.engine.run(log=record.log)
-            record.result, record.status = result, result.status
-            self._record(result)
-            s = result.summary
-            message = (f"run #{record.number} {result.status}"
-                       + (f": {result.message}" if result.message else f" after {s['steps']} steps")
-                       + f" — {_number(s['samples_per_s'])} samples/s, final loss {_number(s['last_loss'])}"
-                       + "".join(f"\nnote: {note}" for note in s.get("notes", [])))
-        except BaseException as exc:  # KeyboardInterrupt included: it is how a multi-process run stops
-            self.errors.append(traceback.format_exc())
-            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
-            message, error = f"run #{record.number} failed: {record.error}", True
-        finally:
-            try:
-                self.plot.finish()
-                if self.plot.error:
-                    message += f" ({self.plot.error})"
-                self.table.show(self.runs)
-                self.compare.offer(self.runs)  # the new selection redraws the compare view
-                self._set_running(False)
-            except Exception as exc:
-                self.errors.append(traceback.format_exc())
-                message, error = f"{message}; updating the panel failed: {exc!r}", True
-            self.say(message, error=error)
-
-    def _record(self, result) -> None:
-        """Into the run store, so %nbtrain_runs and compare see panel runs too (an unusable store only warns)."""
-        params = sum(p.numel() for p in self.recipe.model.parameters())
-        run_id = self.store.record(result, model=f"{type(self.recipe.model).__name__} ({params:,} parameters)")
-        result.extras.update(run_id=run_id, store=str(self.store.path))
-        if result.name is None and run_id is not None:
-            result.name = f"#{run_id}"
-        self.progress.value += html.escape(f" · recorded as run #{run_id} in {self.store.path}" if run_id is not None
-                                           else " · not recorded: the run store is unusable (see the warning)")
-
-    def _on_run_event(self, record: RunRecord, event: dict, log) -> None:
-        kind = event["type"]
-        if kind == "change":
-            self.say(f"applied at step {event['step']}: {_describe(event['changes'])} (same model and optimizer)")
-        elif kind == "start":
-            self.table.show(self.runs)
-        elif kind == "steps" and event["rows"]["step"]:
-            rows, info = event["rows"], log.last("start")["info"]
-            planned, done = info.get("planned_steps"), rows["step"][-1] - info.get("step_start", 0)
-            self.progress.value = (f"<small>run #{record.number}: step {done}"
-                                   f"{f' of {planned}' if planned else ''} · loss {rows['loss'][-1]:.4f}</small>")
 
     @_reported
     def _draw_compare(self) -> None:
@@ -346,24 +292,4 @@ def _as_recipe(source) -> Recipe:
                     "a namespace dict (e.g. globals()) or nothing (the notebook's names)")
 
 
-def _describe(changes: dict) -> str:
-    return ", ".join(f"{name} {old} → {new}" for name, (old, new) in changes.items())
 
-
-def _html(css_class: str) -> widgets.HTML:
-    widget = widgets.HTML()
-    widget.add_class(css_class)
-    return widget
-
-
-def _button(text: str, css_class: str, style: str, on_click, disabled: bool = False) -> widgets.Button:
-    button = widgets.Button(description=text, button_style=style, disabled=disabled)
-    button.add_class(css_class)
-    button.on_click(on_click)
-    return button
-
-
-def _descendants(widget):
-    yield widget
-    for child in getattr(widget, "children", ()):
-        yield from _descendants(child)

@@ -3,7 +3,9 @@
 The controls never judge a value. They hand raw widget values (a batch size typed as
 text stays text) to `TrainConfig.replace`, which reads and validates them; which
 device and precision choices are available is asked of config.py the same way, so the
-reason shown on a disabled choice is config.py's own message.
+reason shown on a disabled choice is config.py's own message. Each control is named by
+its option's word (`devices`, as in Lightning), and its tooltip says what it does and
+the checklist's rule behind it (panel_help.py).
 """
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ import ipywidgets as widgets
 from .. import hardware
 from ..config import (ACCELERATORS, COMPILE_MODES, LR_RULES, MATMUL_PRECISIONS, OPTIMIZER_IMPLS, PRECISIONS,
                       ConfigError, TrainConfig)
+from .panel_help import choice_tooltip, option_tooltip
 
+CSS_CLASSES = {"accumulate_grad_batches": "nbtrain-accumulate", "num_workers": "nbtrain-workers",
+               "base_batch_size": "nbtrain-base-batch", "matmul_precision": "nbtrain-matmul"}
 BATCH_CHOICES = [str(2**i) for i in range(13)]  # 1 .. 4096; any other whole number may be typed
 DEVICE_CHOICES = tuple(a for a in ACCELERATORS if a != "auto")
 
@@ -35,21 +40,23 @@ class ChoiceRow:
     (A Dropdown or ToggleButtons cannot disable single options.)
     """
 
-    def __init__(self, name: str, choices, value: str, on_change):
-        self.name = name
+    def __init__(self, name: str, option: str, choices, value: str, on_change):
+        self.name, self.option = name, option
         self.value = value
         self._on_change = on_change
         self._updating = False
         self.buttons = {}
         for choice in choices:
             button = widgets.ToggleButton(description=choice, value=choice == value,
-                                          layout=widgets.Layout(width="auto"))
+                                          tooltip=choice_tooltip(option, choice), layout=widgets.Layout(width="auto"))
             button.add_class(f"nbtrain-{name}-{choice}")
             button.observe(lambda change, c=choice: self._toggled(c, change["new"]), "value")
             self.buttons[choice] = button
-        self.reasons = widgets.HTML()
+        # The reasons wrap beside the buttons, or under them in a narrow column.
+        self.reasons = widgets.HTML(layout=widgets.Layout(flex="1 1 180px", min_width="0"))
         self.reasons.add_class(f"nbtrain-{name}-reasons")
-        self.widget = widgets.HBox(list(self.buttons.values()) + [self.reasons])
+        self.widget = widgets.HBox(list(self.buttons.values()) + [self.reasons],
+                                   layout=widgets.Layout(flex_flow="row wrap", flex="1 1 auto", min_width="0"))
         self.widget.add_class(f"nbtrain-{name}")
 
     def select(self, choice: str) -> None:
@@ -74,10 +81,11 @@ class ChoiceRow:
         for choice, reason in reasons.items():
             button = self.buttons[choice]
             button.disabled = reason is not None and choice != self.value
-            button.tooltip = reason or ""
+            button.tooltip = choice_tooltip(self.option, choice, reason)
             if reason:
                 notes.append(f"<b>{choice}</b>: {_escape(reason)}")
-        self.reasons.value = f"<small>{'<br>'.join(notes)}</small>" if notes else ""
+        self.reasons.value = (f"<div style='font-size:11px;line-height:1.35;white-space:normal'>"
+                              f"{'<br>'.join(notes)}</div>" if notes else "")
 
 
 class Controls:
@@ -86,8 +94,8 @@ class Controls:
     def __init__(self, config: TrainConfig, on_change):
         self._on_change = on_change
         inv = hardware.inventory()
-        self.device = ChoiceRow("device", DEVICE_CHOICES, config.device_type, on_change)
-        self.precision = ChoiceRow("precision", PRECISIONS, config.precision, on_change)
+        self.device = ChoiceRow("device", "accelerator", DEVICE_CHOICES, config.device_type, on_change)
+        self.precision = ChoiceRow("precision", "precision", PRECISIONS, config.precision, on_change)
         self.batch_size = widgets.Combobox(value=str(config.batch_size), options=BATCH_CHOICES,
                                            ensure_option=False, continuous_update=False,
                                            description="batch size", placeholder="a power of two or any number")
@@ -97,9 +105,9 @@ class Controls:
         self.workers = widgets.IntSlider(value=config.num_workers, min=0,
                                          max=max(8, os.cpu_count() or 1, config.num_workers),
                                          description="workers", continuous_update=False)
-        self.processes = widgets.IntSlider(value=config.devices, min=1,
-                                           max=max(inv.cuda_devices, inv.cpu_cores, config.devices, 2),
-                                           description="processes", continuous_update=False)
+        self.devices = widgets.IntSlider(value=config.devices, min=1,
+                                         max=max(inv.cuda_devices, inv.cpu_cores, config.devices, 2),
+                                         description="devices", continuous_update=False)
         self.scale_lr = widgets.Dropdown(options=LR_RULES, value=config.scale_lr, description="LR rule")
         # The rate was tuned for the global batch the user started with, unless they said otherwise.
         self.base_batch = widgets.Text(value=str(config.base_batch_size or config.global_batch_size),
@@ -112,47 +120,54 @@ class Controls:
                                       description="steps", placeholder="none", continuous_update=False)
         # The further checklist toggles, folded away: each applies live like the rest.
         self.compile = widgets.Dropdown(options=COMPILE_MODES, value=config.compile, description="compile")
-        self.channels_last = widgets.Checkbox(value=config.channels_last, description="channels_last",
-                                              indent=False)
+        # Toggle buttons, not checkboxes: ipywidgets 8 shows a described checkbox's tooltip nowhere.
+        self.channels_last = widgets.ToggleButton(value=config.channels_last, description="channels_last")
         self.optimizer_impl = widgets.Dropdown(options=OPTIMIZER_IMPLS, value=config.optimizer_impl,
                                                description="optimizer")
         self.matmul = widgets.Dropdown(options=[("torch's", "none")] + [(m, m) for m in MATMUL_PRECISIONS],
                                        value=config.matmul_precision or "none", description="matmul")
         # DDP's way out when some parameters take no part in the loss (its error names this option).
-        self.find_unused = widgets.Checkbox(value=config.find_unused_parameters, indent=False,
-                                            description="find_unused_parameters (DDP)")
-        self.fields = {"batch-size": self.batch_size, "accumulate": self.accumulate, "workers": self.workers,
-                       "processes": self.processes, "scale-lr": self.scale_lr, "base-batch": self.base_batch,
-                       "lr": self.lr, "max-epochs": self.max_epochs, "max-steps": self.max_steps,
-                       "compile": self.compile, "channels-last": self.channels_last,
-                       "optimizer-impl": self.optimizer_impl, "matmul": self.matmul,
-                       "find-unused-parameters": self.find_unused}
-        for name, widget in self.fields.items():
-            widget.add_class(f"nbtrain-{name}")
-            widget.style.description_width = "80px"
+        self.find_unused = widgets.ToggleButton(value=config.find_unused_parameters,
+                                                description="find_unused_parameters")
+        # config option -> its widget; the CSS class (nbtrain-...) is what the browser test selects.
+        self.fields = {"batch_size": self.batch_size, "accumulate_grad_batches": self.accumulate,
+                       "num_workers": self.workers, "devices": self.devices, "scale_lr": self.scale_lr,
+                       "base_batch_size": self.base_batch, "lr": self.lr, "max_epochs": self.max_epochs,
+                       "max_steps": self.max_steps, "compile": self.compile, "channels_last": self.channels_last,
+                       "optimizer_impl": self.optimizer_impl, "matmul_precision": self.matmul,
+                       "find_unused_parameters": self.find_unused}
+        cells = {}
+        for option, widget in self.fields.items():
+            widget.add_class(CSS_CLASSES.get(option, "nbtrain-" + option.replace("_", "-")))
+            widget.tooltip = option_tooltip(option)
             widget.observe(lambda _change: self._on_change(), "value")
+            if isinstance(widget, widgets.ToggleButton):  # its own text is its label
+                widget.layout = widgets.Layout(width="auto", min_width="0")
+                cells[option] = widget
+            else:
+                cells[option] = _described(widget)
         self.widget = widgets.VBox([
-            _labelled("device", self.device.widget), _labelled("precision", self.precision.widget),
-            widgets.HBox([widgets.VBox([self.batch_size, self.accumulate, self.processes]),
-                          widgets.VBox([self.workers, self.max_epochs, self.max_steps]),
-                          widgets.VBox([self.scale_lr, self.base_batch, self.lr])]),
-            _folded("more speed toggles", widgets.HBox([self.compile, self.optimizer_impl, self.matmul,
-                                                        self.channels_last, self.find_unused])),
+            _labelled("device", "accelerator", self.device.widget),
+            _labelled("precision", "precision", self.precision.widget),
+            _grid([cells[o] for o in ("batch_size", "accumulate_grad_batches", "devices", "num_workers", "max_epochs",
+                                      "max_steps", "scale_lr", "base_batch_size", "lr")]),
+            _folded("more speed toggles", widgets.VBox([
+                widgets.HTML("<small>Each applies live, like the settings above; the tooltips say when it pays "
+                             "off.</small>"),
+                _grid([cells[o] for o in ("compile", "optimizer_impl", "matmul_precision", "channels_last",
+                                          "find_unused_parameters")])])),
         ])
         self.refresh_choices()
 
+    @property
+    def processes(self) -> widgets.IntSlider:
+        """The devices slider under its former name (older notebooks and tests use it)."""
+        return self.devices
+
     def changes(self) -> dict:
         """The config options as the widgets state them, unread and unchecked."""
-        return {
-            "accelerator": self.device.value, "precision": self.precision.value,
-            "batch_size": self.batch_size.value, "accumulate_grad_batches": self.accumulate.value,
-            "num_workers": self.workers.value, "devices": self.processes.value,
-            "scale_lr": self.scale_lr.value, "base_batch_size": self.base_batch.value,
-            "lr": self.lr.value, "max_epochs": self.max_epochs.value, "max_steps": self.max_steps.value,
-            "compile": self.compile.value, "channels_last": self.channels_last.value,
-            "optimizer_impl": self.optimizer_impl.value, "matmul_precision": self.matmul.value,
-            "find_unused_parameters": self.find_unused.value,
-        }
+        return {"accelerator": self.device.value, "precision": self.precision.value,
+                **{option: widget.value for option, widget in self.fields.items()}}
 
     def refresh_choices(self) -> None:
         """Disable the device and precision choices config.py refuses here, with its reason."""
@@ -161,16 +176,33 @@ class Controls:
                                         for p in PRECISIONS})
 
     def set_running(self, running: bool) -> None:
-        # Processes cannot change inside a running process: that control waits for the next run.
-        self.processes.disabled = running
+        # Devices cannot change inside a running process: that control waits for the next run.
+        self.devices.disabled = running
 
 
-def _labelled(text: str, widget) -> widgets.HBox:
-    label = widgets.Label(text, layout=widgets.Layout(width="84px"))
+def _labelled(text: str, option: str, widget) -> widgets.HBox:
+    label = widgets.Label(text, tooltip=option_tooltip(option), layout=widgets.Layout(width="80px", flex="0 0 80px"))
     return widgets.HBox([label, widget])
 
 
+def _described(widget) -> widgets.HBox:
+    """The widget behind a label of its own that carries the tooltip too: ipywidgets 8 shows a text
+    field's or dropdown's tooltip only when it has no description of its own."""
+    label = widgets.Label(widget.description, tooltip=widget.tooltip,
+                          layout=widgets.Layout(width="76px", flex="0 0 76px"))
+    widget.description = ""
+    widget.layout = widgets.Layout(width="auto", flex="1 1 auto", min_width="0")  # the cell's width, never wider
+    return widgets.HBox([label, widget], layout=widgets.Layout(min_width="0"))
+
+
+def _grid(children) -> widgets.GridBox:
+    """Controls in as many columns as fit: three in a wide panel, one in a narrow one, none cut off."""
+    return widgets.GridBox(children, layout=widgets.Layout(
+        grid_template_columns="repeat(auto-fill, minmax(230px, 1fr))", grid_gap="0 12px"))
+
+
 def _folded(title: str, widget) -> widgets.Accordion:
+    # (No tooltip on the Accordion itself: ipywidgets 8.1's AccordionView fails to render with one.)
     folded = widgets.Accordion(children=[widget], titles=(title,), selected_index=None)
     folded.add_class("nbtrain-more")
     return folded

@@ -1,4 +1,4 @@
-"""The panel's views: the runs table and the compare view (its live plot is views.LivePlot).
+"""The panel's views: the runs table, the compare view, "copy as code" (its live plot is views.LivePlot).
 
 Training runs in a background thread, so these views never use an Output widget's
 context manager (it captures output per thread unreliably). They only assign widget
@@ -17,55 +17,142 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..compare import versus
+from ..config import TrainConfig
 from ..measure.ab import describe_change
+from .panel_help import BUTTONS
 from .panel_runs import RunRecord
+
+
+HIDPI = 2  # figures drawn at twice the pixels they are shown at: sharp on HiDPI screens
 
 
 def render_png(figure: Figure) -> bytes:
     FigureCanvasAgg(figure)
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90)
+    figure.savefig(buffer, format="png", dpi=72 * HIDPI)
     return buffer.getvalue()
 
 
-COLUMNS = ("run", "status", "device", "precision", "batch", "accum", "workers", "processes", "global batch",
-           "lr", "steps", "samples/s", "time/epoch", "peak memory", "final loss")
+def show_once_drawn(image: widgets.Image, placeholder: widgets.Widget | None = None) -> None:
+    """Keep an Image hidden while it is empty (the browser would show a broken-image icon), and show
+    `placeholder` instead until the first frame."""
+    def update(_change=None):
+        drawn = len(image.value) > 0
+        image.layout.display = None if drawn else "none"
+        if placeholder is not None:
+            placeholder.layout.display = "none" if drawn else None
+    image.observe(update, "value")
+    update()
+
+
+def fit_width(image: widgets.Image, max_width: str = "760px") -> None:
+    """An image as wide as its column (up to `max_width`), its height following."""
+    image.layout.width, image.layout.max_width, image.layout.height = "100%", max_width, "auto"
+    image.layout.margin = "0"  # a margin added to 100% would stick out of the column
+
+
+def readout_html(c: TrainConfig, lr_note: str) -> str:
+    """What the settings add up to: the global batch and its factors, the learning rate, the budget."""
+    devices = f"{c.world_size} device{'s' if c.world_size > 1 else ''}"
+    budget = ", ".join(x for x in (f"{c.epochs_budget} epoch(s)" if c.epochs_budget else "",
+                                   f"at most {c.max_steps} steps" if c.max_steps else "") if x)
+    return (f"<div style='line-height:1.4;white-space:normal'><b>global batch {c.global_batch_size}</b> = "
+            f"batch {c.batch_size} × accumulate {c.accumulate_grad_batches} × {devices} · "
+            f"<b>learning rate {html.escape(lr_note)}</b> · {c.precision} on {c.device_type} · {budget}</div>")
+
+
+SUMMARY_COLUMNS = (("run", ""), ("differs from the first run", "the options this run changed"),
+                   ("status", ""), ("steps", "optimizer steps of this run"),
+                   ("samples/s (95% interval)", "steady samples/s after the warm-up, with its 95% interval; "
+                                                "the compare view below says whether two runs differ"),
+                   ("held-out", "accuracy (and loss) on the held-out data at the run's end"),
+                   ("peak memory", "peak memory of the training device (process RSS on the CPU)"))
 
 
 class RunsTable:
+    """The columns that matter first; every other setting and measurement folded under a toggle."""
+
     def __init__(self):
         self.html = widgets.HTML()
         self.html.add_class("nbtrain-runs")
+        self.details = widgets.ToggleButton(description="details", icon="list", tooltip=BUTTONS["details"],
+                                            layout=widgets.Layout(width="auto", align_self="flex-start"))
+        self.details.add_class("nbtrain-runs-details")
+        self.details.observe(lambda _change: self.show(self._runs), "value")
+        self.widget = widgets.VBox([self.html, self.details])
+        self._runs: list[RunRecord] = []
 
     def show(self, runs: list[RunRecord]) -> None:
-        head = "".join(f"<th>{c}</th>" for c in COLUMNS)
-        rows = "".join(
-            f"<tr class='nbtrain-run-row' data-run='{r.number}' data-status='{html.escape(r.status)}'>"
-            + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.cells()) + "</tr>"
-            for r in runs)
-        style = "border-collapse:collapse;font-size:12px"
-        self.html.value = (f"<table style='{style}' border='1' cellpadding='3'><thead><tr>{head}</tr></thead>"
-                           f"<tbody>{rows}</tbody></table>" if runs else "<i>no runs yet</i>")
+        self._runs = list(runs)
+        if not runs:
+            self.html.value = "<i>no runs yet: press Run</i>"
+            return
+        head = "".join(f"<th title='{html.escape(tip)}'>{name}</th>" for name, tip in SUMMARY_COLUMNS)
+        rows = []
+        for run in runs:
+            rows.append(f"<tr class='nbtrain-run-row' data-run='{run.number}' data-status='{html.escape(run.status)}'>"
+                        + "".join(f"<td>{html.escape(v)}</td>" for v in run.summary_cells(runs[0])) + "</tr>")
+            if self.details.value:
+                rows.append(f"<tr class='nbtrain-run-details' data-run='{run.number}'><td></td>"
+                            f"<td colspan='{len(SUMMARY_COLUMNS) - 1}'>{html.escape(run.details())}</td></tr>")
+        self.html.value = (f"{TABLE_STYLE}<table class='nbtrain-runs-table'><thead><tr>{head}</tr></thead>"
+                           f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+# JupyterLab's theme colours (light or dark), with plain fallbacks; long values wrap inside their cell.
+TABLE_STYLE = """<style>
+.nbtrain-runs-table {border-collapse:collapse; font-size:12px; line-height:1.35; width:100%}
+.nbtrain-runs-table th, .nbtrain-runs-table td {border:1px solid var(--jp-border-color2, #ccc); padding:2px 5px;
+  text-align:left; vertical-align:top; overflow-wrap:break-word}
+.nbtrain-runs-table .nbtrain-run-details td {color:var(--jp-content-font-color2, #555)}
+</style>"""
+CODE_STYLE = ("margin:2px 0;padding:4px 6px;background:var(--jp-layout-color2,#f5f5f5);"
+              "border:1px solid var(--jp-border-color2,#ddd);font-size:12px;line-height:1.4;white-space:pre-wrap;"
+              "overflow-wrap:anywhere;user-select:all")
+
+
+class CodeView:
+    """'copy as code': the settings as a %%nbtrain line and a TrainConfig(...) expression, one click selects each."""
+
+    def __init__(self):
+        self.toggle = widgets.ToggleButton(description="copy as code", icon="code", tooltip=BUTTONS["code"],
+                                           layout=widgets.Layout(width="auto"))
+        self.toggle.add_class("nbtrain-code-toggle")
+        self.html = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.html.add_class("nbtrain-code")
+        self.toggle.observe(lambda change: setattr(self.html.layout, "display", None if change["new"] else "none"),
+                            "value")
+
+    def show(self, config: TrainConfig | None) -> None:
+        if config is None:
+            self.html.value = "<i>the settings above are invalid: the status line says why</i>"
+            return
+        self.html.value = "".join(f"<pre style='{CODE_STYLE}'>{html.escape(text)}</pre>"
+                                  for text in (config.as_flags(), config.as_code()))
 
 
 class CompareView:
     """Chosen runs side by side: loss against training time, throughput, and measured ratios."""
 
     def __init__(self):
-        self.select = widgets.SelectMultiple(description="compare", rows=4)
+        # No description: ipywidgets 8 then shows the tooltip on the list itself.
+        self.select = widgets.SelectMultiple(rows=4, tooltip=BUTTONS["compare"], layout=widgets.Layout(width="auto"))
         self.select.add_class("nbtrain-compare-select")
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
+        self.image = widgets.Image(format="png")
+        fit_width(self.image)
         self.image.add_class("nbtrain-compare-plot")
+        show_once_drawn(self.image)
         self.summary = widgets.HTML()
         self.summary.add_class("nbtrain-compare-summary")
-        self.widget = widgets.VBox([self.select, self.summary, self.image])
+        heading = widgets.HTML("<b>compare</b> <small>(Ctrl- or Shift-click to choose several runs)</small>")
+        self.widget = widgets.VBox([heading, self.select, self.summary, self.image])
         self._runs: dict[int, RunRecord] = {}
 
     def offer(self, runs: list[RunRecord]) -> None:
         """Make finished runs selectable; the newest few are chosen."""
         finished = [r for r in runs if r.result is not None]
         self._runs = {r.number: r for r in finished}
-        self.select.options = [(r.label(), r.number) for r in finished]
+        self.select.options = [(choice_label(r, runs[0]), r.number) for r in finished]
         self.select.value = tuple(r.number for r in finished[-4:])
 
     def draw(self) -> None:
@@ -74,7 +161,7 @@ class CompareView:
             self.summary.value, self.image.value = "", b""
             return
         self.summary.value = comparison_text(chosen)
-        figure = Figure(figsize=(8.4, 2.8), layout="constrained")
+        figure = Figure(figsize=(7.6, 2.6), layout="constrained")
         loss_ax, rate_ax = figure.subplots(1, 2)
         labels = run_labels(chosen)
         for run, label in zip(chosen, labels):
@@ -89,9 +176,17 @@ class CompareView:
         errors = [[max(0.0, r.rate - r.low) if math.isfinite(r.low) else 0 for r in steady],
                   [max(0.0, r.high - r.rate) if math.isfinite(r.high) else 0 for r in steady]]
         rate_ax.bar(range(len(chosen)), rates, yerr=errors, capsize=4, color="tab:orange")
-        rate_ax.set_xticks(range(len(chosen)), labels, fontsize=7)
+        rate_ax.set_xticks(range(len(chosen)), [f"#{run.number}" for run in chosen], fontsize=8)
         rate_ax.set_ylabel("steady samples/s")
+        rate_ax.set_title("whiskers: 95% interval", fontsize=8)
         self.image.value = render_png(figure)
+
+
+def choice_label(run: RunRecord, first: RunRecord) -> str:
+    """A run in the compare list: by what differs from the first run, as in the runs table."""
+    if run is first:
+        return f"{run.label()} (first run)"
+    return f"#{run.number} {describe_change(first.config, run.config)}"
 
 
 def run_labels(runs: list[RunRecord]) -> list[str]:
@@ -108,4 +203,5 @@ def comparison_text(runs: list[RunRecord]) -> str:
         describe_change(first.result.config, run.result.config)) for run in runs[1:]]
     if parts:
         parts.append("runs measured at different times; nbtrain.ab(...) measures two configs in alternation")
-    return "<small>" + "<br>".join(html.escape(p) for p in parts or [f"#{first.number} alone"]) + "</small>"
+    return ("<div style='font-size:12px;line-height:1.4;white-space:normal'>"
+            + "<br>".join(html.escape(p) for p in parts or [f"#{first.number} alone"]) + "</div>")

@@ -1,0 +1,105 @@
+"""The panel's run, in its background thread: train, record, and keep the views in step with it.
+
+Everything here runs in the run's thread (the events come from the training loop), so it
+only assigns widget values, which ipywidgets sends safely from any thread, and keeps what
+it does per event small.
+"""
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from .. import api
+from ..result import RunResult
+from .panel_runs import RunRecord, _number
+
+
+def train(panel, record: RunRecord) -> None:
+    """Run `record` on the panel's live model; the status line says how it ended, whatever happens."""
+    message, error = "", False
+    try:
+        if record.config.world_size > 1:
+            result = api.fit(recipe=panel.recipe, config=record.config, log=record.log)
+        else:
+            result = panel.engine.run(log=record.log)
+        record.result, record.status = result, result.status
+        panel.progress.end(result.status, record.steps)
+        _record(panel, result)
+        message = outcome_text(record, result, panel.engine if record.config.world_size == 1 else None)
+    except BaseException as exc:  # KeyboardInterrupt included: it is how a multi-process run stops
+        panel.errors.append(traceback.format_exc())
+        record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+        message, error = f"run #{record.number} failed: {record.error}", True
+        panel.progress.end("failed")
+    finally:
+        try:
+            panel.plot.finish()
+            if panel.plot.error:
+                message += f" ({panel.plot.error})"
+            panel.table.show(panel.runs)
+            panel.compare.offer(panel.runs)  # the new selection redraws the compare view
+            panel._set_running(False)
+        except Exception as exc:
+            panel.errors.append(traceback.format_exc())
+            message, error = f"{message}; updating the panel failed: {exc!r}", True
+        panel.say(message, error=error)
+
+
+def _record(panel, result: RunResult) -> None:
+    """Into the run store, so %nbtrain_runs and compare see panel runs too (an unusable store only warns)."""
+    model = panel.recipe.model
+    params = sum(p.numel() for p in model.parameters())
+    run_id = panel.store.record(result, model=f"{type(model).__name__} ({params:,} parameters)")
+    result.extras.update(run_id=run_id, store=str(panel.store.path))
+    if result.name is None and run_id is not None:
+        result.name = f"#{run_id}"
+    panel.progress.add_note(f" · recorded as run #{run_id} in {_shown(panel.store.path)}" if run_id is not None
+                            else " · not recorded: the run store is unusable (see the warning)")
+
+
+def _shown(path) -> str:
+    """A store under the notebook's folder as a relative path (.nbtrain/runs.sqlite), others in full."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def on_event(panel, record: RunRecord, event: dict, log) -> None:
+    """A MetricsLog view: the progress follows the steps, the status line a change applied mid-run."""
+    kind = event["type"]
+    if kind == "change":
+        panel.say(f"applied at step {event['step']}: {describe(event['changes'])} (same model and optimizer)")
+    elif kind == "start":
+        panel.progress.start(record.number, event["info"])
+        panel.table.show(panel.runs)
+        how = ("Stop ends its worker processes" if record.config.world_size > 1
+               else "Stop ends it at the next optimizer step; Apply now changes it there")
+        panel.say(f"run #{record.number} training: {record.settings_text()}. {how}")
+    elif kind == "steps" and event["rows"]["step"]:
+        rows, info = event["rows"], log.last("start")["info"]
+        panel.progress.steps(rows["step"][-1] - info.get("step_start", 0), rows["loss"][-1])
+
+
+def outcome_text(record: RunRecord, result: RunResult, engine=None) -> str:
+    """The status line after a run. Its step count is the run's own, the one the progress line and the
+    runs table state; where the model stands overall (it may have trained before) is said apart, from
+    `engine` (the kernel's engine, for a run that trained in this kernel)."""
+    s, steps = result.summary, record.steps
+    head = f"run #{record.number} {result.status} after {steps:,} steps"
+    if result.status in ("stopped", "interrupted") and engine is not None:
+        start = record.log.last("start")
+        planned = start["info"].get("planned_steps") if start else None
+        overall = f"; the model's step {engine.step:,} overall" if engine.step != steps else ""
+        head = (f"run #{record.number} {result.status} after {steps:,}{f' of {planned:,}' if planned else ''} steps"
+                f" (epoch {engine.epoch}, {engine.epoch_offset} samples into it{overall})")
+    elif result.message:
+        head += f": {result.message}"
+    return (f"{head} — {result.steady().text()}, final loss {_number(s.get('last_loss'))}"
+            + "".join(f"\nnote: {note}" for note in s.get("notes", [])))
+
+
+def describe(changes: dict) -> str:
+    """{'batch_size': (32, 128)} -> 'batch_size 32 → 128'."""
+    return ", ".join(f"{name} {old} → {new}" for name, (old, new) in changes.items())
