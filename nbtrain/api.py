@@ -4,8 +4,10 @@ from __future__ import annotations
 from .config import TrainConfig
 from .engine import Engine
 from .metrics import MetricsLog
+from .adapters import recipe_for
 from .recipe import Recipe
 from .result import RunResult
+from .slots import Slot
 
 # One live engine per model, so a second run continues with the same optimizer state. The engine
 # hangs off its model (a reference cycle the garbage collector frees with the model) rather than
@@ -13,27 +15,14 @@ from .result import RunResult
 _SLOT = "_nbtrain_engine"
 
 
-class _EngineSlot:
-    """Holds a model's live engine; copies and pickles of the model get an empty slot."""
-
-    def __init__(self, engine=None):
-        self.engine = engine
-
-    def __reduce__(self):
-        return (_EngineSlot, ())
-
-    def __deepcopy__(self, memo):
-        return _EngineSlot()
-
-
 def live_engine(model):
     """The engine that last trained `model` in this process, or None."""
     slot = model.__dict__.get(_SLOT)
-    return slot.engine if slot is not None else None
+    return slot.value if slot is not None else None
 
 
 def _attach(model, engine) -> None:
-    model.__dict__[_SLOT] = _EngineSlot(engine)  # not a Module attribute: no state_dict, no repr
+    model.__dict__[_SLOT] = Slot(engine)  # not a Module attribute: no state_dict, no repr; pickles empty
 
 
 def _same_function(a, b) -> bool:
@@ -54,6 +43,7 @@ def _same_function(a, b) -> bool:
 
 def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
     """The live engine of `recipe.model`, adopting the recipe's data, loss and config."""
+    config = recipe.adopt_settings(config)
     engine = live_engine(recipe.model)
     if engine is None or engine.running:
         engine = Engine(recipe, config)
@@ -70,18 +60,23 @@ def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
 
 
 def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimizer=None, val_data=None,
-        collate_fn=None, recipe: Recipe | None = None, config: TrainConfig | None = None,
+        collate_fn=None, scheduler=None, scheduler_interval=None, metrics=None, validation_step=None,
+        recipe: Recipe | None = None, config: TrainConfig | None = None,
         log: MetricsLog | None = None, name: str | None = None, **options) -> RunResult:
     """Train `model` on `train_data` (or a ready `recipe`) and return the measured result.
 
-    Options may be given as a TrainConfig and/or as keywords (`batch_size=64`), which
-    override it. With devices > 1 or num_nodes > 1 the run goes to DDP workers and the
-    trained weights come back into `model`.
+    `model` may be any nn.Module or a LightningModule (its own steps, optimizers and data);
+    `train_data` a Dataset or a DataLoader (its settings are the starting config). Options
+    may be given as a TrainConfig and/or as keywords (`batch_size=64`), which override it.
+    With devices > 1 or num_nodes > 1 the run goes to DDP workers and the trained weights
+    come back into `model`.
     """
     if recipe is None:
-        recipe = Recipe(model=model, train_data=train_data, loss_fn=loss_fn, training_step=training_step,
-                        optimizer=optimizer, val_data=val_data, collate_fn=collate_fn)
+        recipe = recipe_for(model, train_data, loss_fn=loss_fn, training_step=training_step, optimizer=optimizer,
+                            val_data=val_data, collate_fn=collate_fn, scheduler=scheduler,
+                            scheduler_interval=scheduler_interval, metrics=metrics, validation_step=validation_step)
     config = (config or TrainConfig()).replace(**options) if options else (config or TrainConfig())
+    config = recipe.adopt_settings(config)
     if config.world_size > 1:
         from .launch import fit_distributed
         result = fit_distributed(recipe, config, log=log)

@@ -49,6 +49,7 @@ def save(engine, directory: Path) -> Path:
     target = directory / f"step-{engine.step:08d}.pt"
     state = {"model": engine.model.state_dict(), "optimizer": engine.optimizer.state_dict(),
              "optimizer_class": type(engine.optimizer).__name__,
+             "scheduler": engine.schedule.state_dict() if engine.schedule is not None else None,
              "scaler": engine.precision.scaler.state_dict(), "rng": _rng_state(),
              "position": engine.position(), "config": engine.config.to_dict()}
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=".writing-", suffix=".pt")
@@ -106,6 +107,8 @@ def load(engine, path: Path) -> None:
         engine.optimizer.load_state_dict(state["optimizer"])
         if state["scaler"]:  # a disabled scaler saves nothing
             engine.precision.scaler.load_state_dict(state["scaler"])
+        if state.get("scheduler") is not None and engine.schedule is not None:
+            engine.schedule.load_state_dict(state["scheduler"])
     except Exception as exc:
         _restore_state(engine, before)
         raise CheckpointError(f"{where}: the checkpoint does not fit this model and optimizer ({exc}); nothing "
@@ -144,7 +147,8 @@ def _misfit(engine, state: dict) -> tuple[str, str] | None:
 def _copy_state(engine) -> dict:
     return {"model": {k: v.detach().clone() for k, v in engine.model.state_dict().items()},
             "optimizer": copy.deepcopy(engine.optimizer.state_dict()),
-            "scaler": copy.deepcopy(engine.precision.scaler.state_dict())}
+            "scaler": copy.deepcopy(engine.precision.scaler.state_dict()),
+            "scheduler": copy.deepcopy(engine.schedule.state_dict()) if engine.schedule is not None else None}
 
 
 def _restore_state(engine, before: dict) -> None:
@@ -152,3 +156,5 @@ def _restore_state(engine, before: dict) -> None:
     engine.optimizer.load_state_dict(before["optimizer"])
     if before["scaler"]:
         engine.precision.scaler.load_state_dict(before["scaler"])
+    if before["scheduler"] is not None:
+        engine.schedule.load_state_dict(before["scheduler"])

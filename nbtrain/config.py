@@ -326,6 +326,22 @@ class TrainConfig:
     on_nonfinite_loss: str = _opt("stop", "choice", "one of stop, continue",
                                   "stop (naming the step) when the loss becomes NaN/inf, or continue",
                                   choices=("stop", "continue"))
+    val_every_n_steps: int | None = _opt(None, "int", "a whole number >= 1, or None (at the end of each epoch)",
+                                         "how often the held-out data is evaluated", low=1, nullable=True)
+    monitor: str | None = _opt(None, "text", "a held-out number such as val_loss, val_acc or val_<metric>, or None",
+                               "the held-out number early stopping and restore_best watch")
+    mode: str = _opt("auto", "choice", "one of auto, min, max (auto: max for accuracy-like names, else min)",
+                     "whether the monitored number should go down (min) or up (max)", choices=("auto", "min", "max"))
+    patience: int | None = _opt(None, "int", "a whole number >= 1, or None (no early stopping)",
+                                "stop after this many validations without improvement of `monitor`", low=1,
+                                nullable=True)
+    restore_best: bool = _opt(False, "bool", "true or false",
+                           "at the end, put back the weights of the best validation of `monitor`")
+    logger: str = _opt("none", "choice", "one of none, tensorboard, csv",
+                       "also write the run's metrics for TensorBoard or as CSV files (rank 0 only)",
+                       choices=("none", "tensorboard", "csv"))
+    logger_dir: str | None = _opt(None, "text", "a folder path, or None (.nbtrain/logs)",
+                                  "where the logger writes (a folder per run)")
     log_every_n_steps: int = _opt(10, "int", "a whole number >= 1",
                                   "read losses back from the device every N optimizer steps", low=1)
 
@@ -466,6 +482,10 @@ def _combination_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Probl
     if c.scale_lr != "none" and c.base_batch_size is None:
         out.append(Problem("scale_lr", c.scale_lr,
                            "needs base_batch_size (the global batch the learning rate was tuned for)"))
+    if (c.patience is not None or c.restore_best) and c.monitor is None:
+        out.append(Problem("patience" if c.patience is not None else "restore_best",
+                           c.patience if c.patience is not None else True,
+                           "needs monitor (the held-out number to watch, e.g. monitor='val_loss')"))
     if c.num_workers == 0 and c.persistent_workers:
         out.append(Problem("persistent_workers", True, "needs num_workers >= 1"))
     if c.num_workers == 0 and c.prefetch_factor is not None:

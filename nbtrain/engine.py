@@ -29,13 +29,15 @@ import time
 
 import torch
 
-from . import checkpoint, data, dist, fsdp, toggles
+from . import checkpoint, data, dist, evaluation, fsdp, loggers, toggles
 from .split import device_map, input_device
 from .config import ConfigError, Problem, TrainConfig
 from .memory import PeakMemory
 from .metrics import MetricsLog
 from .precision import Precision
-from .recipe import Recipe, split_batch
+from .recipe import Recipe
+from .monitor import Monitor
+from .schedule import Schedule
 from .result import RunResult, summarize
 
 # Which parts of the live session each option touches.
@@ -126,10 +128,17 @@ class Engine:
         self.epoch_offset = 0
 
     def replace_optimizer(self) -> None:
-        """A new optimizer from the recipe's factory (fresh state), at the configured rate."""
+        """A new optimizer from the recipe's factory (fresh state), at the configured rate, and its schedule."""
         self.optimizer = self.recipe.build_optimizer(self.model.parameters())
         self._use_optimizer_impl()
-        self._optimizer_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self._optimizer_lrs = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
+        self.schedule = None
+        for group, lr in zip(self.optimizer.param_groups, self._target_lrs()):
+            group["lr"] = lr  # the scheduler is built over the scaled rates, the warm-up is laid on after
+        self.schedule = Schedule.build(self.recipe, self.optimizer)
+        if self.schedule is not None:  # an instance built before: its curve scaled to the rule's rates
+            base = getattr(self.schedule.scheduler, "base_lrs", self.schedule.lrs())
+            self.schedule.rescale([t / b if b else 1.0 for t, b in zip(self._target_lrs(), base)], "LR rule")
         self._set_lr(self.step)
 
     def _use_optimizer_impl(self) -> None:
@@ -172,7 +181,7 @@ class Engine:
         return [lr * factor for lr in self._optimizer_lrs]
 
     def _set_lr(self, step: int) -> None:
-        targets = self._target_lrs()
+        targets = self.schedule.lrs() if self.schedule is not None else self._target_lrs()
         warm = self.config.warmup_steps
         ramp = min(1.0, (step + 1) / warm) if warm else 1.0
         for group, lr in zip(self.optimizer.param_groups, targets):
@@ -189,6 +198,8 @@ class Engine:
                     f"{c.global_batch_size} vs {c.base_batch_size})"
         if c.warmup_steps:
             note += f", linear warm-up over {c.warmup_steps} steps"
+        if self.schedule is not None:
+            note += ", " + self.schedule.describe()
         return note
 
     # --- changes between steps -------------------------------------------------------
@@ -219,7 +230,7 @@ class Engine:
         changes = new.changed_from(self.config)
         if not changes:
             return
-        self.config = new
+        previous, self.config = self.config, new
         names = set(changes)
         if new.device_type != self.device.type and device_map(self.model) is None:
             self.device = dist.device_for(new.device_type, self.world)
@@ -234,6 +245,11 @@ class Engine:
         if _LOADER_OPTIONS & names:
             self.loader = self._build_loader()
         if _LR_OPTIONS & names or "warmup_steps" in names:
+            if self.schedule is not None:  # the rule rescales the user's schedule, and the summary says so
+                old = self._target_lrs(previous)
+                self.schedule.rescale([n / o if o else 1.0 for n, o in zip(self._target_lrs(), old)],
+                                      f"step {self.step}: global batch {previous.global_batch_size} -> "
+                                      f"{new.global_batch_size}, {new.scale_lr} rule")
             self._set_lr(self.step)
         if self.running:  # between runs the next run's start event states the config
             self.log.emit({"type": "change", "step": self.step,
@@ -288,6 +304,11 @@ class Engine:
         # leak into its first step (a plain loop's zero_grad at the top says the same).
         for parameter in self.model.parameters():
             parameter.grad = None
+        if c.monitor is not None and self.recipe.val_data is None:
+            raise ConfigError([Problem("monitor", c.monitor, "needs held-out data: give val_data")])
+        self._monitor = Monitor(c.monitor, c.mode, c.patience, c.restore_best) if c.monitor else None
+        self._logged = {}
+        logger = loggers.attach(self.log, c) if c.logger != "none" and self.world.is_main else None
         self._stop.clear()
         self._stop_reason = ""
         self._nonfinite = None
@@ -324,7 +345,7 @@ class Engine:
         finally:
             self.running = False
             self._flush()
-        if status != "completed":
+        if status != "completed" and status != "early_stopped":
             message = f"stopped at step {self.step} (epoch {self.epoch}, {self.epoch_offset} samples into it)"
         if self._nonfinite is not None:
             bad_step, value = self._nonfinite
@@ -332,18 +353,27 @@ class Engine:
             message = (f"the loss became {value} at step {bad_step} ({c.precision}); training stopped at step "
                        f"{self.step}, where the losses were read back; lower the learning rate, check the data, "
                        f"or resume from a checkpoint written before step {bad_step}")
-        if self.recipe.val_data is not None and self.epoch_offset and self._validates:
+        if self.recipe.val_data is not None and self.epoch_offset and self._validates \
+                and self._validated_at != self.step:
             self._validate()  # a run ending mid-epoch still reports held-out numbers
+        if status == "early_stopped":  # a planned end, not a stop from outside
+            status, message = "completed", self._monitor.stop_message(self.step)
+        best = self._monitor.put_best_back(self.model) if self._monitor is not None and c.restore_best else None
         per_epoch = self.loader.sampler.per_epoch * self.world.size
         extra = {"epochs_trained": (self.samples - start_samples) / per_epoch, "status": status,
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - start_step}
         extra.update(self._info())
-        extra["notes"] = list(self.notes.values()) + self._compile_accounting(extra)
+        extra["notes"] = list(self.notes.values()) + self._compile_accounting(extra) + ([best] if best else []) \
+            + (self.schedule.notes if self.schedule is not None else [])
+        if self._logged:
+            extra["logged"] = dict(self._logged)
         if self.log.thinning:  # rows were dropped to bound memory: the count of steps is the log's, not its rows'
             extra["notes"].append(self.log.thinning)
             extra["steps"] = self.log.steps_seen
         summary = summarize(self.log, extra)
         self.log.emit({"type": "end", "summary": _plain(summary), "status": status, "message": message})
+        if logger is not None:
+            logger.close()
         return RunResult(self.config, self.log, summary, status, message)
 
     def _compile_accounting(self, extra: dict) -> list[str]:
@@ -409,8 +439,10 @@ class Engine:
         set_sync = getattr(model, "set_requires_gradient_sync", None) if k > 1 else None
         null = contextlib.nullcontext()
         clip, warm_until, log_every = c.gradient_clip_val, c.warmup_steps, c.log_every_n_steps
+        step_schedule = self.schedule.step if self.schedule is not None and self.schedule.interval == "step" else None
         rows, losses, group = self._rows, self._losses, optimizer.param_groups[0]
         stop, step_loss = self._stop, recipe.step_loss
+        val_every = c.val_every_n_steps if self.recipe.val_data is not None else None
         every = c.checkpoint_every
         save_steps = int(every) if every and not every.endswith("s") else 0
         save_seconds = float(every[:-1]) if every and every.endswith("s") else 0.0
@@ -468,10 +500,14 @@ class Engine:
             losses.append(loss_sum)
             if len(losses) >= log_every:
                 self._flush()
+            if step_schedule is not None:
+                step_schedule(optimizer)
             if self.step <= warm_until:
                 self._set_lr(self.step)
             if (save_steps and self.step % save_steps == 0) or (save_seconds and t5 - self._saved_at >= save_seconds):
                 self.save_checkpoint()
+            if val_every and self.step % val_every == 0:
+                self._validate_now()
             micro = window_samples = 0
             data_s = h2d_s = forward_s = backward_s = 0.0
             if steps_left is not None:
@@ -521,15 +557,22 @@ class Engine:
         self._rows.clear()
         self._losses.clear()
         self.log.emit({"type": "steps", "rows": columns})
+        logged = self.recipe.logged.drain() if self.recipe.logged is not None else None
+        if logged:  # the user's own self.log(...) values, read back with the losses
+            self._logged.update(logged)
+            self.log.emit({"type": "logged", "step": self.step, "values": logged})
 
     # --- epochs and validation ---------------------------------------------------------
 
     def _end_epoch(self) -> None:
         self._flush()
+        if self.schedule is not None and self.schedule.interval == "epoch":
+            self.schedule.step(self.optimizer)
+            self._set_lr(self.step)
         self.epoch += 1
         self.epoch_offset = 0
         event = {"type": "epoch", "epoch": self.epoch, "step": self.step}
-        if self.recipe.val_data is not None and self._validates:
+        if self.recipe.val_data is not None and self._validates and not self.config.val_every_n_steps:
             with self._clock.paused():
                 event.update(self._validate(emit=False))
         self.log.emit(event)
@@ -540,40 +583,26 @@ class Engine:
         return self.world.is_main or fsdp.is_sharded(self.model)
 
     def evaluate(self, dataset) -> dict:
-        """Mean loss (and accuracy for class targets) of the live model on `dataset`."""
-        model, recipe = self.model, self.recipe
-        loader = data.build_loader(dataset, self.config.replace(drop_last=False, persistent_workers=False),
-                                   dist.World(), self.seed, recipe.collate_fn, shuffle=False)
-        was_training = model.training
-        model.eval()
-        total_loss, correct, counted, seen = torch.zeros((), device=self.device), 0, 0, 0
-        correct_t = torch.zeros((), device=self.device, dtype=torch.long)
-        with torch.no_grad(), self.precision.autocast():
-            for batch in loader:
-                batch = self._prepare(batch)
-                size = _batch_size(batch)
-                if recipe.training_step is not None or recipe.loss_fn is None:
-                    loss = recipe.step_loss(model, batch)
-                else:
-                    inputs, target = split_batch(batch)
-                    output = model(inputs)
-                    loss = recipe.loss_fn(output, target)
-                    if output.ndim == 2 and target.ndim == 1 and not target.is_floating_point():
-                        correct_t += (output.argmax(1) == target).sum()
-                        counted += size
-                total_loss += loss.detach().float() * size
-                seen += size
-        model.train(was_training)
-        out = {"val_loss": total_loss.item() / seen}
-        correct = correct_t.item()
-        out["val_acc"] = correct / counted if counted else None
-        return out
+        """Held-out numbers of the live model on `dataset` (see evaluation.py)."""
+        return evaluation.evaluate(self, dataset)
+
+    _validated_at: int | None = None
 
     def _validate(self, emit: bool = True) -> dict:
         numbers = self.evaluate(self.recipe.val_data)
+        self._validated_at = self.step
         if emit:
             self.log.emit({"type": "epoch", "epoch": self.epoch, "step": self.step, "partial": True, **numbers})
+        if self._monitor is not None and self._monitor.update(numbers, self.step, self.model):
+            self.stop("early_stopped")
         return numbers
+
+    def _validate_now(self) -> None:
+        """A held-out evaluation between steps (val_every_n_steps), kept out of the training clock."""
+        self._flush()
+        if self._validates:
+            with self._clock.paused():
+                self._validate()
 
     @contextlib.contextmanager
     def _stop_on_sigint(self):
@@ -635,16 +664,6 @@ class _Clock:
             yield
         finally:
             self._paused += time.perf_counter() - t0
-
-
-def _batch_size(batch) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_size(next(iter(batch.values())))
-    return 1
 
 
 def _plain(value):

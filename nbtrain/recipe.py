@@ -6,16 +6,20 @@ from the namespace by conventional names (see `NAMES`), so a cell stays plain Py
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler,
+                              default_collate)
 
 # Conventional notebook names, first match wins.
 NAMES = {
     "model": ("model",),
+    "scheduler": ("scheduler", "make_scheduler"),
+    "metrics": ("metrics",),
+    "validation_step": ("validation_step",),
     "train_data": ("train_data", "train_dataset", "dataset"),
     "loss_fn": ("loss_fn", "criterion", "loss"),
     "training_step": ("training_step",),
@@ -104,8 +108,20 @@ class Recipe:
     optimizer: Any = None  # factory params -> Optimizer, or an Optimizer instance
     val_data: Dataset | None = None
     collate_fn: Callable | None = None
+    validation_step: Callable | None = None  # (model, batch) -> held-out loss; default: the training loss
+    scheduler: Any = None  # factory optimizer -> LR scheduler (or a scheduler), stepped every scheduler_interval
+    scheduler_interval: str = "step"  # "step" (every optimizer step) or "epoch"
+    metrics: Mapping[str, Callable] | None = None  # held-out metrics: name -> fn(output, target) -> number
+    logged: Any = None  # a collector of the user's own logged values (LightningModule.log), drained per window
+    loader_settings: dict = field(default_factory=dict)  # from a given DataLoader: the starting config
 
     def __post_init__(self):
+        # A DataLoader the user tuned gives its dataset, collate_fn and settings; nbtrain cuts the batches.
+        if isinstance(self.train_data, DataLoader):
+            self.train_data, collate, self.loader_settings = adopt_loader(self.train_data)
+            self.collate_fn = self.collate_fn or collate
+        if isinstance(self.val_data, DataLoader):
+            self.val_data = self.val_data.dataset
         problems = []
         if not isinstance(self.model, nn.Module):
             problems.append(f"model: got {type(self.model).__name__}; allowed: a torch.nn.Module")
@@ -118,16 +134,27 @@ class Recipe:
                                 "(with __len__ and __getitem__, e.g. TensorDataset)")
             elif len(data) == 0:
                 problems.append(f"{name}: the dataset is empty")
-        if self.loss_fn is None and self.training_step is None:
-            problems.append("loss: neither loss_fn nor training_step is given; define loss_fn = nn.CrossEntropyLoss() "
-                            "(called as loss_fn(model(x), y)) or training_step(model, batch) returning the loss")
-        for name in ("loss_fn", "training_step", "collate_fn"):
+        if self.scheduler_interval not in ("step", "epoch"):
+            problems.append(f"scheduler_interval: got {self.scheduler_interval!r}; allowed: 'step' or 'epoch'")
+        if self.metrics is not None and not (isinstance(self.metrics, Mapping) and
+                                             all(callable(f) for f in self.metrics.values())):
+            problems.append("metrics: allowed: a dict of name -> function(output, target) returning a number")
+        for name in ("loss_fn", "training_step", "collate_fn", "validation_step", "scheduler"):
             value = getattr(self, name)
+            if name == "scheduler" and hasattr(value, "step") and hasattr(value, "optimizer"):
+                continue  # a scheduler instance over the given optimizer
             if value is not None and not callable(value):
                 problems.append(f"{name}: got {type(value).__name__}; allowed: a function")
         if problems:
             raise RecipeError("invalid recipe: " + "; ".join(problems))
         self.optimizer = as_optimizer_factory(self.optimizer, self.model)
+
+    def adopt_settings(self, config):
+        """`config` with the given DataLoader's settings wherever `config` kept nbtrain's default."""
+        defaults = type(config)()
+        taken = {name: value for name, value in self.loader_settings.items()
+                 if getattr(config, name) == getattr(defaults, name) and value != getattr(config, name)}
+        return config.replace(**taken) if taken else config
 
     @classmethod
     def from_namespace(cls, namespace: Mapping[str, Any]) -> "Recipe":
@@ -138,7 +165,8 @@ class Recipe:
                 if namespace.get(name) is not None:
                     found[part] = namespace[name]
                     break
-        missing = [NAMES[p][0] for p in ("model", "train_data") if p not in found]
+        needed = ("model",) if _is_lightning(found.get("model")) else ("model", "train_data")
+        missing = [NAMES[p][0] for p in needed if p not in found]
         if missing:
             raise RecipeError(
                 f"the namespace defines no {' and no '.join(missing)}; define "
@@ -146,16 +174,20 @@ class Recipe:
                 + " (a recipe needs model, train_data and loss_fn or training_step)")
         if isinstance(found.get("loss_fn"), torch.Tensor):
             del found["loss_fn"]  # a leftover `loss` tensor from an earlier cell is not a loss function
-        return cls(**found)
+        from .adapters import recipe_for  # (adapters build on this module)
+        return recipe_for(found.pop("model"), found.pop("train_data", None), **found)
 
     def step_loss(self, model: nn.Module, batch) -> torch.Tensor:
-        """The loss of one batch: training_step(model, batch), or loss_fn(model(x), y)."""
+        """The loss of one batch: training_step(model, batch), loss_fn(model(x), y), or the model's own loss
+        (`model(**batch)` for a dict batch, Hugging Face style, returning a loss or an output holding one)."""
         try:
             if self.training_step is not None:
                 loss = self.training_step(model, batch)
-            else:
+            elif self.loss_fn is not None:
                 inputs, target = split_batch(batch)
                 loss = self.loss_fn(model(inputs), target)
+            else:
+                loss = own_loss(call_model(model, batch))
         except Exception as error:
             # torch's shape and dtype errors name no batch; say what the data gave (no cost until it fails).
             if not isinstance(error, RecipeError):
@@ -164,7 +196,8 @@ class Recipe:
         if not (isinstance(loss, torch.Tensor) and loss.ndim == 0):
             what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
                 f"a {type(loss).__name__}"
-            source = "training_step(model, batch)" if self.training_step is not None else "loss_fn(model(x), y)"
+            source = "training_step(model, batch)" if self.training_step is not None else \
+                "loss_fn(model(x), y)" if self.loss_fn is not None else "the model's own loss"
             raise RecipeError(f"{source} returned {what}; allowed: one scalar (0-dim) tensor that autograd can "
                               "differentiate, e.g. loss.mean() or nn.CrossEntropyLoss() with its default reduction")
         return loss
@@ -189,6 +222,60 @@ class Recipe:
             raise RecipeError(f"optimizer: the factory returned a {type(optimizer).__name__}; allowed: a function "
                               "params -> torch.optim.Optimizer, e.g. lambda p: torch.optim.SGD(p, lr=0.1)")
         return optimizer
+
+
+NO_LOSS = ("loss: neither loss_fn nor training_step is given and the model returned {what}; define "
+           "loss_fn = nn.CrossEntropyLoss() (called as loss_fn(model(x), y)), training_step(model, batch) returning "
+           "the loss, or a model that returns its loss (output.loss / ['loss']) from model(**batch)")
+
+
+def _is_lightning(model) -> bool:
+    from .adapters import is_lightning_module
+    return model is not None and is_lightning_module(model)
+
+
+def call_model(model: nn.Module, batch):
+    """The model on a batch that carries its own targets: model(**dict) (Hugging Face style) or model(tensor)."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, torch.Tensor):
+        return model(batch)
+    raise RecipeError(NO_LOSS.format(what="nothing yet: a batch of (inputs, targets) needs loss_fn or training_step"))
+
+
+def own_loss(output):
+    """The loss a model returned: a scalar tensor, output["loss"] or output.loss (Hugging Face style)."""
+    if isinstance(output, torch.Tensor) and output.ndim == 0:
+        return output
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if loss is None:
+        what = f"a tensor of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor) else \
+            f"a {type(output).__name__} without a 'loss'"
+        raise RecipeError(NO_LOSS.format(what=what))
+    return loss
+
+
+def adopt_loader(loader: DataLoader) -> tuple[Dataset, Callable | None, dict]:
+    """(dataset, collate_fn, settings) of a DataLoader, or a RecipeError saying why it cannot be adopted."""
+    if isinstance(loader.dataset, IterableDataset):
+        raise RecipeError("train_data: a DataLoader over an IterableDataset; allowed: a map-style Dataset or a "
+                          "DataLoader over one (nbtrain cuts batches itself so batch size and workers can change)")
+    sampler = loader.sampler
+    custom = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
+    if custom or not isinstance(sampler, (RandomSampler, SequentialSampler)):
+        what = type(loader.batch_sampler if custom else sampler).__name__
+        raise RecipeError(f"train_data: a DataLoader with its own {'batch_sampler' if custom else 'sampler'} "
+                          f"({what}); nbtrain cuts batches itself (so batch size, workers and DDP shards can "
+                          "change) and would not keep its order; allowed: a DataLoader with shuffle=True/False, or "
+                          "its dataset and collate_fn")
+    settings = {"batch_size": loader.batch_size, "num_workers": loader.num_workers,
+                "pin_memory": loader.pin_memory, "drop_last": loader.drop_last,
+                "shuffle": isinstance(sampler, RandomSampler)}
+    if loader.num_workers:
+        settings["persistent_workers"] = loader.persistent_workers
+        settings["prefetch_factor"] = loader.prefetch_factor
+    collate = None if loader.collate_fn is default_collate else loader.collate_fn
+    return loader.dataset, collate, settings
 
 
 def split_batch(batch):

@@ -29,8 +29,9 @@ def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config
     if isinstance(model, Recipe):
         recipe, model = model, None
     if recipe is None:
-        recipe = Recipe(model=model, train_data=train_data, loss_fn=loss_fn, training_step=training_step,
-                        optimizer=optimizer, val_data=val_data, collate_fn=collate_fn)
+        from .adapters import recipe_for
+        recipe = recipe_for(model, train_data, loss_fn=loss_fn, training_step=training_step, optimizer=optimizer,
+                            val_data=val_data, collate_fn=collate_fn)
     config = config or TrainConfig()
     return engine_for(recipe, config)
 
@@ -45,6 +46,7 @@ class Snapshot:
         self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
         self.optimizer = copy.deepcopy(engine.optimizer.state_dict())
         self.scaler = copy.deepcopy(engine.precision.scaler.state_dict())
+        self.schedule = copy.deepcopy(engine.schedule.state_dict()) if engine.schedule is not None else None
         self.counters = (engine.step, engine.epoch, engine.epoch_offset, engine.samples)
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -59,6 +61,8 @@ class Snapshot:
         engine.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
         if engine.precision.scaler.is_enabled() and self.scaler:
             engine.precision.scaler.load_state_dict(self.scaler)
+        if self.schedule is not None and engine.schedule is not None:
+            engine.schedule.load_state_dict(copy.deepcopy(self.schedule))
         engine.step, engine.epoch, engine.epoch_offset, engine.samples = self.counters
         engine._set_lr(engine.step)
         torch.set_rng_state(self.cpu_rng)

@@ -28,7 +28,6 @@ def test_a_namespace_without_model_or_data_names_what_is_missing():
     ({"model": "not a model"}, "model: got str; allowed: a torch.nn.Module"),
     ({"train_data": [1, 2, 3][0]}, "train_data: got int; allowed: a map-style Dataset"),
     ({"train_data": TensorDataset(torch.zeros(0, 8), torch.zeros(0, 1))}, "train_data: the dataset is empty"),
-    ({"loss_fn": None}, "neither loss_fn nor training_step"),
     ({"loss_fn": 3}, "loss_fn: got int; allowed: a function"),
     ({"optimizer": "adam"}, "optimizer: got str"),
 ])
@@ -66,3 +65,13 @@ def test_batches_that_are_not_pairs_get_a_clear_message():
     recipe = Recipe(model=nn.Linear(8, 1), train_data=Triples(), loss_fn=nn.MSELoss())
     with pytest.raises(RecipeError, match="must be \\(input, target\\) pairs.*got a list of 3"):
         Engine(recipe, TrainConfig(batch_size=2, max_steps=1)).run()
+
+
+def test_without_a_loss_a_model_that_returns_no_loss_is_named_at_the_first_step():
+    recipe = Recipe(model=nn.Linear(8, 1), train_data=regression_data())
+    with pytest.raises(RecipeError, match="neither loss_fn nor training_step is given and the model returned "
+                                          "nothing yet: a batch of \\(inputs, targets\\) needs loss_fn"):
+        Engine(recipe, TrainConfig(batch_size=8, max_steps=1)).run()
+    features_only = Recipe(model=nn.Linear(8, 1), train_data=torch.randn(16, 8))  # batches are bare tensors
+    with pytest.raises(RecipeError, match="the model returned a tensor of shape \\(8, 1\\)"):
+        Engine(features_only, TrainConfig(batch_size=8, max_steps=1)).run()

@@ -1,0 +1,142 @@
+"""The user's schedules, held-out metrics, early stopping, best weights and loggers (issue 16)."""
+import csv
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import nbtrain
+from nbtrain.config import ConfigError
+
+from helpers import same_weights, weights
+
+
+def classes(n=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return TensorDataset(x, (x[:, 0] + x[:, 1] > 0).long())
+
+
+def net():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def step_lr(optimizer):
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+
+
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_a_scheduler_factory_trains_as_a_plain_loop_stepping_it(interval):
+    data = classes()
+    model, reference = net(), net()
+    nbtrain.fit(model, data, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, scheduler=step_lr,
+                scheduler_interval=interval, batch_size=16, max_steps=20, shuffle=False)
+    optimizer = sgd(reference.parameters())
+    scheduler = step_lr(optimizer)
+    for step in range(20):
+        start = (step % 8) * 16
+        nn.functional.cross_entropy(reference(data.tensors[0][start:start + 16]),
+                                    data.tensors[1][start:start + 16]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if interval == "step" or (step + 1) % 8 == 0:
+            scheduler.step()
+    assert same_weights(weights(model), weights(reference), atol=1e-6)
+
+
+def test_warm_up_and_the_lr_rule_compose_with_the_schedule_and_the_plot_shows_the_curve():
+    result = nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, scheduler=step_lr,
+                         batch_size=32, base_batch_size=16, scale_lr="linear", warmup_steps=2, max_steps=10,
+                         log_every_n_steps=1)
+    lrs = list(result.history["lr"])
+    # rule: 0.1 x 2 = 0.2; warm-up ramps steps 1-2 (0.1, 0.2); StepLR halves every 4 steps
+    assert lrs[:2] == pytest.approx([0.1, 0.2])
+    assert lrs[2:4] == pytest.approx([0.2, 0.2]) and lrs[4:8] == pytest.approx([0.1] * 4)
+    assert lrs[8:] == pytest.approx([0.05, 0.05])
+    assert "then StepLR every step" in result.summary["lr_note"]
+
+
+def test_a_live_batch_change_rescales_the_schedule_and_the_summary_says_how():
+    model = net()
+    data = classes()
+    first = nbtrain.fit(model, data, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, scheduler=step_lr,
+                        batch_size=16, base_batch_size=16, scale_lr="linear", max_steps=2)
+    second = nbtrain.fit(model, data, loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, scheduler=step_lr,
+                         batch_size=32, base_batch_size=16, scale_lr="linear", max_steps=1, log_every_n_steps=1)
+    assert first.history["lr"][-1] == pytest.approx(0.1)
+    assert second.history["lr"][0] == pytest.approx(0.2)  # the same point of the curve, doubled by the rule
+    assert any("schedule rescaled x2" in note and "16 -> 32" in note for note in second.summary["notes"])
+
+
+def test_held_out_metrics_are_reported_every_n_steps():
+    def accuracy(output, target):
+        return (output.argmax(1) == target).float().mean()
+
+    result = nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(64, seed=1),
+                         metrics={"accuracy": accuracy}, batch_size=16, max_steps=12, val_every_n_steps=4)
+    held_out = [e for e in result.log.of_type("epoch") if "val_loss" in e]
+    assert [e["step"] for e in held_out][:3] == [4, 8, 12]
+    assert all(0 <= e["val_accuracy"] <= 1 and e["val_accuracy"] == pytest.approx(e["val_acc"]) for e in held_out)
+
+
+def test_early_stopping_ends_the_run_and_restore_best_puts_the_best_weights_back():
+    seen = []
+
+    def noisy(output, target):  # a metric that gets worse after the first evaluation
+        seen.append(1)
+        return torch.tensor(float(len(seen)))
+
+    model = net()
+    result = nbtrain.fit(model, classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(16, seed=1),
+                         metrics={"noisy": noisy}, batch_size=16, max_steps=100, val_every_n_steps=2,
+                         monitor="val_noisy", mode="min", patience=2, restore_best=True)
+    assert result.status == "completed"
+    assert result.message.startswith("early stop at step 6: val_noisy did not improve for 2 validations "
+                                     "(best 1 at step 2)")
+    assert any(n.startswith("kept the best weights: val_noisy 1 at step 2") for n in result.summary["notes"])
+    replay = net()  # the same two steps, trained again: the weights put back are those of step 2
+    nbtrain.fit(replay, classes(), loss_fn=nn.CrossEntropyLoss(), batch_size=16, max_steps=2)
+    assert same_weights(weights(model), weights(replay))
+
+
+def test_monitor_without_held_out_data_or_an_unknown_name_is_one_clear_message():
+    with pytest.raises(ConfigError, match="monitor='val_loss': needs held-out data: give val_data"):
+        nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), monitor="val_loss", max_steps=2)
+    with pytest.raises(ConfigError, match="monitor='val_f1': not among the held-out numbers; allowed: val_loss"):
+        nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32), monitor="val_f1",
+                    max_steps=2, val_every_n_steps=1)
+
+
+def test_the_csv_logger_writes_losses_rates_and_held_out_numbers(tmp_path):
+    nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32, seed=1), batch_size=16,
+                max_steps=8, log_every_n_steps=4, logger="csv", logger_dir=str(tmp_path))
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    names = {r["name"] for r in rows}
+    assert {"train/loss", "train/lr", "train/samples_per_s", "val/loss"} <= names
+    assert [int(r["step"]) for r in rows if r["name"] == "train/loss"] == list(range(1, 9))
+
+
+def test_the_tensorboard_logger_writes_an_event_file_tensorboard_reads_back(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), batch_size=16, max_steps=6,
+                log_every_n_steps=3, logger="tensorboard", logger_dir=str(tmp_path))
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == [1, 2, 3, 4, 5, 6] and all(e.value > 0 for e in losses)
+
+
+def test_a_ddp_run_logs_once_from_rank_0(tmp_path):
+    nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), batch_size=8, max_steps=4, log_every_n_steps=2,
+                devices=2, accelerator="cpu", logger="csv", logger_dir=str(tmp_path))
+    with open(tmp_path / "metrics.csv") as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f) if r["name"] == "train/loss"]
+    assert steps == [1, 2, 3, 4]
