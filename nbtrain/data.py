@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 
 from .config import TrainConfig
@@ -155,6 +155,8 @@ def hold(dataset, config: TrainConfig, world: World, device: torch.device, colla
     wanted = config.preload_data
     if wanted is False:
         return None, None
+    if isinstance(dataset, IterableDataset):
+        return None, "preload_data: not used, a stream (IterableDataset) is read as it comes" if wanted else None
     if collate_fn is not None:
         return None, "preload_data: not used, a custom collate_fn builds the batches"
     if config.num_workers:

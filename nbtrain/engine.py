@@ -28,6 +28,7 @@ import threading
 import time
 
 import torch
+from torch.utils.data import IterableDataset
 
 from . import checkpoint, data, dist, evaluation, fsdp, loggers, toggles
 from .split import device_map, input_device
@@ -38,6 +39,8 @@ from .precision import Precision
 from .recipe import Recipe
 from .monitor import Monitor
 from .schedule import Schedule
+from .evaluation import batch_size
+from .stream import StreamLoader
 from .result import RunResult, summarize
 
 # Which parts of the live session each option touches.
@@ -114,6 +117,8 @@ class Engine:
         self._note("preload_data", note)
         if self._held is not None:  # the same batches in the same order, without the per-sample path
             return data.HeldBatches(self._held, config, self.world, self.seed)
+        if isinstance(self.recipe.train_data, IterableDataset):
+            return StreamLoader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
         return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
 
     @property
@@ -258,6 +263,8 @@ class Engine:
     def _check_batches(self, config: TrainConfig) -> None:
         """Refuse a config whose epoch holds no batch: it would loop over empty epochs forever."""
         per_rank = self.loader.sampler.per_epoch
+        if per_rank is None:  # a stream: its length is known only when it ends
+            return
         batch = config.batch_size * (config.devices if config.strategy == "dp" else 1)
         if config.drop_last and per_rank < batch:
             shown = f"{per_rank} samples per rank" if self.world.size > 1 else f"{per_rank} samples"
@@ -304,6 +311,9 @@ class Engine:
         # leak into its first step (a plain loop's zero_grad at the top says the same).
         for parameter in self.model.parameters():
             parameter.grad = None
+        if self.loader.sampler.per_epoch is None and c.max_steps is None:
+            raise ConfigError([Problem("max_steps", None, "a whole number >= 1: the training data is an "
+                                       "IterableDataset (a stream has no length, so no epoch count can budget it)")])
         if c.monitor is not None and self.recipe.val_data is None:
             raise ConfigError([Problem("monitor", c.monitor, "needs held-out data: give val_data")])
         self._monitor = Monitor(c.monitor, c.mode, c.patience, c.restore_best) if c.monitor else None
@@ -359,8 +369,9 @@ class Engine:
         if status == "early_stopped":  # a planned end, not a stop from outside
             status, message = "completed", self._monitor.stop_message(self.step)
         best = self._monitor.put_best_back(self.model) if self._monitor is not None and c.restore_best else None
-        per_epoch = self.loader.sampler.per_epoch * self.world.size
-        extra = {"epochs_trained": (self.samples - start_samples) / per_epoch, "status": status,
+        per_epoch = (self.loader.sampler.per_epoch or 0) * self.world.size
+        epochs = (self.samples - start_samples) / per_epoch if per_epoch else self._run_start["epochs_done"]
+        extra = {"epochs_trained": epochs, "status": status,
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - start_step}
         extra.update(self._info())
         extra["notes"] = list(self.notes.values()) + self._compile_accounting(extra) + ([best] if best else []) \
@@ -402,6 +413,8 @@ class Engine:
 
     def _planned_steps(self) -> int:
         c = self.config
+        if self.loader.sampler.per_epoch is None:
+            return c.max_steps
         per_epoch = math.ceil(len(data.batch_sizes(self.loader.sampler.per_epoch, self.loader.batch_size, c.drop_last))
                               / c.accumulate_grad_batches)
         by_epochs = per_epoch * c.epochs_budget if c.epochs_budget is not None else None
@@ -427,11 +440,15 @@ class Engine:
         model, optimizer, scaler = self._train_model, self.optimizer, precision.scaler
         sampler = self.loader.sampler
         sampler.set_position(self.epoch, self.epoch_offset)
-        sizes = data.batch_sizes(len(sampler), self.loader.batch_size, c.drop_last)
-        if not sizes:
+        k, world = c.accumulate_grad_batches, self.world.size
+        if sampler.per_epoch is None:  # a stream: as many batches as the budget needs, or until it ends
+            sizes, n = None, steps_left * k
+        else:
+            sizes = data.batch_sizes(len(sampler), self.loader.batch_size, c.drop_last)
+            n = len(sizes)
+        if not n:
             return True
         # Everything the hot loop touches is a local: this loop must cost no more than a hand-written one.
-        k, n, world = c.accumulate_grad_batches, len(sizes), self.world.size
         move = (self.device.type != "cpu" and not isinstance(self.loader, data.HeldBatches)) or c.channels_last
         perf, now = time.perf_counter, self._clock.now
         no_sync = getattr(model, "no_sync", None)
@@ -457,7 +474,11 @@ class Engine:
             if micro == 0:
                 window = min(k, n - i)
             t0 = perf()
-            batch = next(iterator)
+            try:
+                batch = next(iterator)
+            except StopIteration:  # only a stream ends before its count: the pass is over
+                self._end_stream_pass(micro)
+                return True
             t1 = perf()
             if move:
                 batch = self._prepare(batch)
@@ -481,7 +502,7 @@ class Engine:
             forward_s += t3 - t2
             backward_s += t4 - t3
             micro += 1
-            window_samples += sizes[i]
+            window_samples += sizes[i] if sizes is not None else batch_size(batch)
             if not boundary:
                 continue
             if clip is not None:
@@ -517,9 +538,17 @@ class Engine:
                 return False
             t_step = perf()
         self._after_boundary()
-        return True
+        return sizes is not None  # a stream's budget ending is not the end of its pass
 
     _saved_at = float("-inf")
+
+    def _end_stream_pass(self, micro: int) -> None:
+        """A stream ended: a half-accumulated window is dropped (its gradients would be scaled for a full one)."""
+        if micro:
+            self.model.zero_grad(set_to_none=True)
+            self._note("stream", f"the stream's last {micro} batch(es) of an accumulation window were dropped at "
+                       "the end of a pass")
+        self._after_boundary()
 
     def save_checkpoint(self):
         """Write a checkpoint now (the run's folder, step-N.pt); returns its path."""

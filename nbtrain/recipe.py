@@ -129,9 +129,14 @@ class Recipe:
             data = getattr(self, name)
             if data is None and name == "val_data":
                 continue
-            if isinstance(data, IterableDataset) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+            if isinstance(data, IterableDataset):
+                if name == "val_data":
+                    problems.append("val_data: an IterableDataset; allowed: a map-style Dataset (held-out numbers "
+                                    "are read over the whole set, which a stream cannot promise)")
+                continue  # a stream trains with max_steps (the engine says so without it)
+            if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
                 problems.append(f"{name}: got {type(data).__name__}; allowed: a map-style Dataset "
-                                "(with __len__ and __getitem__, e.g. TensorDataset)")
+                                "(with __len__ and __getitem__, e.g. TensorDataset) or an IterableDataset")
             elif len(data) == 0:
                 problems.append(f"{name}: the dataset is empty")
         if self.scheduler_interval not in ("step", "epoch"):
@@ -257,9 +262,9 @@ def own_loss(output):
 
 def adopt_loader(loader: DataLoader) -> tuple[Dataset, Callable | None, dict]:
     """(dataset, collate_fn, settings) of a DataLoader, or a RecipeError saying why it cannot be adopted."""
-    if isinstance(loader.dataset, IterableDataset):
-        raise RecipeError("train_data: a DataLoader over an IterableDataset; allowed: a map-style Dataset or a "
-                          "DataLoader over one (nbtrain cuts batches itself so batch size and workers can change)")
+    if isinstance(loader.dataset, IterableDataset):  # a stream: nbtrain shares it out itself (stream.py)
+        return loader.dataset, None if loader.collate_fn is default_collate else loader.collate_fn, \
+            {"batch_size": loader.batch_size, "num_workers": loader.num_workers, "drop_last": loader.drop_last}
     sampler = loader.sampler
     custom = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
     if custom or not isinstance(sampler, (RandomSampler, SequentialSampler)):

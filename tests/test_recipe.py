@@ -38,15 +38,6 @@ def test_wrong_pieces_are_named(pieces, message):
         Recipe(**values)
 
 
-def test_an_iterable_dataset_is_refused_with_the_reason():
-    class Stream(IterableDataset):
-        def __iter__(self):
-            yield torch.zeros(8), torch.zeros(1)
-
-    with pytest.raises(RecipeError, match="map-style Dataset"):
-        Recipe(model=nn.Linear(8, 1), train_data=Stream(), loss_fn=nn.MSELoss())
-
-
 def test_an_optimizer_instance_becomes_a_factory_of_the_same_kind():
     model = nn.Linear(8, 1)
     factory = as_optimizer_factory(torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.5))
