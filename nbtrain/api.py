@@ -1,11 +1,11 @@
 """`nbtrain.fit`: train a model with a config, in this process or as DDP workers."""
 from __future__ import annotations
 
-from .config import TrainConfig
+from .config import ConfigError, Problem, TrainConfig
 from .engine import Engine
 from .metrics import MetricsLog
 from .adapters import recipe_for
-from .recipe import Recipe
+from .recipe import Recipe, fixed_reason
 from .result import RunResult
 from .slots import Slot
 
@@ -77,6 +77,9 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
                             scheduler_interval=scheduler_interval, metrics=metrics, validation_step=validation_step)
     config = (config or TrainConfig()).replace(**options) if options else (config or TrainConfig())
     config = recipe.adopt_settings(config)
+    if config.world_size > 1 and recipe.fixed_loader is not None:
+        raise ConfigError([Problem("devices", config.devices, "1: " + fixed_reason(recipe.fixed_loader)
+                                   + " (it cannot be shared out across ranks)")])
     if config.world_size > 1:
         from .launch import fit_distributed
         result = fit_distributed(recipe, config, log=log)

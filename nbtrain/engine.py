@@ -36,11 +36,11 @@ from .config import ConfigError, Problem, TrainConfig
 from .memory import PeakMemory
 from .metrics import MetricsLog
 from .precision import Precision
-from .recipe import Recipe
+from .recipe import FIXED_OPTIONS, Recipe, fixed_reason
 from .monitor import Monitor
 from .schedule import Schedule
 from .evaluation import batch_size
-from .stream import StreamLoader
+from .stream import FixedLoader, StreamLoader
 from .result import RunResult, summarize
 
 # Which parts of the live session each option touches.
@@ -117,6 +117,8 @@ class Engine:
         self._note("preload_data", note)
         if self._held is not None:  # the same batches in the same order, without the per-sample path
             return data.HeldBatches(self._held, config, self.world, self.seed)
+        if self.recipe.fixed_loader is not None:
+            return FixedLoader(self.recipe.fixed_loader)
         if isinstance(self.recipe.train_data, IterableDataset):
             return StreamLoader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
         return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
@@ -261,7 +263,14 @@ class Engine:
                            "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in changes.items()}})
 
     def _check_batches(self, config: TrainConfig) -> None:
-        """Refuse a config whose epoch holds no batch: it would loop over empty epochs forever."""
+        """Refuse a config whose epoch holds no batch (it would loop over empty epochs forever), and a
+        batching change on a DataLoader whose own sampler decides the batches."""
+        fixed = self.recipe.fixed_loader
+        if fixed is not None:
+            changed = [o for o in FIXED_OPTIONS if getattr(config, o) != getattr(self.config, o)]
+            if changed:
+                raise ConfigError([Problem(o, getattr(config, o), fixed_reason(fixed)) for o in changed])
+            return
         per_rank = self.loader.sampler.per_epoch
         if per_rank is None:  # a stream: its length is known only when it ends
             return
@@ -311,7 +320,7 @@ class Engine:
         # leak into its first step (a plain loop's zero_grad at the top says the same).
         for parameter in self.model.parameters():
             parameter.grad = None
-        if self.loader.sampler.per_epoch is None and c.max_steps is None:
+        if self.recipe.fixed_loader is None and self.loader.sampler.per_epoch is None and c.max_steps is None:
             raise ConfigError([Problem("max_steps", None, "a whole number >= 1: the training data is an "
                                        "IterableDataset (a stream has no length, so no epoch count can budget it)")])
         if c.monitor is not None and self.recipe.val_data is None:
@@ -414,7 +423,10 @@ class Engine:
     def _planned_steps(self) -> int:
         c = self.config
         if self.loader.sampler.per_epoch is None:
-            return c.max_steps
+            passes = getattr(self.loader, "batches_per_pass", None)
+            by_epochs = math.ceil(passes() / c.accumulate_grad_batches) * c.epochs_budget \
+                if passes is not None and c.epochs_budget is not None else None
+            return min(x for x in (by_epochs, c.max_steps) if x is not None)
         per_epoch = math.ceil(len(data.batch_sizes(self.loader.sampler.per_epoch, self.loader.batch_size, c.drop_last))
                               / c.accumulate_grad_batches)
         by_epochs = per_epoch * c.epochs_budget if c.epochs_budget is not None else None
@@ -442,7 +454,9 @@ class Engine:
         sampler.set_position(self.epoch, self.epoch_offset)
         k, world = c.accumulate_grad_batches, self.world.size
         if sampler.per_epoch is None:  # a stream: as many batches as the budget needs, or until it ends
-            sizes, n = None, steps_left * k
+            sizes = None
+            passes = getattr(self.loader, "batches_per_pass", None)  # the user's own DataLoader knows its length
+            n = steps_left * k if passes is None else min(passes(), steps_left * k if steps_left else passes())
         else:
             sizes = data.batch_sizes(len(sampler), self.loader.batch_size, c.drop_last)
             n = len(sizes)

@@ -114,10 +114,13 @@ class Recipe:
     metrics: Mapping[str, Callable] | None = None  # held-out metrics: name -> fn(output, target) -> number
     logged: Any = None  # a collector of the user's own logged values (LightningModule.log), drained per window
     loader_settings: dict = field(default_factory=dict)  # from a given DataLoader: the starting config
+    fixed_loader: Any = None  # a DataLoader read as it is (its own batch_sampler/sampler), toggles off
 
     def __post_init__(self):
         # A DataLoader the user tuned gives its dataset, collate_fn and settings; nbtrain cuts the batches.
         if isinstance(self.train_data, DataLoader):
+            if fixed_reason(self.train_data):
+                self.fixed_loader = self.train_data
             self.train_data, collate, self.loader_settings = adopt_loader(self.train_data)
             self.collate_fn = self.collate_fn or collate
         if isinstance(self.val_data, DataLoader):
@@ -266,13 +269,10 @@ def adopt_loader(loader: DataLoader) -> tuple[Dataset, Callable | None, dict]:
         return loader.dataset, None if loader.collate_fn is default_collate else loader.collate_fn, \
             {"batch_size": loader.batch_size, "num_workers": loader.num_workers, "drop_last": loader.drop_last}
     sampler = loader.sampler
-    custom = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
-    if custom or not isinstance(sampler, (RandomSampler, SequentialSampler)):
-        what = type(loader.batch_sampler if custom else sampler).__name__
-        raise RecipeError(f"train_data: a DataLoader with its own {'batch_sampler' if custom else 'sampler'} "
-                          f"({what}); nbtrain cuts batches itself (so batch size, workers and DDP shards can "
-                          "change) and would not keep its order; allowed: a DataLoader with shuffle=True/False, or "
-                          "its dataset and collate_fn")
+    if fixed_reason(loader):  # its own order: nbtrain reads the loader as it is (FixedLoader), toggles off
+        batch = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+        return loader.dataset, None, {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+                                      **({"batch_size": batch} if isinstance(batch, int) else {})}
     settings = {"batch_size": loader.batch_size, "num_workers": loader.num_workers,
                 "pin_memory": loader.pin_memory, "drop_last": loader.drop_last,
                 "shuffle": isinstance(sampler, RandomSampler)}
@@ -281,6 +281,22 @@ def adopt_loader(loader: DataLoader) -> tuple[Dataset, Callable | None, dict]:
         settings["prefetch_factor"] = loader.prefetch_factor
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
     return loader.dataset, collate, settings
+
+
+FIXED_OPTIONS = ("batch_size", "shuffle", "drop_last", "num_workers", "persistent_workers", "prefetch_factor",
+                 "preload_data")
+
+
+def fixed_reason(loader) -> str | None:
+    """Why nbtrain must read this DataLoader as it is (its own sampler decides the batches), or None."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return None
+    custom = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
+    if custom or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+        what = type(loader.batch_sampler if custom else loader.sampler).__name__
+        return (f"the DataLoader's own {'batch_sampler' if custom else 'sampler'} ({what}) decides its batches, so "
+                "nbtrain reads it as it is; to change batch size, workers or order, give nbtrain its dataset")
+    return None
 
 
 def split_batch(batch):

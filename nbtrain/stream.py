@@ -1,4 +1,5 @@
-"""Training data that is a stream (an IterableDataset): shared out across ranks and workers.
+"""Data nbtrain does not cut into batches itself: streams (an IterableDataset), shared out across
+ranks and workers, and a user's DataLoader whose own sampler decides its batches.
 
 A stream has no length and no index, so its order is its own and an epoch is one pass over
 it (until it ends). The rule that gives each process its share: item i of the stream goes
@@ -61,5 +62,30 @@ class StreamLoader:
         batches = iter(self._loader)
         skipped = 0
         while skipped < self.sampler.start:  # samples this rank already used in this pass
+            skipped += batch_size(next(batches))
+        return batches
+
+
+class FixedLoader:
+    """The user's own DataLoader, read as it is: its sampler or batch_sampler decides the batches.
+
+    A pass is one iteration of the loader; a loader read again mid-pass (after a resume)
+    skips the samples this rank already used, which continues exactly where it was when
+    the loader's order is deterministic.
+    """
+
+    def __init__(self, loader):
+        self.sampler = StreamPosition()
+        self.batch_size = loader.batch_size
+        self._loader = loader
+
+    def batches_per_pass(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self):
+        from .evaluation import batch_size
+        batches = iter(self._loader)
+        skipped = 0
+        while skipped < self.sampler.start:
             skipped += batch_size(next(batches))
         return batches

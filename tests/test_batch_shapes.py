@@ -110,13 +110,41 @@ def test_flags_win_over_the_dataloaders_settings_and_a_live_batch_change_rebuild
     assert again.config.batch_size == 6 and again.history["samples"][-1] - again.history["samples"][0] == 6
 
 
-def test_a_dataloader_with_its_own_batch_sampler_is_named_with_the_way_out():
+def test_a_dataloader_with_its_own_batch_sampler_is_read_as_it_is_and_batching_toggles_say_why_not():
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    class Buckets(BatchSampler):  # e.g. length bucketing: the user's own batching
+        pass
+
+    data = DictData()
+    loader = DataLoader(data, batch_sampler=Buckets(SequentialSampler(range(96)), 8, False))
+    model, reference = OwnLossModel(), OwnLossModel()
+    result = nbtrain.fit(model, loader, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), max_epochs=1)
+    assert result.summary["steps"] == 12 and result.config.batch_size == 8
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for batch in loader:
+        reference(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert same_weights(weights(model), weights(reference))
+    with pytest.raises(ValueError, match=r"batch_size=16: the DataLoader's own batch_sampler \(Buckets\) decides "
+                                         r"its batches.*give nbtrain its dataset"):
+        nbtrain.fit(model, loader, batch_size=16, max_steps=1)
+    with pytest.raises(ValueError, match=r"devices=2: 1: the DataLoader's own batch_sampler"):
+        nbtrain.fit(model, loader, devices=2, max_steps=1)
+
+
+def test_the_panel_turns_the_batching_controls_off_with_the_reason_for_a_fixed_dataloader():
     from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
     class Buckets(BatchSampler):
         pass
 
     loader = DataLoader(DictData(), batch_sampler=Buckets(SequentialSampler(range(96)), 8, False))
-    with pytest.raises(ValueError, match=r"train_data: a DataLoader with its own batch_sampler \(Buckets\).*"
-                                         r"allowed: a DataLoader with shuffle=True/False, or its dataset"):
-        nbtrain.fit(OwnLossModel(), loader, max_steps=1)
+    panel = nbtrain.panel(nbtrain.Recipe(model=OwnLossModel(), train_data=loader), display=False)
+    try:
+        for control in (panel.controls.batch_size, panel.controls.workers, panel.controls.devices):
+            assert control.disabled and "batch_sampler (Buckets) decides its batches" in control.tooltip
+        assert panel.controls.accumulate.disabled is False
+    finally:
+        panel.close_button.click()

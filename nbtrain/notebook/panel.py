@@ -32,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency, but
 
 from .. import api
 from ..config import ConfigError, TrainConfig
-from ..recipe import Recipe
+from ..recipe import FIXED_OPTIONS, Recipe, fixed_reason
 from ..store import RunStore
 from .panel_controls import Controls
 from .panel_help import BUTTONS
@@ -67,7 +67,7 @@ class Panel:
     def __init__(self, recipe: Recipe, config: TrainConfig | None = None, store=None):
         self.recipe = recipe
         self.store = RunStore(store)  # finished runs are recorded, as the magic's are
-        self.base = config or TrainConfig()
+        self.base = recipe.adopt_settings(config or TrainConfig())  # a given DataLoader's settings start it
         # The kernel's engine is always one process; more processes are separate runs.
         self.engine = api.engine_for(recipe, self.base.replace(devices=1, num_nodes=1))
         self.runs: list[RunRecord] = []
@@ -80,6 +80,8 @@ class Panel:
         self._displayed = False
 
         self.controls = Controls(self.base, self._controls_changed)
+        if recipe.fixed_loader is not None:  # the user's DataLoader decides its batches: say so, once
+            self.controls.lock(FIXED_OPTIONS + ("devices",), fixed_reason(recipe.fixed_loader))
         self.readout = html_line("nbtrain-readout")
         self.progress = RunProgress()
         self.status = html_line("nbtrain-status")

@@ -175,9 +175,21 @@ class Controls:
         self.precision.set_unavailable({p: choice_problem("precision", p, accelerator=self.device.value)
                                         for p in PRECISIONS})
 
+    def lock(self, options, reason: str) -> None:
+        """Turn off the controls of `options` for good, the reason in their tooltips (e.g. a DataLoader
+        whose own batch_sampler decides the batches)."""
+        self._locked = set(options)
+        for option in options:
+            widget = self.fields.get(option)
+            if widget is not None:
+                widget.disabled = True
+                widget.tooltip = f"off: {reason}"
+
+    _locked: set = frozenset()
+
     def set_running(self, running: bool) -> None:
         # Devices cannot change inside a running process: that control waits for the next run.
-        self.devices.disabled = running
+        self.devices.disabled = running or "devices" in self._locked
 
 
 def _labelled(text: str, option: str, widget) -> widgets.HBox:
