@@ -11,12 +11,13 @@ from .cache import cache
 from .checklist import checklist
 from .diagnose import profile
 from .measure.ab import ab
+from .measure.ceilings import ceilings
 from .launch import launch  # the function; its module's helpers: `from nbtrain.launch import ...`
 from .split import split
 from . import slurm  # nbtrain.slurm.submit / attach / export
 
 __version__ = "0.1.0"
-__all__ = ["fit", "ab", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
+__all__ = ["fit", "ab", "ceilings", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
            "RunResult", "cache", "checklist", "profile", "launch", "split"]
 
 

@@ -6,9 +6,12 @@
 
 A few steps are trained with the engine's own loop and its per-phase clocks; on CUDA the
 device is synchronised at every phase boundary while profiling (only then), so kernel time
-is charged to the phase that launched it. The model is restored afterwards. With
-`trace="run.json"` a second, short trial runs under torch.profiler and writes a Chrome
-trace (open it in Perfetto); its timings are not mixed into the breakdown.
+is charged to the phase that launched it. The machine's ceilings are measured apart
+(measure/ceilings.py: the loader alone, the model alone, FLOPs against the device's peak)
+and the verdict says what both show: the binding ceiling and by how much, and the share of
+the step it costs. The model is restored afterwards. With `trace="run.json"` a second, short
+trial runs under torch.profiler and writes a Chrome trace (open it in Perfetto); its timings
+are not mixed into the breakdown.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ from dataclasses import dataclass, field
 
 from . import plotting, trial
 from .config import TrainConfig
+from .measure.ceilings import Ceilings, measure_ceilings
+from .measure.steady import NOTHING, SteadyRate, of_columns
+from .metrics import MetricsLog
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward", "backward": "backward",
                 "optimizer": "optimizer", "grad_sync": "gradient sync", "other": "other (loop, logging)"}
@@ -49,6 +55,8 @@ class Diagnosis:
     suggestions: list = field(default_factory=list)
     trace_path: str | None = None
     grad_sync_ms: float | None = None  # DDP only: all-reduce in flight per step (overlaps backward)
+    steady: SteadyRate = NOTHING       # the steps' steady rate with its interval (samples_per_s is its rate)
+    ceilings: Ceilings | None = None   # measured apart: loader alone, model alone, FLOPs
 
     @property
     def fractions(self) -> dict:
@@ -61,10 +69,13 @@ class Diagnosis:
         width = max(len(label) for label in PHASE_LABELS.values())
         for name, ms in self.phase_ms.items():
             lines.append(f"  {PHASE_LABELS[name]:<{width}}  {ms:9.3f} ms  {100 * self.fractions[name]:5.1f}%")
-        lines.append(f"  {'step':<{width}}  {self.step_ms:9.3f} ms  ({self.samples_per_s:,.0f} samples/s)")
+        lines.append(f"  {'step':<{width}}  {self.step_ms:9.3f} ms  ({self.steady.text()})")
         if self.grad_sync_ms is not None:
             lines.append(f"  {PHASE_LABELS['grad_sync']:<{width}}  {self.grad_sync_ms:9.3f} ms  "
                          f"{100 * self.grad_sync_ms / self.step_ms:5.1f}% (all-reduce in flight, overlapping backward)")
+        if self.ceilings is not None:
+            lines.append("ceilings, each measured alone:")
+            lines += self.ceilings.lines(self.samples_per_s)
         lines.append(f"verdict: {self.verdict}")
         lines += [f"  try: {s}" for s in self.suggestions[1:]]
         if self.trace_path:
@@ -88,8 +99,23 @@ class Diagnosis:
         return ax.figure
 
 
-def verdict_for(phase_ms: dict, step_ms: float, config: TrainConfig, device: str, cores: int | None = None):
-    """(kind, verdict sentence, suggestions) from measured phase times."""
+def verdict_for(phase_ms: dict, step_ms: float, config: TrainConfig, device: str, cores: int | None = None,
+                ceilings: Ceilings | None = None):
+    """(kind, verdict sentence, suggestions) from measured phase times, with the ceilings' evidence when given."""
+    kind, verdict, tips = _phase_verdict(phase_ms, step_ms, config, device, cores)
+    if ceilings is None or ceilings.kind == "balanced":
+        return kind, verdict + (f"; {ceilings.verdict}" if ceilings is not None else ""), tips
+    head, _, rest = verdict.partition(": ")
+    if (ceilings.kind == "data-bound") == (kind == "data-bound"):  # the ceilings agree: they say by how much
+        return kind, f"{head}: {ceilings.evidence()} ({ceilings.margin()}); {rest}", tips
+    # Measured apart the other side binds; together they compete for the same cores (or a worker
+    # restarts each epoch): say both, the training's own share first.
+    return kind, (f"{head} in training: {rest}; measured alone the ceilings say {ceilings.kind} "
+                  f"({ceilings.evidence()}): the loader and the model slow each other down when they run "
+                  f"together on {cores or usable_cores()} cores"), tips
+
+
+def _phase_verdict(phase_ms: dict, step_ms: float, config: TrainConfig, device: str, cores: int | None = None):
     cores = cores or usable_cores()
     share = {k: v / step_ms for k, v in phase_ms.items()} if step_ms > 0 else {}
     compute = share.get("forward", 0) + share.get("backward", 0)
@@ -179,8 +205,9 @@ class GradSyncClock:
 
 def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 20,
              warmup_steps: int = 3, seconds: float | None = None, trace: str | os.PathLike | None = None,
-             **parts) -> Diagnosis:
-    """Measure where the step time goes for the current config; the model is restored afterwards."""
+             ceilings: bool = True, **parts) -> Diagnosis:
+    """Measure where the step time goes for the current config, and (`ceilings`) the machine's ceilings
+    for it; the model is restored afterwards."""
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r}: a whole number >= 1 (optimizer steps to measure)")
     if not isinstance(warmup_steps, int) or warmup_steps < 0:
@@ -188,18 +215,21 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     config = trial.plain_config(engine.config)
     snapshot = trial.Snapshot(engine)
-    trace_path = None
+    trace_path, ceiling, log = None, None, MetricsLog()
     clock = GradSyncClock.on(engine._train_model) if hasattr(engine._train_model, "register_comm_hook") else None
     try:
         if clock is not None:
             clock.intervals, clock.active = [], True
         m = trial.measure(engine, config, steps=steps + warmup_steps, seconds=seconds,
-                          warmup_steps=warmup_steps, sync_phases=True)
+                          warmup_steps=warmup_steps, sync_phases=True, log=log)
         if clock is not None:
             clock.active = False
         snapshot.restore()
         if trace is not None:
             trace_path = _write_trace(engine, config, trace)
+        # Ranks measuring apart would each stop at their own time; under DDP only the breakdown is shown.
+        if ceilings and not engine.world.distributed:
+            ceiling = measure_ceilings(engine)
     finally:
         snapshot.restore()
     if not m.ok:
@@ -209,9 +239,11 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     sync_ms = 1000 * clock.seconds() / max(m.steps, 1) if clock is not None else None
     device = engine.device.type
     kind, verdict, tips = verdict_for({**phases, **({"grad_sync": sync_ms} if sync_ms else {})}, m.step_ms,
-                                      config, device)
-    return Diagnosis(config, str(engine.device), phases, m.step_ms, m.samples_per_s,
-                     max(m.steps - warmup_steps, 1), device == "cuda", kind, verdict, tips, trace_path, sync_ms)
+                                      config, device, ceilings=ceiling)
+    start = log.last("start")
+    steady = of_columns(log.columns, start["info"].get("samples_start", 0) if start else 0)
+    return Diagnosis(config, str(engine.device), phases, m.step_ms, steady.rate, max(m.steps - warmup_steps, 1),
+                     device == "cuda", kind, verdict, tips, trace_path, sync_ms, steady, ceiling)
 
 
 profile = diagnose

@@ -1,17 +1,20 @@
 """Tuning by measurement on the live model: DataLoader workers, the largest batch, the LR.
 
-    w = nbtrain.tune.find_workers(recipe, config=cfg)          # throughput per worker setting
+    w = nbtrain.tune.find_workers(recipe, config=cfg)          # steady rate per worker setting (tune_workers.py)
     b = nbtrain.tune.find_batch_size(recipe, config=cfg)       # largest batch under a memory budget
-    print(b.table()); cfg = b.config                           # batch, LR rule and warm-up applied
+    print(b.table()); cfg = b.config                           # batch, LR rule and warm-up applied; its speed
     lr = nbtrain.tune.find_lr(recipe, config=cfg); lr.plot()   # exponential sweep, steepest descent
 
 Every trial trains real steps on the user's engine and is undone afterwards (trial.Snapshot),
-so weights, optimizer state and counters are exactly as before the search.
+so weights, optimizer state and counters are exactly as before the search. The batch found is
+then measured against the starting batch head to head, in alternating blocks (measure/ab.py):
+a larger batch fits, but whether it trains faster on this machine is a measurement.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -19,8 +22,8 @@ import torch
 
 from . import plotting, trial
 from .config import TrainConfig
-from .diagnose import usable_cores
 from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
+from .measure.ab import ABResult, compare_on
 
 
 def _bar_plot(labels, values, title, xlabel, path=None, ax=None, highlight=None):
@@ -32,75 +35,6 @@ def _bar_plot(labels, values, title, xlabel, path=None, ax=None, highlight=None)
         ax.set_xlabel(xlabel)
         ax.set_title(title, fontsize=9, loc="left")
     return ax.figure
-
-
-# --- DataLoader workers -------------------------------------------------------------------
-
-@dataclass
-class WorkerSearch:
-    measurements: list          # trial.Measurement per setting tried
-    best: TrainConfig
-    baseline: float             # samples/s of the starting config
-
-    @staticmethod
-    def label(c: TrainConfig) -> str:
-        text = f"num_workers={c.num_workers}"
-        if c.num_workers:
-            text += f", persistent_workers={c.persistent_workers}"
-        return text + (f", pin_memory={c.pin}" if c.device_type == "cuda" else "")
-
-    def table(self) -> str:
-        lines = ["nbtrain DataLoader worker search (training samples/s, measured after warm-up)"]
-        for m in self.measurements:
-            mark = "  <- best" if m.config == self.best else ""
-            lines.append(f"  {self.label(m.config):<58} {m.samples_per_s:10,.0f}  "
-                         f"x{m.samples_per_s / self.baseline:5.2f}{mark}")
-        return "\n".join(lines)
-
-    def plot(self, path=None, ax=None):
-        labels = [self.label(m.config) for m in self.measurements]
-        best = next(i for i, m in enumerate(self.measurements) if m.config == self.best)
-        return _bar_plot(labels, [m.samples_per_s for m in self.measurements], "DataLoader worker search",
-                         "samples/s", path, ax, best)
-
-
-def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
-                 candidates=None, seconds: float = 2.0, warmup_steps: int = 2, **parts) -> WorkerSearch:
-    """Measure training throughput for a few worker counts, then persistent workers (and pinning on CUDA)."""
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
-    start = trial.plain_config(engine.config)
-    if candidates is None:
-        cores = usable_cores()
-        candidates = sorted({start.num_workers} | {n for n in (0, 1, 2, 4, 8, 16) if n <= cores})
-    bad = [c for c in candidates if not isinstance(c, int) or isinstance(c, bool) or c < 0]
-    if not candidates or bad:
-        raise ValueError(f"candidates={candidates!r}: a list of whole numbers >= 0 (worker counts to try)")
-    if not seconds > 0:
-        raise ValueError(f"seconds={seconds!r}: a number > 0 (measuring time per setting)")
-    snapshot = trial.Snapshot(engine)
-    measured = []
-
-    def run(c: TrainConfig):
-        m = trial.measure(engine, c, seconds=seconds, warmup_steps=warmup_steps)
-        snapshot.restore()
-        measured.append(m)
-        return m
-
-    try:
-        for n in candidates:
-            run(start.replace(num_workers=n, persistent_workers=start.persistent_workers and n > 0,
-                              prefetch_factor=start.prefetch_factor if n > 0 else None))
-        best = max(measured, key=lambda m: m.samples_per_s).config
-        if best.num_workers:
-            run(best.replace(persistent_workers=not best.persistent_workers))
-        if best.device_type == "cuda":
-            run(best.replace(pin_memory=not best.pin))
-    finally:
-        snapshot.restore()
-    best = max(measured, key=lambda m: m.samples_per_s).config
-    baseline = next((m.samples_per_s for m in measured if m.config.num_workers == start.num_workers),
-                    measured[0].samples_per_s)
-    return WorkerSearch(measured, best, baseline)
 
 
 # --- largest batch --------------------------------------------------------------------------
@@ -125,6 +59,8 @@ class BatchSearch:
     lr_scaled: float
     warmup_suggested: bool
     notes: list = field(default_factory=list)
+    speed: ABResult | None = None    # the batch found against the starting batch, head to head
+    speed_note: str = ""             # why the speed was not compared
 
     def summary(self) -> str:
         c = self.config
@@ -143,8 +79,18 @@ class BatchSearch:
             lines.append(f"  {i:2d}. batch {t.batch_size:>8,}  {'fits' if t.fits else 'too big':<8} peak {peak:>12}"
                          + (f"  ({t.reason})" if t.reason else ""))
         lines.append(self.summary())
+        lines.append(self.speed_text())
         lines += self.notes
         return "\n".join(lines)
+
+    def speed_text(self) -> str:
+        """The found batch's speed against the starting batch's, with its interval."""
+        if self.speed is None:
+            return f"speed: {self.speed_note}"
+        v, (a, b) = self.speed.verdict, (self.speed.a, self.speed.b)
+        medians = [sorted(r)[len(r) // 2] for r in (self.speed.rates_a, self.speed.rates_b)]
+        return (v.text(f"speed, batch {b.batch_size} against batch {a.batch_size} head to head") +
+                f"; {medians[1]:,.0f} vs {medians[0]:,.0f} samples/s (median blocks, {v.pairs} pairs)")
 
     def plot(self, path=None, ax=None):
         with plotting.axes(path, ax, figsize=(6, 3.2)) as ax:
@@ -199,12 +145,13 @@ def memory_limit(memory_budget, device) -> tuple[int | None, str]:
 
 def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                     max_batch: int | None = None, memory_budget=None, rule: str = "linear", steps: int = 1,
-                    tolerance: float = 0.05, **parts) -> BatchSearch:
+                    tolerance: float = 0.05, speed_s: float = 6.0, clock=time.monotonic, **parts) -> BatchSearch:
     """Largest batch whose training step fits: doubling, then an interpolating bisection.
 
     A trial trains `steps` real steps at a batch size; it is too big on CUDA out-of-memory or when
     its measured peak (CUDA allocated, or the process's peak RSS on the CPU) passes the budget.
     At most ceil(log2(max_batch)) + 4 trials; the found batch is within `tolerance` of the largest.
+    Then, for about `speed_s` seconds of `clock` (0: not at all), its speed against the starting batch.
     """
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     start = trial.plain_config(engine.config)
@@ -218,6 +165,8 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
         raise ValueError(f"rule={rule!r}: one of linear, sqrt, none (how the learning rate follows the batch)")
     if not 0 < tolerance <= 0.1:
         raise ValueError(f"tolerance={tolerance!r}: a number in (0, 0.1] (relative gap at which the search stops)")
+    if isinstance(speed_s, bool) or not isinstance(speed_s, (int, float)) or speed_s < 0:
+        raise ValueError(f"speed_s={speed_s!r}: seconds >= 0 (0: the speed is not compared)")
     limit, kind = memory_limit(memory_budget, engine.device)
     max_trials = math.ceil(math.log2(max_batch)) + 4 if max_batch > 1 else 1
     trials: list[BatchTrial] = []
@@ -274,7 +223,30 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
     if not found:
         raise RuntimeError(f"nbtrain.find_batch_size: even batch_size=1 does not fit ({hi.reason}); "
                            "raise memory_budget or make the model smaller")
-    return _with_lr(engine, start, found, rule, trials, max_trials, limit, kind)
+    search = _with_lr(engine, start, found, rule, trials, max_trials, limit, kind)
+    search.speed, search.speed_note = _speed(engine, snapshot, start, search.config, speed_s, clock)
+    return search
+
+
+def _speed(engine, snapshot, start: TrainConfig, found: TrainConfig, seconds: float, clock):
+    """(the found config against the start in alternating blocks, or None and why not)."""
+    if found.batch_size == start.batch_size:
+        return None, "the starting batch is the largest found; nothing to compare"
+    if not seconds:
+        return None, "not compared (speed_s=0)"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Each rank would stop comparing at its own time, and the others would wait in an all-reduce.
+        return None, "compared in single-process runs only (ranks would stop at different times)"
+    try:
+        return compare_on(engine, snapshot, start, found, block_steps=4, block_s=seconds / 24, min_pairs=3,
+                          max_pairs=10, budget_s=seconds, clock=clock), ""
+    except Exception as error:  # noqa: BLE001 - out of memory over several steps is a result
+        if not _is_oom(error):
+            raise
+        return None, "out of memory over several steps at the batch found"
+    finally:
+        snapshot.restore()
+        trial.release_memory()
 
 
 def _next_probe(lo: BatchTrial, hi: BatchTrial, limit: int | None) -> int:
@@ -309,3 +281,6 @@ def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_tria
         notes.append(f"apply it: config = config.replace(batch_size={batch}, scale_lr={rule!r}, "
                      f"base_batch_size={config.base_batch_size}, warmup_steps={config.warmup_steps})")
     return BatchSearch(batch, trials, max_trials, limit, kind, config, base_lr, scaled, suggested, notes)
+
+
+from .tune_workers import WorkerSearch, find_workers  # noqa: E402,F401  (the worker search is part of this toolbox)

@@ -1,4 +1,5 @@
-"""Waterfall chart of a checklist walk: start, each item's measured change, result."""
+"""Waterfall chart of a checklist walk: start, each item's measured change (head to head, with its
+95% interval), result."""
 from __future__ import annotations
 
 from . import plotting
@@ -14,16 +15,21 @@ def waterfall(walk, path=None, ax=None):
             if item.kept:
                 change = item.after - level
                 ax.bar(x, change, bottom=level, color="tab:green" if change >= 0 else "tab:red")
-                text = f"x{item.speedup:.2f}\n{item.chosen}"
+                interval = f"\n({item.verdict.interval_text()})" if item.verdict.pairs else ""
+                text = f"x{item.speedup:.2f}{interval}\n{item.chosen}"
                 level = item.after
             else:
-                best = max((t.samples_per_s for t in item.tried if t.samples_per_s), default=None)
                 ax.plot([x - 0.4, x + 0.4], [level, level], color="tab:grey", lw=1.5)
-                text = "not kept" + (f"\nbest x{best / level:.2f}" if best else "")
+                # "no measurable difference (0.97-1.04)" in two lines, so neighbouring labels do not overlap
+                words = item.verdict_text().replace(" (", "\n(", 1)
+                text = "not kept\n" + words.replace("measurable d", "measurable\nd")
             ax.annotate(text, (x, level), ha="center", va="bottom", fontsize=7)
         last = len(labels) - 1
         ax.bar(last, level, color="tab:blue")
-        ax.annotate(f"{level:,.0f}\nx{level / walk.baseline:.2f}", (last, level), ha="center", va="bottom", fontsize=7)
+        total = walk.overall()
+        interval = f"\n({total.interval_text()})" if total.pairs else ""
+        ax.annotate(f"{level:,.0f}\nx{level / walk.baseline:.2f}{interval}", (last, level), ha="center", va="bottom",
+                    fontsize=7)
         ax.set_xticks(range(len(labels)), labels, fontsize=8)
         ax.set_ylabel("samples/s (measured)")
         ax.set_ylim(0, max([walk.baseline, level] + [i.after for i in walk.items]) * 1.3)

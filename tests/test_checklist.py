@@ -7,7 +7,9 @@ import torch
 
 from nbtrain import TrainConfig
 from nbtrain.api import engine_for
-from nbtrain.checklist import batch_candidates, checklist
+from nbtrain import checklist_items
+from nbtrain.checklist import ITEMS, batch_candidates, checklist
+from nbtrain.checklist_items import ddp_candidate, try_all
 from nbtrain.demo import digits_recipe
 
 from checklist_recipes import same_state, state
@@ -33,17 +35,58 @@ WALK = dict(config=TrainConfig(batch_size=8, accelerator="cpu"), trial_s=0.2, ta
 def test_walk_stops_when_its_own_clock_says_the_budget_is_spent_and_says_so():
     recipe = digits_recipe()
     before = state(recipe.model)
-    # A clock that never moves: the budget is never spent, so every item's candidates are tried.
+    # A clock that never moves: the budget is never spent, so every item's candidates are tried,
+    # and each item's fastest is compared head to head with the current config.
     unlimited = checklist(recipe, budget_s=10, clock=lambda: 0.0, **WALK)
     assert not [reason for _, reason in unlimited.skipped if "time budget" in reason], unlimited.table()
+    assert all(item.verdict.pairs >= 3 and not item.note for item in unlimited.items), unlimited.table()
     # Each look at the clock costs a second: the same walk runs out of budget after a few trials,
-    # although its trials take a fraction of those seconds in real time.
+    # although its trials take a fraction of those seconds in real time; the head-to-head stage,
+    # which needs several blocks, is the first to say it has no time left.
     walk = checklist(recipe, budget_s=10, clock=StepClock(tick=1.0), **WALK)
-    assert 1 <= walk.trials < unlimited.trials, walk.table()
+    assert 1 <= walk.trials < unlimited.trials and walk.blocks < unlimited.blocks, walk.table()
     assert walk.elapsed_s >= walk.budget_s == 10, walk.table()
     assert dict(walk.skipped)["accumulation"] == "time budget: 0.0 s left", walk.table()
-    assert f"{walk.trials} trials in {walk.elapsed_s:.1f} s of a 10 s budget" in walk.table()
+    assert all(item.note.startswith("no time left to compare") and not item.kept for item in walk.items), walk.table()
+    assert (f"{walk.trials} trials and {walk.blocks} head-to-head blocks in {walk.elapsed_s:.1f} s "
+            f"of a 10 s budget") in walk.table()
     assert same_state(before, state(recipe.model))
+
+
+def test_an_item_is_kept_only_when_its_head_to_head_interval_lies_above_the_threshold():
+    recipe = digits_recipe()
+    walk = checklist(recipe, budget_s=10, clock=lambda: 0.0, min_gain=0.03, **WALK)
+    table = walk.table()
+    for item in walk.items:
+        assert item.verdict_text() in table and item.verdict.interval_text() in table, table
+        if item.name != "accumulation":  # asked for by target_global_batch: kept for its own sake
+            assert item.kept == (item.verdict.low > 1.03), table
+    total = walk.overall()
+    assert total.low <= walk.final / walk.baseline <= total.high
+
+
+def test_an_a_a_item_is_not_kept_and_its_row_shows_the_interval(monkeypatch):
+    # An item whose one candidate is the current config itself: nothing to gain, only noise to mistake for it.
+    monkeypatch.setitem(checklist_items.FUNCTIONS, "precision",
+                        lambda walk, engine, start, current, target: try_all(walk, [("the same config", current)]))
+    recipe = digits_recipe()
+    before = state(recipe.model)
+    walk = checklist(recipe, config=TrainConfig(batch_size=32, accelerator="cpu"), budget_s=10, clock=lambda: 0.0,
+                     trial_s=0.3, items=("precision",))
+    (item,) = walk.items
+    assert not item.kept and walk.best_config == walk.start_config, walk.table()
+    assert item.verdict.pairs >= 3 and f"({item.verdict.interval_text()})" in walk.table()
+    assert not item.verdict.above(0.03)
+    assert same_state(before, state(recipe.model))
+
+
+def test_ddp_is_tried_with_the_same_total_of_dataloader_workers():
+    label, config = ddp_candidate(TrainConfig(num_workers=2, persistent_workers=True))
+    assert (config.world_size, config.num_workers) == (2, 1) and "2 in all as before" in label
+    label, config = ddp_candidate(TrainConfig(num_workers=4))
+    assert config.num_workers * config.world_size == 4
+    label, config = ddp_candidate(TrainConfig(num_workers=1))
+    assert config.num_workers == 0 and "1 cannot be split evenly over 2 processes" in label
 
 
 def test_a_budget_its_clock_says_is_gone_before_the_start_is_measured_is_refused():
@@ -99,7 +142,7 @@ def test_batch_candidates_double_within_the_data_and_the_target():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"budget_s": 0}, "budget_s=0: a number of seconds > 0"),
-    ({"items": ("workers", "magic")}, "items=['workers', 'magic']: each one of workers, batch_size"),
+    ({"items": ("workers", "magic")}, "items=['workers', 'magic']: each one of " + ", ".join(ITEMS)),
     ({"target_global_batch": 0}, "target_global_batch=0: a whole number >= 1, or None"),
     ({"clock": 5.0}, "clock=5.0: a function returning seconds, like time.monotonic"),
 ])

@@ -15,6 +15,11 @@ def test_verdict_is_data_bound_for_a_heavy_per_sample_transform():
     assert d.verdict.startswith("data-bound: ") and "waits for the DataLoader; try num_workers=" in d.verdict
     assert d.fractions["data"] > 0.5
     assert "verdict: data-bound" in d.table()
+    # the ceilings, measured apart, agree and say by how much
+    assert d.ceilings.kind == "data-bound" and d.verdict.startswith("data-bound: the loader can deliver ")
+    assert "ceilings, each measured alone:" in d.table() and "loader alone" in d.table()
+    assert "model FLOPs utilisation" in d.table() and "(training)" in d.table()
+    assert f"({d.steady.text()})" in d.table() and d.samples_per_s == d.steady.rate
 
 
 def test_verdict_flips_to_compute_bound_for_a_big_model_on_ready_tensors():
@@ -22,6 +27,18 @@ def test_verdict_flips_to_compute_bound_for_a_big_model_on_ready_tensors():
     assert d.kind == "compute-bound", d.table()
     assert d.fractions["forward"] + d.fractions["backward"] > 0.5
     assert "of the step is forward and backward" in d.verdict
+    assert d.ceilings.kind == "compute-bound" and d.verdict.startswith("compute-bound: the model can take ")
+    assert 0 < d.ceilings.utilisation(d.samples_per_s) < 1
+
+
+def test_ceilings_that_disagree_with_the_breakdown_are_reported_beside_it():
+    from types import SimpleNamespace
+    ceilings = SimpleNamespace(kind="compute-bound", evidence=lambda: "the model can take 100 samples/s, the loader "
+                               "could deliver 500", margin=lambda: "x")
+    kind, verdict, _ = verdict_for({"data": 6.0, "forward": 2.0, "backward": 2.0}, 10.0,
+                                   TrainConfig(batch_size=32, num_workers=1), "cpu", cores=2, ceilings=ceilings)
+    assert kind == "data-bound" and verdict.startswith("data-bound in training: 60% of the step waits")
+    assert "measured alone the ceilings say compute-bound (the model can take 100" in verdict
 
 
 def test_data_bound_with_workers_already_running_suggests_the_cache():
@@ -34,10 +51,10 @@ def test_data_bound_with_workers_already_running_suggests_the_cache():
 def test_profile_restores_the_model_and_writes_a_perfetto_trace(tmp_path):
     recipe = compute_bound_recipe(n=256, width=64)
     before = state(recipe.model)
-    d = profile(recipe, config=TrainConfig(batch_size=32), steps=3, trace=tmp_path / "trace.json")
+    d = profile(recipe, config=TrainConfig(batch_size=32), steps=3, trace=tmp_path / "trace.json", ceilings=False)
     assert same_state(before, state(recipe.model))
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
-    assert "torch.profiler trace" in d.table()
+    assert "torch.profiler trace" in d.table() and d.ceilings is None and "ceilings" not in d.table()
     d.plot(path=tmp_path / "phases.png")
     assert (tmp_path / "phases.png").stat().st_size > 1000
 

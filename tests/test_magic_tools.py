@@ -5,7 +5,8 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
-from nbtrain.checklist import ChecklistResult
+from nbtrain import TrainConfig
+from nbtrain.checklist import ITEMS as CHECKLIST_ITEMS, ChecklistResult
 from nbtrain.diagnose import Diagnosis
 from nbtrain.notebook.tools import ToolView
 from nbtrain.tune import BatchSearch, LRFind, WorkerSearch
@@ -80,6 +81,8 @@ def test_profile_shows_the_breakdown_its_verdict_and_a_trace_and_restores_the_mo
     assert isinstance(d, Diagnosis) and ns["_nbtrain"] is d
     assert "nbtrain bottleneck breakdown (5 steps measured on cpu, batch 64" in out and "verdict: " + d.kind in out
     assert "forward" in out and "backward" in out and "result in prof and _nbtrain" in out
+    assert "ceilings, each measured alone:" in out and "model FLOPs utilisation" in out
+    assert d.ceilings is not None and d.ceilings.evidence() in out  # the verdict names the ceilings
     assert json.loads((tmp_path / "step.json").read_text())["traceEvents"]
     assert unchanged(before, ns["model"])
     view = ToolView(d, "profile")
@@ -93,6 +96,7 @@ def test_find_batch_size_under_a_memory_budget_gives_the_batch_and_the_scaled_lr
     assert isinstance(b, BatchSearch) and b.batch_size == 128 and b.limit_bytes == 2 * 10**9
     assert "largest batch 128" in out and "by the linear rule (global batch 128 vs base 32)" in out
     assert b.config.batch_size == 128 and b.lr_scaled == pytest.approx(4 * b.lr_base)
+    assert "speed, batch 128 against batch 32 head to head: " in out and b.speed.verdict.interval_text() in out
 
 
 def test_find_workers_measures_each_worker_count(ip, capsys):
@@ -101,6 +105,7 @@ def test_find_workers_measures_each_worker_count(ip, capsys):
     assert isinstance(w, WorkerSearch)
     assert [m.config.num_workers for m in w.measurements][:2] == [0, 1]
     assert "num_workers=0" in out and "num_workers=1" in out and "<- best" in out
+    assert out.count("95% interval") >= 2 and w.verdict() in out  # each rate's interval, the verdict vs the start
 
 
 def test_find_lr_as_a_line_magic_sweeps_the_recipe_already_in_the_namespace(ip, capsys):
@@ -148,11 +153,14 @@ def test_checklist_walk_restores_the_model_unless_keep_best_which_also_sets_late
     walk = ip.user_ns["walk"]
     assert isinstance(walk, ChecklistResult) and walk.budget_s == 4
     assert "nbtrain checklist walk on cpu" in out and "model and config restored" in out
+    assert "head to head vs current (95% interval)" in out
+    assert all(item.verdict_text() in out for item in walk.items)
     assert unchanged(before, ip.user_ns["model"])
     assert ToolView(walk, "checklist").png.startswith(b"\x89PNG")
 
-    # keep-best: the best config found becomes the magic's default for later cells
-    out = runs_ok(ip, capsys, "%%nbtrain_checklist --budget 4 --items batch_size --batch-size 16 --keep-best\n"
+    # keep-best: the best config found becomes the magic's default for later cells (a budget with room
+    # for the head-to-head comparison that decides whether a larger batch is kept)
+    out = runs_ok(ip, capsys, "%%nbtrain_checklist --budget 8 --items batch_size --batch-size 16 --keep-best\n"
                   "model = DigitsMLP(hidden=32)\n")
     walk = ip.user_ns["_nbtrain"]
     assert "the live engine now uses the best config" in out
@@ -160,7 +168,8 @@ def test_checklist_walk_restores_the_model_unless_keep_best_which_also_sets_late
     if best != 16:  # a batch size was kept: later cells train with it
         assert f"later %%nbtrain cells start from it: --batch-size {best}" in out
     runs_ok(ip, capsys, "%%nbtrain --max-steps 2 --no-progress --no-plot\npass\n")
-    assert ip.user_ns["_nbtrain"].config.batch_size == best
+    # what was kept carries over; with nothing kept, later cells keep their own defaults (--batch-size was this cell's)
+    assert ip.user_ns["_nbtrain"].config.batch_size == walk.changes().get("batch_size", TrainConfig().batch_size)
 
 
 def test_panel_flag_shows_the_panel_for_the_cell_recipe_instead_of_training(ip, capsys):
@@ -226,8 +235,7 @@ JUDGED_BY_THE_TOOL = {"%%nbtrain --find-leaks --steps 2", "%%nbtrain --find-batc
                                             "number from 1"),
     ("%nbtrain_checklist --budget 0", "%nbtrain_checklist: --budget 0.0: allowed: a number of seconds > 0"),
     ("%nbtrain_checklist --items workers,fast", "%nbtrain_checklist: --items ['workers', 'fast']: allowed: each one "
-                                                "of workers, batch_size, accumulation, device, precision, optimizer_impl, "
-                                                "channels_last, matmul_precision, compile, activation_checkpointing, ddp"),
+                                                "of " + ", ".join(CHECKLIST_ITEMS)),
     ("%nbtrain_checklist --budget 0.01", "%nbtrain_checklist: --checklist: --budget 0.01 left no time to measure the "
                                          "starting config; allow more (e.g. --budget 30)"),
     ("%nbtrain_checklist --bugdet 5", "%nbtrain_checklist: unknown flag --bugdet 5; did you mean --budget?"),

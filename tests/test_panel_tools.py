@@ -74,6 +74,7 @@ def test_find_batch_size_button_searches_under_the_memory_fraction(make_panel):
     b = panel.tools.results["find_batch_size"]
     assert isinstance(b, BatchSearch) and b.batch_size >= 256 and b.memory_kind == "process RSS"
     assert panel.status_text.startswith("Find batch size done: largest batch"), panel.errors
+    assert b.speed_text() in panel.status_text  # its speed against the start, with the interval
     assert "nbtrain batch-size search" in panel.tools.text.value and bytes(panel.tools.image.value).startswith(b"\x89PNG")
     assert unchanged(before, panel.recipe.model)
 
@@ -86,6 +87,7 @@ def test_find_workers_button_measures_worker_counts_on_the_live_model(make_panel
     assert isinstance(w, WorkerSearch) and {0, 1} <= {m.config.num_workers for m in w.measurements}
     assert panel.status_text.startswith("Find workers done: fastest: num_workers="), panel.errors
     assert "&lt;- best" in panel.tools.text.value  # the table, HTML-escaped
+    assert "95% interval" in panel.tools.text.value and w.verdict() in panel.status_text
 
 
 def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_panel):
@@ -99,7 +101,9 @@ def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_pa
     assert isinstance(walk, ChecklistResult) and walk.budget_s == 4
     assert walk.start_config.world_size == 1
     assert panel.status_text.startswith("Checklist walk done: "), panel.errors
+    assert ("95% interval" in panel.status_text) == any(item.kept for item in walk.items), panel.status_text
     assert "nbtrain checklist walk on cpu" in panel.tools.text.value
+    assert "head to head vs current (95% interval)" in panel.tools.text.value
     assert bytes(panel.tools.image.value).startswith(b"\x89PNG")
     assert unchanged(before, panel.recipe.model)
 

@@ -57,6 +57,17 @@ def test_batch_search_summary_states_the_lr_rule_and_warm_up():
     assert search.lr_scaled == pytest.approx(0.08) and c.warmup_steps == 4  # one epoch of 256 / 64
     assert "0.01 -> 0.08 by the linear rule" in search.summary()
     assert "linear warm-up over 4 steps (suggested: one epoch at the new batch)" in search.table()
+    # its speed against the starting batch: head to head, with the interval (or no measurable difference)
+    v = search.speed.verdict
+    assert (search.speed.a.batch_size, search.speed.b.batch_size) == (8, 64) and v.pairs >= 2
+    assert "speed, batch 64 against batch 8 head to head: " in search.table() and v.interval_text() in search.table()
+
+
+def test_batch_search_that_keeps_the_starting_batch_has_no_speed_to_compare():
+    search = find_batch_size(compute_bound_recipe(n=64, width=8), config=TrainConfig(batch_size=64), max_batch=64,
+                             memory_budget=0.5)
+    assert search.batch_size == 64 and search.speed is None
+    assert "speed: the starting batch is the largest found; nothing to compare" in search.table()
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -65,6 +76,7 @@ def test_batch_search_summary_states_the_lr_rule_and_warm_up():
     ({"max_batch": 0}, "max_batch=0: a whole number >= 1"),
     ({"max_batch": 10_000}, "max_batch=10000: at most 64 (samples per process in train_data)"),
     ({"rule": "cubic"}, "rule='cubic': one of linear, sqrt, none"),
+    ({"speed_s": -1}, "speed_s=-1: seconds >= 0"),
 ])
 def test_batch_search_bad_input_names_option_value_and_allowed(kwargs, message):
     with pytest.raises(ValueError) as error:
@@ -77,10 +89,25 @@ def test_worker_search_measures_each_count_and_restores_the_model():
     before = state(recipe.model)
     search = find_workers(recipe, config=TrainConfig(batch_size=16), candidates=[0, 1], seconds=0.8)
     assert [m.config.num_workers for m in search.measurements[:2]] == [0, 1]
-    assert all(m.samples_per_s > 0 for m in search.measurements)
+    assert all(rate.rate > 0 for rate in search.steady)
     assert search.best in [m.config for m in search.measurements]
     assert same_state(before, state(recipe.model))
-    assert "num_workers=1, persistent_workers=" in search.table()
+    table = search.table()
+    assert "num_workers=1, persistent_workers=" in table
+    # each setting's steady rate with its interval, and each against the starting one
+    assert all(rate.text("") in table for rate in search.steady) and table.count("95% interval") >= 2
+    assert "start" in table and search.versus[1].short() in table
+
+
+def test_worker_search_moves_off_the_start_only_when_head_to_head_says_it_is_faster():
+    recipe = data_bound_recipe(n=192)
+    search = find_workers(recipe, config=TrainConfig(batch_size=16), candidates=[0, 1, 2], seconds=0.5)
+    h = search.head_to_head
+    if h is None:  # the start was the fastest measured
+        assert search.best == search.start and "the starting setting is the fastest" in search.table()
+    else:
+        assert h.a == search.start and h.verdict.pairs >= 2 and h.verdict.interval_text() in search.table()
+        assert search.best == (h.b if h.verdict.faster else search.start)
 
 
 def test_worker_search_bad_candidates_message():

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from .. import trial
 from ..config import TrainConfig
 from ..metrics import MetricsLog
-from .steady import columns_series, steady_rate
+from .steady import block_rates, columns_series, steady_rate
 from .verdict import UNMEASURED, Verdict, paired
 
 
@@ -50,13 +50,31 @@ def describe_change(a: TrainConfig, b: TrainConfig) -> str:
     return ", ".join(f"{name}={new}" for name, (_, new) in changes.items()) or "the same config"
 
 
+def trial_rate(engine, config: TrainConfig, *, steps: int | None = None, seconds: float | None = None,
+               **options):
+    """(trial.Measurement, SteadyRate, block rates) of one trial of `config` (the caller restores state).
+
+    The steady rate sets the trial's own warm-up apart; the block rates are what an unpaired
+    verdict against another trial resamples. `options` go to trial.measure.
+    """
+    log = MetricsLog()
+    m = trial.measure(engine, config, steps=steps, seconds=seconds, log=log, **options)
+    start = log.last("start")
+    series = columns_series(log.columns, start["info"].get("samples_start", 0) if start else 0)
+    return m, steady_rate(*series), block_rates(*series)
+
+
 def block_rate(engine, config: TrainConfig, steps: int) -> float:
     """Steady samples/s of `steps` steps of `config` on the engine (the caller restores state)."""
-    log = MetricsLog()
-    trial.measure(engine, config, steps=steps, log=log)
-    start = log.last("start")
-    rate = steady_rate(*columns_series(log.columns, start["info"].get("samples_start", 0) if start else 0))
-    return rate.rate
+    return trial_rate(engine, config, steps=steps)[1].rate
+
+
+def steps_lasting(rate: float, config: TrainConfig, seconds: float, low: int = 6, high: int = 2000) -> int:
+    """Optimizer steps of `config` that take about `seconds` at `rate` samples/s (within [low, high])."""
+    if not (rate > 0 and math.isfinite(rate)):
+        return low
+    per_step = config.batch_size * config.accumulate_grad_batches
+    return int(min(max(round(rate * seconds / per_step), low), high))
 
 
 def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: dict | TrainConfig | None = None,
@@ -74,21 +92,48 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
     config_a = a if isinstance(a, TrainConfig) else base.replace(**(a or {}))
     config_b = b if isinstance(b, TrainConfig) else base.replace(**(b or {}))
     snapshot = trial.Snapshot(engine)
+    try:
+        return compare_on(engine, snapshot, config_a, config_b, block_steps=block_steps, min_pairs=min_pairs,
+                          max_pairs=max_pairs, precision_target=precision_target, budget_s=budget_s, clock=clock)
+    finally:
+        snapshot.restore()
+
+
+def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *, block_steps=20,
+               block_s: float | None = None, discard: bool = True, min_pairs: int = 4, max_pairs: int = 30,
+               precision_target: float = 0.05, budget_s: float = 60.0, clock=time.monotonic,
+               decide_at: float | None = None) -> ABResult:
+    """The alternating A/B loop on an engine whose state `snapshot` restores after every block.
+
+    `block_steps`: steps per block, one number or (A's, B's). `discard`: one block of each first,
+    not counted (loader start-up, compile, caches; a caller that has just measured both may skip
+    it); with `block_s`, those blocks' rates also size each config's blocks to about `block_s`
+    seconds. `decide_at`: also stop once the interval lies wholly above or wholly below
+    1 + decide_at (a keep-or-not question is then answered). The budget is read on `clock`.
+    """
+    steps = dict(zip((0, 1), block_steps if isinstance(block_steps, (tuple, list)) else (block_steps,) * 2))
+    configs = (config_a, config_b)
     start = clock()
     result = ABResult(config_a, config_b, UNMEASURED)
     try:
-        for config_x in (config_a, config_b):  # one discarded block each: loader start-up, compile, caches
-            block_rate(engine, config_x, block_steps)
-            snapshot.restore()
-        while True:
-            order = (config_a, config_b) if len(result.rates_a) % 2 == 0 else (config_b, config_a)
-            for config_x in order:
-                rate = block_rate(engine, config_x, block_steps)
+        if discard:
+            for i in (0, 1):
+                rate = block_rate(engine, configs[i], steps[i])
                 snapshot.restore()
-                (result.rates_a if config_x is config_a else result.rates_b).append(rate)
+                if block_s is not None:
+                    steps[i] = steps_lasting(rate, configs[i], block_s)
+        while True:
+            order = (0, 1) if len(result.rates_a) % 2 == 0 else (1, 0)
+            for i in order:
+                rate = block_rate(engine, configs[i], steps[i])
+                snapshot.restore()
+                (result.rates_a if i == 0 else result.rates_b).append(rate)
             result.verdict = paired(result.rates_a, result.rates_b)
             pairs, v = len(result.rates_a), result.verdict
-            if pairs >= min_pairs and math.isfinite(v.low) and v.high / v.low <= 1 + 2 * precision_target:
+            settled = decide_at is not None and math.isfinite(v.low) and (v.low > 1 + decide_at
+                                                                           or v.high < 1 + decide_at)
+            if pairs >= min_pairs and math.isfinite(v.low) and (v.high / v.low <= 1 + 2 * precision_target
+                                                                or settled):
                 result.stopped_by = "interval"
             elif clock() - start >= budget_s and pairs >= 2:
                 result.stopped_by = "budget"
@@ -97,6 +142,5 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
             if result.stopped_by:
                 break
     finally:
-        snapshot.restore()
         result.seconds = clock() - start
     return result

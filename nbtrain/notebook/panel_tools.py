@@ -133,8 +133,10 @@ def _headline(tool: str, result) -> str:
     if tool == "profile":
         return result.verdict
     if tool == "find_batch_size":
-        return result.summary()
+        return f"{result.summary()}; {result.speed_text()}"
     if tool == "find_workers":
-        return f"fastest: {result.label(result.best)}"
-    return (f"{result.baseline:,.0f} -> {result.final:,.0f} samples/s (x{result.final / result.baseline:.2f}); "
-            f"best config: {result.changes() or 'the starting one'}")
+        return f"fastest: {result.label(result.best)}; {result.verdict()}"
+    total = result.overall()
+    interval = f", 95% interval {total.interval_text()}" if total.pairs else ", nothing kept"
+    return (f"{result.baseline:,.0f} -> {result.final:,.0f} samples/s (x{result.final / result.baseline:.2f}"
+            f"{interval}); best config: {result.changes() or 'the starting one'}")

@@ -29,13 +29,17 @@ from . import errors
 
 # tool flag dest -> what it does (the help text); the function is found by tool_function()
 TOOLS = {
-    "profile": "bottleneck breakdown: per-phase step time as a stacked bar, with a verdict in words",
-    "find_batch_size": "largest batch that fits the memory budget, with the learning rate scaled",
-    "find_workers": "DataLoader worker counts measured; the fastest picked",
+    "profile": "bottleneck breakdown: per-phase step time as a stacked bar, the machine's ceilings (loader alone, "
+               "model alone, FLOPs utilisation), and a verdict in words",
+    "find_batch_size": "largest batch that fits the memory budget, with the learning rate scaled, and its speed "
+                       "against the starting batch (head to head, 95% interval)",
+    "find_workers": "DataLoader worker counts measured (steady rate, 95% interval); the fastest kept only when "
+                    "measurably faster than the start head to head",
     "find_lr": "LR finder: exponential sweep, suggestion at the steepest descent",
     "find_leaks": "graph-retention detector: loss tensors kept across steps, and the line to change",
     "find_sync": "sync-point detector (CUDA): where the step forces host/device synchronisation",
-    "checklist": "the automated checklist walk (as %nbtrain_checklist): table and waterfall",
+    "checklist": "the automated checklist walk (as %nbtrain_checklist): each item kept only when its head-to-head "
+                 "interval lies above the keep threshold; table and waterfall",
     "panel": "show the control panel for this cell's recipe instead of training",
 }
 # tool option dest -> (metavar, help, tools it applies to, the tool's keyword)
