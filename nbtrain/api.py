@@ -1,7 +1,7 @@
 """`nbtrain.fit`: train a model with a config, in this process or as DDP workers."""
 from __future__ import annotations
 
-from .config import ConfigError, Problem, TrainConfig
+from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .engine import Engine
 from .metrics import MetricsLog
 from .adapters import recipe_for
@@ -77,6 +77,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
                             scheduler_interval=scheduler_interval, metrics=metrics, validation_step=validation_step)
     config = (config or TrainConfig()).replace(**options) if options else (config or TrainConfig())
     config = recipe.adopt_settings(config)
+    check_runnable(config)  # in the kernel or its DDP workers, this machine runs it (SLURM checks its partition)
     if config.world_size > 1 and recipe.fixed_loader is not None:
         raise ConfigError([Problem("devices", config.devices, "1: " + fixed_reason(recipe.fixed_loader)
                                    + " (it cannot be shared out across ranks)")])

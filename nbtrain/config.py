@@ -357,7 +357,7 @@ class TrainConfig:
             except _Reject:
                 problems.append(Problem(f.name, raw, option.allowed))
         if not problems:
-            problems += _combination_problems(self, hardware.inventory())
+            problems += _combination_problems(self)
         if problems:
             raise ConfigError(problems)
 
@@ -450,8 +450,19 @@ def _check_names(values: dict) -> None:
         raise ConfigError(problems)
 
 
-def _combination_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Problem]:
-    """Checks that involve several options or the hardware."""
+def check_runnable(c: TrainConfig, inv: hardware.Inventory | None = None) -> None:
+    """Raise ConfigError when the target (this machine by default; a SLURM partition's nodes) cannot run `c`.
+
+    Apart from TrainConfig's own value checks: a config made on a laptop for GPU nodes is a valid
+    config; it is only not runnable *here*. Every run checks its target when it starts.
+    """
+    problems = runnable_problems(c, inv or hardware.inventory())
+    if problems:
+        raise ConfigError(problems)
+
+
+def runnable_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Problem]:
+    """What the target with inventory `inv` cannot run of `c`."""
     out: list[Problem] = []
     device = inv.resolve(c.accelerator)
     if c.accelerator not in ("auto", "cpu") and c.accelerator not in inv.accelerators():
@@ -472,6 +483,12 @@ def _combination_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Probl
     if c.strategy == "dp" and (device != "cuda" or inv.cuda_devices < 2):
         out.append(Problem("strategy", c.strategy,
                            f"DataParallel needs at least 2 CUDA devices; this machine has {inv.cuda_devices}; use ddp"))
+    return out
+
+
+def _combination_problems(c: TrainConfig) -> list[Problem]:
+    """Value checks that involve several options (never the hardware)."""
+    out: list[Problem] = []
     if c.strategy == "dp" and c.num_nodes > 1:
         out.append(Problem("strategy", c.strategy, "DataParallel runs on one machine; use ddp with num_nodes > 1"))
     if c.strategy == "fsdp":

@@ -32,7 +32,7 @@ from torch.utils.data import IterableDataset
 
 from . import checkpoint, data, dist, evaluation, fsdp, loggers, toggles
 from .split import device_map, input_device
-from .config import ConfigError, Problem, TrainConfig
+from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .memory import PeakMemory
 from .metrics import MetricsLog
 from .precision import Precision
@@ -56,6 +56,7 @@ class Engine:
     def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None):
         self.recipe = recipe
         self.config = config or TrainConfig()
+        check_runnable(self.config)  # the engine runs here: this machine is the target
         self.log = log or MetricsLog()
         self.world = dist.world()
         self.model = recipe.model
@@ -214,6 +215,7 @@ class Engine:
     def request(self, **changes) -> TrainConfig:
         """Ask for a config change; it is validated now and applied at the next optimizer step."""
         new = (self._pending or self.config).replace(**changes)
+        check_runnable(new)
         self._check_batches(new)
         out_of_process = set(new.changed_from(self.config)) & _OUT_OF_PROCESS
         if out_of_process:

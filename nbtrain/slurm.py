@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .config import DEFAULT_TIMEOUT_S, TrainConfig
+from .config import DEFAULT_TIMEOUT_S, TrainConfig, check_runnable
+from .hardware import Inventory
 from .metrics import MetricsLog
 from .result import RunResult
 from .rundir import LAUNCH, RunDir
@@ -78,6 +80,9 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     sbatch_script(config, str(root), python=python, job_name=job_name, options=sbatch_options,
                   requeue_signal=requeue_signal, socket_ifname=socket_ifname)
     sbatch = _require("sbatch")
+    target = partition_inventory(sbatch_options.get("partition"))
+    if target is not None:  # the partition's nodes run it, not this login node
+        check_runnable(config, target)
     if run_root is None:
         project_dir()  # private .nbtrain/ first, so runs/ inherits nothing looser
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -241,6 +246,30 @@ class JobHandle:
         if complete:
             sys.stdout.write(complete.decode(errors="replace"))
             sys.stdout.flush()
+
+
+def partition_inventory(partition: str | None) -> Inventory | None:
+    """What a node of `partition` (the default one when None) offers, read with sinfo: GPUs from its
+    generic resources (gres gpu:N or gpu:type:N), cores from its CPU count. None when sinfo cannot tell."""
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return None
+    argv = [sinfo, "-h", "-o", "%G|%c"] + (["-p", str(partition)] if partition else [])
+    try:
+        done = _slurm(argv, timeout_s=20.0)
+    except SlurmError:
+        return None
+    lines = [line.split("|") for line in done.stdout.splitlines() if "|" in line]
+    if done.returncode != 0 or not lines:
+        return None
+    gpus = cores = 0
+    for gres, cpus in lines:  # the best node of the partition: a job asks for what one node has
+        count = sum(int(m.group(1)) for m in _GPU_GRES.finditer(gres))
+        gpus, cores = max(gpus, count), max(cores, int(cpus) if cpus.strip().isdigit() else 0)
+    return Inventory(cuda_devices=gpus, cuda_bf16=bool(gpus), mps=False, cpu_cores=max(cores, 1))
+
+
+_GPU_GRES = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
 
 
 def _slurm(argv: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 import pytest
 
 from nbtrain import ConfigError, TrainConfig
-from nbtrain.config import option_names
+from nbtrain.config import check_runnable, option_names
 from nbtrain.hardware import Inventory, assume
 
 CPU_ONLY = Inventory(cuda_devices=0, cuda_bf16=False, mps=False, cpu_cores=2)
@@ -54,15 +54,32 @@ def test_each_bad_value_names_option_value_and_what_is_allowed(values, fragments
     ({"strategy": "dp"}, "DataParallel needs at least 2 CUDA devices; this machine has 0"),
 ])
 def test_hardware_problems_on_a_cpu_only_machine(values, fragment):
-    with assume(CPU_ONLY):
-        assert fragment in error_text(**values)
+    config = TrainConfig(**values)  # a valid config: only this machine cannot run it
+    with assume(CPU_ONLY), pytest.raises(ConfigError) as info:
+        check_runnable(config)
+    assert fragment in str(info.value)
 
 
 def test_hardware_problems_on_a_two_gpu_machine():
     with assume(TWO_GPUS):
-        assert TrainConfig(accelerator="gpu", devices=2, precision="16").device_type == "cuda"
-        assert "at most 2 (CUDA devices" in error_text(accelerator="cuda", devices=3)
-        assert TrainConfig(strategy="dp", devices=2).strategy == "dp"
+        config = TrainConfig(accelerator="gpu", devices=2, precision="16")
+        check_runnable(config)
+        assert config.device_type == "cuda"
+        with pytest.raises(ConfigError, match="at most 2 \\(CUDA devices"):
+            check_runnable(TrainConfig(accelerator="cuda", devices=3))
+        check_runnable(TrainConfig(strategy="dp", devices=2))
+
+
+def test_a_gpu_config_is_valid_on_a_gpu_less_machine_and_refused_only_when_run_here():
+    import nbtrain
+    from torch import nn
+    from torch.utils.data import TensorDataset
+    import torch
+    config = TrainConfig(accelerator="cuda", devices=4, num_nodes=2, precision="16-mixed")  # for GPU nodes
+    assert config.world_size == 8
+    with assume(CPU_ONLY), pytest.raises(ConfigError, match="accelerator='cuda': not available on this machine"):
+        nbtrain.fit(nn.Linear(2, 1), TensorDataset(torch.zeros(4, 2), torch.zeros(4, 1)), loss_fn=nn.MSELoss(),
+                    config=config)
 
 
 def test_all_problems_are_reported_together():

@@ -42,6 +42,18 @@ def test_dry_run_shows_the_batch_script_for_the_flags_and_submits_nothing(ip, ca
     assert not (tmp_path / ".nbtrain").exists() and "_nbtrain" not in ip.user_ns  # nothing written, nothing run
 
 
+def test_a_gpu_job_is_written_from_a_machine_without_a_gpu(ip, capsys):
+    from nbtrain.hardware import Inventory, assume
+    with assume(Inventory(cuda_devices=0, cuda_bf16=False, mps=False, cpu_cores=2)):  # a GPU-less login node
+        result = ip.run_cell("%%nbtrain --slurm-dry-run --accelerator cuda --devices 4 --num-nodes 2 "
+                             "--precision 16-mixed --partition gpu" + DIGITS)
+    out = capsys.readouterr().out
+    assert result.error_in_exec is None, out
+    headers = [line for line in ip.user_ns["_nbtrain_sbatch"].splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --gpus-per-node=4" in headers and "#SBATCH --nodes=2" in headers
+    assert "#SBATCH --partition=gpu" in headers
+
+
 @pytest.mark.parametrize("line, expected", [
     ("--partition debug", "%%nbtrain: --partition applies to --slurm or --slurm-dry-run; allowed: add one of those"),
     ("--slurm --find-lr", "%%nbtrain: --slurm with --find-lr: allowed: one of them"),

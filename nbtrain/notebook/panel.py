@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency, but
     raise ImportError("nbtrain.panel needs ipywidgets: pip install ipywidgets") from exc
 
 from .. import api
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, check_runnable
 from ..recipe import FIXED_OPTIONS, Recipe, fixed_reason
 from ..store import RunStore
 from .panel_controls import Controls
@@ -126,7 +126,7 @@ class Panel:
         self.config = None
         self.readout.value = ""
         self.code.show(None)
-        self.config = self.base.replace(**self.controls.changes())
+        self.config = check_runnable_here(self.base.replace(**self.controls.changes()))
         c = self.config
         self.code.show(c)
         self.readout.value = readout_html(c, self.engine.lr_note(c))
@@ -143,7 +143,7 @@ class Panel:
             self.say(f"{self._busy()} is still going: Stop it" + ("" if self.tools.running_tool else
                                                                ", or Apply now to change it"))
             return
-        config = self.base.replace(**self.controls.changes())  # a ConfigError lands in the status line
+        config = check_runnable_here(self.base.replace(**self.controls.changes()))  # errors: the status line
         record = RunRecord(len(self.runs) + 1, config)
         if config.world_size == 1:
             self.engine = api.engine_for(self.recipe, config)
@@ -294,4 +294,7 @@ def _as_recipe(source) -> Recipe:
                     "a namespace dict (e.g. globals()) or nothing (the notebook's names)")
 
 
-
+def check_runnable_here(config: TrainConfig) -> TrainConfig:
+    """`config`, when this machine (where the panel's runs go) can run it; else its ConfigError."""
+    check_runnable(config)
+    return config

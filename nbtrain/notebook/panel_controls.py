@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from .. import hardware
 from ..config import (ACCELERATORS, COMPILE_MODES, LR_RULES, MATMUL_PRECISIONS, OPTIMIZER_IMPLS, PRECISIONS,
-                      ConfigError, TrainConfig)
+                      ConfigError, TrainConfig, check_runnable)
 from .panel_help import choice_tooltip, option_tooltip
 
 CSS_CLASSES = {"accumulate_grad_batches": "nbtrain-accumulate", "num_workers": "nbtrain-workers",
@@ -27,7 +27,7 @@ DEVICE_CHOICES = tuple(a for a in ACCELERATORS if a != "auto")
 def choice_problem(option: str, value: str, **context) -> str | None:
     """Why config.py refuses `option=value` (with `context`), or None when it accepts it."""
     try:
-        TrainConfig(**{**context, option: value})
+        check_runnable(TrainConfig(**{**context, option: value}))  # the panel's runs are on this machine
     except ConfigError as err:
         own = [p for p in err.problems if p.option == option]
         return "; ".join(p.allowed for p in own) or None
