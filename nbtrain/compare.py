@@ -1,4 +1,5 @@
-"""Runs side by side: loss against wall time, time to a loss, throughput and peak memory.
+"""Runs side by side: loss against wall time (held-out points too), time to a loss, throughput, peak
+memory and the last held-out numbers.
 
 Plain matplotlib (an Agg figure, no pyplot state), so it works in a script as well as in
 a notebook, where the returned Comparison displays itself (table and figure).
@@ -11,8 +12,11 @@ import io
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .measure.steady import block_rates, columns_series
 from .measure.verdict import Verdict, unpaired
+from .plotting import held_out_series
 from .result import RunResult, _fmt
 
 
@@ -115,12 +119,26 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
                      "vs first": "-" if run is base else versus(base, run).short(),
                      f"time to loss {target:.3g}": "not reached" if t is None else _fmt(t, " s"),
                      "peak memory": _fmt(s.get("peak_mem_mb"), " MB"), "last loss": _fmt(s["last_loss"]),
-                     "changed from first": changes or "-"})
+                     "held-out": held_out_text(s), "changed from first": changes or "-"})
+    if all(row["held-out"] == "-" for row in rows):  # no run validated: no column of dashes
+        for row in rows:
+            del row["held-out"]
     figure = _draw(results, labels, target, times)
     result = Comparison(results, labels, target, rows, figure)
     if path is not None:
         result.save(path)
     return result
+
+
+def held_out_text(summary: dict) -> str:
+    """The last validation's numbers, compact: "loss 0.31, acc 91.2%, f1 0.88" ("-" without one)."""
+    if summary.get("val_loss") is None:
+        return "-"
+    parts = [f"loss {_fmt(summary['val_loss'])}"]
+    if summary.get("val_acc") is not None:
+        parts.append(f"acc {100 * summary['val_acc']:.1f}%")
+    parts += [f"{k[4:] if k.startswith('val_') else k} {_fmt(v)}" for k, v in summary.get("val_metrics", {}).items()]
+    return ", ".join(parts)
 
 
 def versus(first: RunResult, other: RunResult) -> Verdict:
@@ -146,6 +164,10 @@ def _draw(results, labels, target, times):
     for run, label, color in zip(results, labels, colors):
         cols = run.history
         loss_ax.plot(cols["time"], smoothed(cols["loss"], _window(run)), color=color, lw=1.3, label=label)
+        steps, values = held_out_series(run.log).get("val_loss", ([], []))
+        if steps:  # validations happen at steps: placed at the training time of that step
+            loss_ax.plot(np.interp(steps, cols["step"], cols["time"]), values, color=color, ls="none", marker="o",
+                         ms=3.5, mfc="white", label=f"{label} held-out")
     loss_ax.axhline(target, color="grey", ls="--", lw=0.8)
     loss_ax.set(xlabel="training time (s)", ylabel="training loss (smoothed)", title="loss against time")
     loss_ax.legend(fontsize=8)

@@ -1,5 +1,6 @@
-"""Loss and throughput against step, from a MetricsLog; config changes marked; and the figure
-handling every result's plot method shares.
+"""A run's history against step, from a MetricsLog: the training loss (raw and smoothed) with the
+held-out numbers, samples/s, the learning rate; config changes marked. Also the figure handling
+every result's plot method shares.
 
 A long run is decimated for drawing (means over spans of steps), so the live plot's redraw
 costs the same at step 1,000 and step 1,000,000."""
@@ -62,41 +63,161 @@ def throughput_series(log, max_points: int = MAX_POINTS) -> tuple[list, list]:
     return steps[ok].tolist(), ((s - s0)[ok] / (t - t0)[ok]).tolist()
 
 
-def loss_series(log, max_points: int = MAX_POINTS) -> tuple[list, list, int]:
-    """(step, loss) drawn: every step, or the mean of each span of steps when there are more than
-    `max_points`; and the steps per point."""
-    cols = log.read("step", "loss")
+def column_series(log, name: str, max_points: int = MAX_POINTS) -> tuple[list, list, int]:
+    """(step, value) of a step column drawn: every step, or the mean of each span of steps when there
+    are more than `max_points`; and the steps per point."""
+    cols = log.read("step", name)
     rows = len(cols["step"])
-    steps, loss = _numbers(cols["step"]), _numbers(cols["loss"])
+    steps, values = _numbers(cols["step"]), _numbers(cols[name])
     if rows <= max_points:
-        return steps.tolist(), loss.tolist(), 1
+        return steps.tolist(), values.tolist(), 1
     every = -(-rows // max_points)
     starts = _bucket_starts(rows, every)
-    means = np.add.reduceat(loss, starts) / np.diff(np.append(starts, rows))
+    means = np.add.reduceat(values, starts) / np.diff(np.append(starts, rows))
     return steps[np.append(starts[1:] - 1, rows - 1)].tolist(), means.tolist(), every
 
 
-def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS) -> None:
-    """Draw (or redraw in place) the two panels of a run's history; at most `max_points` points a
-    line, so a redraw costs the same however long the run."""
-    loss_ax.clear()
-    rate_ax.clear()
+def loss_series(log, max_points: int = MAX_POINTS) -> tuple[list, list, int]:
+    return column_series(log, "loss", max_points)
+
+
+def smoothed(values: list, points: int = 25) -> np.ndarray:
+    """A centred running mean over ~1/`points` of the drawn line (3 points at least, from 20 on;
+    narrower at the ends), so the trend shows without lagging behind the raw curve; NaNs (a missing
+    value) are left out of the means."""
+    values = np.asarray(values, dtype=float)
+    width = max(len(values) // points, 3 if len(values) >= 20 else 1) | 1  # odd: centred on each point
+    if width == 1:
+        return values
+    kernel = np.ones(width)
+    known = np.isfinite(values)
+    sums = np.convolve(np.where(known, values, 0.0), kernel, mode="same")
+    counts = np.convolve(known.astype(float), kernel, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sums / counts
+
+
+def held_out_series(log, max_points: int = MAX_POINTS) -> dict[str, tuple[list, list]]:
+    """{name: (steps, values)} of every held-out number the run's validations gave (val_loss, val_acc,
+    val_<metric>), at most `max_points` points each."""
+    series: dict[str, tuple[list, list]] = {}
+    for event in log.of_type("epoch"):
+        if event.get("val_loss") is None:
+            continue  # an epoch boundary without a validation
+        for name, value in event.items():
+            if name.startswith("val") and isinstance(value, (int, float)):
+                steps, values = series.setdefault(name, ([], []))
+                steps.append(event["step"])
+                values.append(value)
+    every = max(1, -(-max((len(s) for s, _ in series.values()), default=0) // max_points))
+    return {name: (steps[::-1][::every][::-1], values[::-1][::every][::-1])  # the latest point always kept
+            for name, (steps, values) in series.items()}
+
+
+_METRIC_COLORS = ("tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")  # not the losses'
+
+
+def _label(name: str) -> str:
+    return "held-out " + (name[4:] if name.startswith("val_") else name)
+
+
+def _draw_loss(log, ax, title, max_points: int, crowded: bool = False) -> None:
+    """The training loss, faint as measured and solid smoothed, with the held-out numbers: the loss on
+    the same scale, accuracy and the user's metrics on a twin axis of their own."""
     steps, loss, every = loss_series(log, max_points)
-    loss_ax.plot(steps, loss, color="tab:blue", lw=1.2)
-    loss_ax.set_xlabel("optimizer step")
-    loss_ax.set_ylabel("training loss" + (f" (mean of {every} steps)" if every > 1 else ""))
+    trend = smoothed(loss)
+    smoothing = len(loss) and not np.array_equal(trend, np.asarray(loss, dtype=float), equal_nan=True)
+    ax.plot(steps, loss, color="tab:blue", lw=0.8, alpha=0.35 if smoothing else 1.0,
+            label="training loss" + (f" (mean of {every} steps)" if every > 1 else ""))
+    if smoothing:
+        ax.plot(steps, trend, color="tab:blue", lw=1.6, label="smoothed")
+    ax.set_ylabel("loss")
+    held = held_out_series(log, max_points)
+    if "val_loss" in held:
+        ax.plot(*held.pop("val_loss"), color="tab:red", lw=1, marker="o", ms=3.5, label="held-out loss")
+    metric_ax = _metric_axis(ax, bool(held), crowded)
+    for i, (name, (steps, values)) in enumerate(held.items()):
+        metric_ax.plot(steps, values, color=_METRIC_COLORS[i % len(_METRIC_COLORS)], lw=1, ls=":",
+                       marker="sD^v<>"[i % 6], ms=3.5, label=_label(name))
+    handles = [h for a in (ax, metric_ax) if a is not None for h in a.get_legend_handles_labels()[0]]
+    if len(handles) > 1:  # above the panel, under the title: inside, it would hide the points it names
+        ax.legend(handles=handles, title=title, fontsize=6.5, title_fontsize=9, loc="lower center",
+                  bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False, handlelength=1.5, columnspacing=1.0,
+                  borderaxespad=0.2)
+    elif title:
+        ax.set_title(title)
+
+
+def _metric_axis(ax, wanted: bool, crowded: bool):
+    """The loss panel's twin axis for held-out metrics, or None; a redraw in place reuses (and clears)
+    the one it made, rather than stacking another."""
+    metric_ax = getattr(ax, "_nbtrain_metric_ax", None)
+    if metric_ax is not None:
+        metric_ax.clear()
+    elif wanted:
+        metric_ax = ax._nbtrain_metric_ax = ax.twinx()
+        if crowded:  # samples/s already holds this panel's right edge: the metric scale moves out past it
+            metric_ax.spines["right"].set_position(("outward", 62))
+    if metric_ax is not None and wanted:
+        metric_ax.set_ylabel("held-out metric", fontsize=8)
+        metric_ax.tick_params(labelsize=7)
+    return metric_ax if wanted else None
+
+
+def _draw_lr(log, ax, max_points: int) -> None:
+    steps, lrs, every = column_series(log, "lr", max_points)
+    ax.plot(steps, lrs, color="0.3", lw=1.2)
+    ax.set_ylabel("learning rate", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.yaxis.get_offset_text().set_fontsize(7)
+
+
+def _step_text(step, _position=None) -> str:
+    """A step tick as people read it: 250k, not 250000 running into its neighbour."""
+    return f"{step / 1e6:g}M" if abs(step) >= 1e6 else f"{step / 1e3:g}k" if abs(step) >= 1e4 else f"{step:g}"
+
+
+def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS, lr_ax=None) -> None:
+    """Draw (or redraw in place) a run's history: the training loss (raw, faint, and smoothed) with
+    the held-out numbers, samples/s, and the learning rate on `lr_ax` when given. At most
+    `max_points` points a line, so a redraw costs the same however long the run."""
+    from matplotlib.ticker import MaxNLocator
+    panels = [ax for ax in (loss_ax, rate_ax, lr_ax) if ax is not None]
+    for ax in panels:
+        ax.clear()
+    twin = loss_ax.get_shared_x_axes().joined(loss_ax, rate_ax)  # samples/s on the loss panel's right side
+    _draw_loss(log, loss_ax, title, max_points, crowded=twin)
     steps, rates = throughput_series(log, max_points)
     rate_ax.plot(steps, rates, color="tab:orange", lw=1.2, marker="o" if len(steps) < 200 else None, ms=2)
-    rate_ax.set_xlabel("optimizer step")
     rate_ax.set_ylabel("samples/s")
+    if twin:
+        rate_ax.yaxis.set_label_position("right")  # clear() put it back on the left, over the loss's
+    if lr_ax is not None:
+        _draw_lr(log, lr_ax, max_points)
+    stacked = lr_ax is not None and lr_ax.get_shared_x_axes().joined(rate_ax, lr_ax)  # one step axis, below
+    for ax in panels:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", integer=True))  # steps are whole: no step 2.5
+        ax.xaxis.set_major_formatter(_step_text)
+        if ax is rate_ax and stacked:
+            ax.tick_params(labelbottom=False)
+        else:
+            ax.set_xlabel("optimizer step", fontsize=8 if ax is lr_ax else None)
     for event in log.of_type("change"):
         label = ", ".join(f"{k} {v[0]}→{v[1]}" for k, v in event["changes"].items())
-        for ax in (loss_ax, rate_ax):
+        for ax in panels:
             ax.axvline(event["step"], color="grey", ls="--", lw=0.8)
         loss_ax.annotate(label, (event["step"], 1), xycoords=("data", "axes fraction"),
                          fontsize=7, rotation=90, va="top", ha="right", color="grey")
-    if title:
-        loss_ax.set_title(title)
+
+
+def history_axes(figure):
+    """The history's panels on `figure`: the loss on the left; samples/s above a short learning-rate
+    panel on the right, sharing their step axis."""
+    grid = figure.add_gridspec(2, 2, width_ratios=(1.3, 1), height_ratios=(1.6, 1))
+    loss_ax = figure.add_subplot(grid[:, 0])
+    rate_ax = figure.add_subplot(grid[0, 1])
+    lr_ax = figure.add_subplot(grid[1, 1], sharex=rate_ax)
+    return loss_ax, rate_ax, lr_ax
 
 
 def plot_history(log, path=None, ax=None, title=None):
@@ -105,11 +226,12 @@ def plot_history(log, path=None, ax=None, title=None):
         matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     if ax is None:
-        fig, (loss_ax, rate_ax) = plt.subplots(1, 2, figsize=(9, 3.2), layout="constrained")
-    else:
-        loss_ax, fig = ax, ax.figure
+        fig = plt.figure(figsize=(9, 3.4), layout="constrained")
+        loss_ax, rate_ax, lr_ax = history_axes(fig)
+    else:  # one axis given: the loss on it, samples/s on a twin axis, no room for the learning rate
+        loss_ax, fig, lr_ax = ax, ax.figure, None
         rate_ax = ax.twinx()
-    draw(log, loss_ax, rate_ax, title)
+    draw(log, loss_ax, rate_ax, title, lr_ax=lr_ax)
     if path is not None:
         fig.savefig(path, dpi=100)
         plt.close(fig)

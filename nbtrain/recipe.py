@@ -173,7 +173,11 @@ class Recipe:
                 if namespace.get(name) is not None:
                     found[part] = namespace[name]
                     break
-        needed = ("model",) if _is_lightning(found.get("model")) else ("model", "train_data")
+        lightning = _is_lightning(found.get("model"))
+        if lightning:  # an earlier cell's `optimizer` or `loss_fn` is not this module's: it brings its own
+            from .adapters.lightning import OWN_PARTS
+            found = {part: value for part, value in found.items() if part not in OWN_PARTS}
+        needed = ("model",) if lightning else ("model", "train_data")
         missing = [NAMES[p][0] for p in needed if p not in found]
         if missing:
             raise RecipeError(

@@ -21,7 +21,7 @@ def summarize(log: MetricsLog, extra: dict) -> dict:
     losses = [x for x in cols["loss"] if x is not None]
     phase_totals = {p[:-2]: sum(cols[p]) for p in PHASES}
     step_total = sum(cols["step_s"]) or float("nan")
-    last_epoch = log.last("epoch")
+    held = held_out(log)
     summary = {
         "steps": steps,
         "samples": samples,
@@ -32,8 +32,9 @@ def summarize(log: MetricsLog, extra: dict) -> dict:
         "overall_samples_per_s": samples / train_time if train_time > 0 else float("nan"),
         "first_loss": losses[0] if losses else float("nan"),
         "last_loss": losses[-1] if losses else float("nan"),
-        "val_loss": last_epoch.get("val_loss") if last_epoch else None,
-        "val_acc": last_epoch.get("val_acc") if last_epoch else None,
+        "val_loss": held.pop("val_loss", None),
+        "val_acc": held.pop("val_acc", None),
+        "val_metrics": held,  # the user's metrics and validation_step's self.log values
         "phase_fraction": {k: v / step_total for k, v in phase_totals.items()},
         "phase_ms_per_step": {k: 1000 * v / steps for k, v in phase_totals.items()} if steps else {},
     }
@@ -41,6 +42,15 @@ def summarize(log: MetricsLog, extra: dict) -> dict:
     epochs = summary.get("epochs_trained")
     summary["time_per_epoch_s"] = train_time / epochs if epochs else float("nan")
     return summary
+
+
+def held_out(log: MetricsLog) -> dict:
+    """The latest validation's numbers. Not simply the last epoch event's: with validation every N
+    steps the epoch boundaries carry none."""
+    for event in reversed(log.of_type("epoch")):
+        if event.get("val_loss") is not None:
+            return {k: v for k, v in event.items() if k not in ("type", "epoch", "step", "partial")}
+    return {}
 
 
 def _fmt(value, unit="") -> str:
@@ -94,7 +104,8 @@ class RunResult:
             ("step time by phase", phases or "-"),
             ("loss first -> last", f"{_fmt(s['first_loss'])} -> {_fmt(s['last_loss'])}"),
         ] + ([("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "
-                                           f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}")]
+                                           f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}"
+                                           + "".join(f", {k} {_fmt(v)}" for k, v in s.get("val_metrics", {}).items()))]
              if s.get("val_loss") is not None else []) \
           + [("note", note) for note in s.get("notes", [])]
 

@@ -161,14 +161,33 @@ def _conv_recipe():
                   optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
 
 
+def image_recipe(images: int = 128, size: int = 32, seed: int = 0):
+    """A torchvision ResNet-18 on FakeData images through torchvision transforms: the shape of a real
+    image notebook (PIL decode, augmentation and normalisation per sample in the loader; batch
+    norm; convolutions that channels_last and cuDNN act on), small enough for a laptop CPU."""
+    from torchvision import datasets, models
+    from torchvision.transforms import v2
+
+    from .recipe import Recipe
+    transform = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                            v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    torch.manual_seed(seed)
+    return Recipe(model=models.resnet18(num_classes=10),
+                  train_data=datasets.FakeData(images, (3, size, size), 10, transform=transform),
+                  val_data=datasets.FakeData(images // 4, (3, size, size), 10, transform=transform,
+                                             random_offset=images),  # other images than the training ones
+                  loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+
+
 TOGGLES = (
     Toggle("compile", "default", _mlp_recipe),
-    Toggle("channels_last", True, _conv_recipe),
+    Toggle("channels_last", True, image_recipe),
     Toggle("matmul_precision", "high", _mlp_recipe, needs="cuda"),
-    Toggle("cudnn_benchmark", True, _conv_recipe, needs="cuda"),
+    Toggle("cudnn_benchmark", True, image_recipe, needs="cuda"),
     Toggle("optimizer_impl", "foreach", _mlp_recipe),
     Toggle("optimizer_impl", "fused", _mlp_recipe),
     Toggle("activation_checkpointing", "auto", _mlp_recipe),
-    Toggle("persistent_workers", True, _mlp_recipe, with_options=(("num_workers", 1),)),
-    Toggle("prefetch_factor", 4, _mlp_recipe, with_options=(("num_workers", 1),)),
+    # Loader toggles on per-sample PIL transforms, the work worker processes exist for.
+    Toggle("persistent_workers", True, image_recipe, with_options=(("num_workers", 1),)),
+    Toggle("prefetch_factor", 4, image_recipe, with_options=(("num_workers", 1),)),
 )

@@ -9,7 +9,8 @@ from torch import nn
 import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.compare import smoothed, time_to_loss
-from nbtrain.demo import digits_recipe
+from nbtrain.demo import DigitsDataset, digits_recipe
+from nbtrain.result import _fmt
 from nbtrain.store import RunStore, StoreError
 
 from helpers import regression_data
@@ -86,3 +87,61 @@ def test_vs_first_states_the_ratio_with_its_interval_or_no_measurable_difference
     else:
         low, high = map(float, found.group(4, 5))
         assert low <= 1.02 and high >= 0.98
+
+
+def test_compare_rows_carry_each_runs_last_held_out_numbers(runs):
+    result = nbtrain.compare(*runs)
+    for row, run in zip(result.rows, runs):
+        assert row["held-out"] == f"loss {_fmt(run.summary['val_loss'])}, acc {100 * run.summary['val_acc']:.1f}%"
+    labels = result.figure.axes[0].get_legend_handles_labels()[1]
+    assert "b16 held-out" in labels  # the validation points on the loss-against-time panel
+
+
+def test_no_held_out_column_when_no_run_validated():
+    run = nbtrain.fit(nn.Linear(8, 1), regression_data(), loss_fn=nn.MSELoss(), max_steps=3)
+    assert "held-out" not in nbtrain.compare(run).rows[0]
+
+
+def _validated_run(steps=40):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    return nbtrain.fit(model, DigitsDataset(), val_data=DigitsDataset(train=False), loss_fn=nn.CrossEntropyLoss(),
+                       metrics={"top1": lambda out, y: (out.argmax(1) == y).float().mean()}, lr=0.05, warmup_steps=5,
+                       scheduler=lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, steps),
+                       scheduler_interval="step", val_every_n_steps=10, max_steps=steps, batch_size=32, name="seen")
+
+
+def test_the_run_plot_shows_smoothed_and_raw_loss_held_out_points_and_the_learning_rate(tmp_path):
+    result = _validated_run()
+    figure = result.plot(tmp_path / "run.png")
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    by_label = {ax.get_ylabel(): ax for ax in figure.axes}
+    assert set(by_label) == {"loss", "samples/s", "learning rate", "held-out metric"}
+    loss_lines = {line.get_label(): line for line in by_label["loss"].get_lines()}
+    assert loss_lines["training loss"].get_alpha() < 1 and "smoothed" in loss_lines  # raw faint, trend solid
+    held = [e for e in result.log.of_type("epoch") if "val_loss" in e]
+    assert list(loss_lines["held-out loss"].get_xdata()) == [e["step"] for e in held] == [10, 20, 30, 40]
+    assert {line.get_label() for line in by_label["held-out metric"].get_lines()} == {"held-out acc", "held-out top1"}
+    lr = by_label["learning rate"].get_lines()[0]
+    assert list(lr.get_ydata()) == pytest.approx(list(result.history["lr"]))  # warm-up, then the cosine
+    ticks = by_label["learning rate"].get_xticks()
+    assert all(float(t).is_integer() for t in ticks)  # whole steps
+
+
+def test_a_long_history_is_drawn_with_at_most_max_points_a_line():
+    from matplotlib.figure import Figure
+
+    from nbtrain import plotting
+    from nbtrain.metrics import MetricsLog
+    log = MetricsLog()
+    log.emit({"type": "start", "config": {"log_every_n_steps": 100}, "info": {"samples_start": 0}})
+    for first in range(1, 20_001, 100):
+        steps = list(range(first, first + 100))
+        log.emit({"type": "steps", "rows": {"step": steps, "samples": steps, "time": [s / 1e3 for s in steps],
+                                            "loss": [1 / s for s in steps], "lr": [0.1] * 100}})
+        log.emit({"type": "epoch", "epoch": 0, "step": first + 99, "partial": True, "val_loss": 1.0, "val_acc": 0.5})
+    figure = Figure()
+    plotting.draw(log, *plotting.history_axes(figure), max_points=50)
+    assert all(len(line.get_xdata()) <= 50 for ax in figure.axes for line in ax.get_lines())
+    held = {line.get_label(): line for ax in figure.axes for line in ax.get_lines()}["held-out loss"]
+    assert held.get_xdata()[-1] == 20_000  # the latest validation is always drawn

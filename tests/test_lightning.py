@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import cloudpickle
 import pytest
 import torch
 from torch import nn
@@ -10,6 +11,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import nbtrain
 
 L = pytest.importorskip("lightning", reason="needs lightning (pip install -e '.[test]')")
+# The LightningModule below lives in a test module the DDP workers cannot import: sent by value,
+# as a notebook's classes are.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def data(n=96):
@@ -82,9 +86,56 @@ def test_self_log_values_reach_nbtrains_metrics():
 
 
 def test_the_magic_trains_a_lightningmodule_named_model(shell):
-    shell.user_ns.update(LitRegressor=LitRegressor)
-    shell.run_cell("%%nbtrain --max-steps 5 --no-plot --no-progress --name lit\nmodel = LitRegressor()")
+    # An earlier cell's optimizer and loss_fn are not the module's: it trains with its own.
+    shell.user_ns.update(LitRegressor=LitRegressor, optimizer=lambda p: torch.optim.Adam(p), loss_fn=nn.MSELoss())
+    try:
+        shell.run_cell("%%nbtrain --max-steps 5 --no-plot --no-progress --name lit\nmodel = LitRegressor()")
+    finally:
+        del shell.user_ns["optimizer"], shell.user_ns["loss_fn"]
     assert shell.user_ns["lit"].status == "completed"
+    assert isinstance(nbtrain.api.live_engine(shell.user_ns["model"].__dict__["_nbtrain_training"].value).optimizer,
+                      torch.optim.SGD)
+
+
+def test_parts_a_lightningmodule_defines_itself_are_refused_by_fit_with_one_line():
+    with pytest.raises(nbtrain.recipe.RecipeError, match="optimizer, scheduler: given with a LightningModule, which "
+                                                         "defines its own"):
+        nbtrain.fit(LitRegressor(), optimizer=lambda p: torch.optim.Adam(p), max_steps=1,
+                    scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1))
+
+
+def test_a_logged_held_out_loss_is_counted_once():
+    module = LitRegressor()
+    result = nbtrain.fit(module, val_data=data(32), max_steps=6, accelerator="cpu")
+    x, y = data(32).tensors
+    with torch.no_grad():
+        expected = nn.functional.binary_cross_entropy_with_logits(module(x), y).item()
+    assert result.summary["val_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.timeout(180)
+def test_a_lightningmodule_trains_on_two_devices_to_the_weights_of_one_with_the_global_batch():
+    module, reference = LitRegressor(logs=True), LitRegressor(logs=True)
+    result = nbtrain.fit(module, val_data=data(32), max_steps=6, devices=2, accelerator="cpu")
+    nbtrain.fit(reference, val_data=data(32), max_steps=6, batch_size=16, accelerator="cpu")
+    assert result.status == "completed" and result.summary["world_size"] == 2 and result.summary["global_batch"] == 16
+    for a, b in zip(module.parameters(), reference.parameters()):  # the weights came back into the kernel's module
+        assert torch.allclose(a, b, rtol=0, atol=1e-6), (a - b).abs().max()
+    assert result.summary["logged"]["train_loss"] > 0 and result.log.of_type("logged")  # self.log from rank 0
+    x, y = data(32).tensors
+    with torch.no_grad():
+        expected = nn.functional.binary_cross_entropy_with_logits(module(x), y).item()
+    assert result.summary["val_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.timeout(180)
+def test_the_magic_trains_a_lightningmodule_named_model_with_devices_2(shell):
+    shell.user_ns.update(LitRegressor=LitRegressor)
+    shell.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 5 --no-plot --no-progress --name lit_ddp\n"
+                   "model = LitRegressor()\nbefore = [p.detach().clone() for p in model.parameters()]")
+    result = shell.user_ns["lit_ddp"]
+    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert all(not torch.equal(a, b) for a, b in zip(shell.user_ns["before"], shell.user_ns["model"].parameters()))
 
 
 def test_two_runs_continue_the_same_optimizer_state():

@@ -41,6 +41,29 @@ def test_record_and_load_round_trip_keeps_config_history_and_summary(tmp_path, r
     assert listed[0].config["batch_size"] == 32
 
 
+def test_held_out_numbers_survive_the_round_trip_into_the_runs_table_compare_and_the_plot(tmp_path):
+    from nbtrain import plotting
+    from nbtrain.notebook.views import RunsTable
+    config = TrainConfig(max_steps=8, batch_size=32, val_every_n_steps=4, accelerator="cpu")
+    recipe = digits_recipe()
+    recipe.metrics = {"half": lambda out, y: 0.5}
+    validated = nbtrain.fit(recipe=recipe, config=config, name="held")
+    store = RunStore(tmp_path / "runs.sqlite")
+    store.record(validated)
+    loaded = store.load("held")
+    for key in ("val_loss", "val_acc", "val_metrics"):
+        assert loaded.summary[key] == validated.summary[key]
+    assert loaded.summary["val_metrics"] == {"val_half": 0.5}
+    assert plotting.held_out_series(loaded.log) == plotting.held_out_series(validated.log)
+    assert [e for e in loaded.log.of_type("epoch")] == [e for e in validated.log.of_type("epoch")]
+    table = RunsTable(store.runs(), store.path)
+    row = dict(zip(RunsTable.HEADS, table.rows[0]))
+    assert row["val loss"] == f"{validated.summary['val_loss']:.4g}"
+    assert row["val acc"] == f"{100 * validated.summary['val_acc']:.1f}%"
+    assert "val loss" in repr(table) and "val loss" in table._repr_html_()
+    assert nbtrain.compare("held", store=store).rows[0]["held-out"].endswith(", half 0.5")
+
+
 def test_load_by_name_gives_the_newest_and_by_id_any(tmp_path, run):
     store = RunStore(tmp_path / "runs.sqlite")
     first = store.record(run, name="again")

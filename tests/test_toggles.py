@@ -1,11 +1,16 @@
-"""Every speed toggle trains on its canonical recipe, or says why it does not apply here."""
+"""Every speed toggle trains on its canonical recipe, or says why it does not apply here; the
+torchvision image recipe trains with each setting an image notebook changes, DDP included."""
+import math
+
 import pytest
 import torch
 from torch import nn
 
+import nbtrain
 from nbtrain import ConfigError, Engine, TrainConfig
 from nbtrain.config import options
-from nbtrain.toggles import TOGGLES, _conv_recipe, _mlp_recipe
+from nbtrain.recipe import NAMES
+from nbtrain.toggles import TOGGLES, _conv_recipe, _mlp_recipe, image_recipe
 
 from helpers import same_weights, weights
 
@@ -90,3 +95,52 @@ def test_compile_time_is_measured_apart_and_the_break_even_is_stated():
     assert result.summary["compile_s"] > 10 * steady  # compilation dwarfs a step, even from a warm cache
     note = next(n for n in result.summary["notes"] if n.startswith("compile cost"))
     assert "eager" in note and ("pays off after" in note or "never pays off" in note)
+
+
+IMAGE_SETTINGS = {"workers": {"num_workers": 2}, "channels_last": {"channels_last": True},
+                  "bf16": {"precision": "bf16-mixed"}, "batch size": {"batch_size": 8}}
+
+
+@pytest.mark.parametrize("settings", IMAGE_SETTINGS.values(), ids=IMAGE_SETTINGS.keys())
+def test_the_torchvision_image_recipe_trains_with_each_setting_an_image_notebook_changes(settings):
+    recipe = image_recipe()
+    before = weights(recipe.model)
+    result = Engine(recipe, TrainConfig(**{"max_steps": 2, "batch_size": 16, "accelerator": "cpu", **settings})).run()
+    assert result.status == "completed" and not same_weights(before, weights(recipe.model))
+    assert not any("not applicable" in note for note in result.summary["notes"])
+    assert math.isfinite(result.summary["val_loss"]) and result.summary["val_acc"] is not None
+    if "channels_last" in settings:
+        assert recipe.model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_live_batch_size_and_workers_change_rebuilds_the_image_loader_and_keeps_training():
+    recipe = image_recipe()
+    engine = Engine(recipe, TrainConfig(max_steps=2, batch_size=16, accelerator="cpu"))
+    engine.run()
+    after_first = weights(recipe.model)
+    engine.reconfigure(engine.config.replace(batch_size=8, num_workers=1))
+    assert engine.loader.batch_size == 8 and engine.loader.num_workers == 1
+    result = engine.run()
+    assert result.summary["global_batch"] == 8 and engine.step == 4
+    assert not same_weights(after_first, weights(recipe.model))
+
+
+@pytest.mark.timeout(180)
+def test_the_image_recipe_trains_with_devices_2_from_the_magic_and_its_weights_come_back(shell):
+    for names in NAMES.values():  # the session's shell: no parts left behind by other tests
+        for name in names:
+            shell.user_ns.pop(name, None)
+    shell.user_ns["image_recipe"] = image_recipe
+    result = shell.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 2 --batch-size 8 --num-workers 1 "
+                   "--channels-last --no-plot --no-progress --name images\n"
+                   "recipe = image_recipe()\n"
+                   "model, train_data, val_data = recipe.model, recipe.train_data, recipe.val_data\n"
+                   "loss_fn, optimizer = recipe.loss_fn, recipe.optimizer\n"
+                   "before = [p.clone() for p in model.parameters()]")
+    result.raise_error()
+    result, model = shell.user_ns.pop("images"), shell.user_ns["model"]
+    for name in ("model", "train_data", "val_data", "loss_fn", "optimizer"):  # nothing left for later tests
+        shell.user_ns.pop(name)
+    assert result.status == "completed" and result.summary["world_size"] == 2 and result.summary["global_batch"] == 16
+    assert all(not torch.equal(a, b) for a, b in zip(shell.user_ns["before"], model.parameters()))  # back here
+    assert math.isfinite(result.summary["val_loss"])

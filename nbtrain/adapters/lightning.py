@@ -81,10 +81,13 @@ def _validation_step(model, batch):
         return own_loss(wrapper.module.training_step(batch, 0))
     output = wrapper.validate(batch, 0)
     collected = getattr(wrapper.module, "log", None)
-    if output is None and isinstance(collected, LogCollector):  # validation_step only logged
-        logged = {k: v for k, v in collected.values.items() if "loss" in k}
-        if logged:
-            return next(iter(logged.values()))
+    if isinstance(collected, LogCollector):
+        # A logged held-out loss is the one Lightning users read; taken out of the collector, or the
+        # evaluation would add it a second time as one of validation_step's logged values.
+        names = [k for k in collected.values if k in ("val_loss", "loss")] or \
+                ([k for k in collected.values if "loss" in k] if output is None else [])
+        if names:
+            return collected.values.pop(names[0])
     return own_loss(output)
 
 
@@ -125,8 +128,16 @@ def _optimizer_and_schedule(module) -> tuple:
     return optimizer, schedule
 
 
+# What a LightningModule defines itself (training_step, configure_optimizers, validation_step).
+OWN_PARTS = ("loss_fn", "training_step", "optimizer", "scheduler", "scheduler_interval", "validation_step")
+
+
 def lightning_recipe(module, train_data=None, val_data=None, **parts) -> Recipe:
     """A recipe training `module` (a LightningModule) as Lightning's automatic optimization would."""
+    clashing = [name for name in OWN_PARTS if parts.get(name) is not None]
+    if clashing:
+        raise RecipeError(f"{', '.join(clashing)}: given with a LightningModule, which defines its own (training_step, "
+                          "configure_optimizers, validation_step); allowed: leave them out, or change the module")
     slot = module.__dict__.setdefault("_nbtrain_training", Slot())
     if slot.value is None:  # one wrapper per module, so the live engine (and optimizer state) carries on
         slot.value = LightningTraining(module)

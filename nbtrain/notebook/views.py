@@ -17,7 +17,7 @@ from IPython.display import display
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..plotting import draw
+from ..plotting import draw, history_axes
 
 
 class LiveProgress:
@@ -63,7 +63,8 @@ class LiveProgress:
 
 
 class LivePlot:
-    """Loss and samples/s against step, redrawn about once a second on a thread of its own.
+    """Loss (with held-out numbers), samples/s and learning rate against step, redrawn about once a
+    second on a thread of its own.
 
     The training thread only marks the plot stale (one cheap event handler), so drawing never
     sits in a measured step and a costly frame makes frames no rarer: the plot is live from
@@ -141,7 +142,8 @@ class LivePlot:
     def png(self, log) -> bytes:
         figure = Figure(figsize=self.figsize, dpi=self.dpi, layout="constrained")
         FigureCanvasAgg(figure)
-        draw(log, *figure.subplots(1, 2), title=self.title)
+        loss_ax, rate_ax, lr_ax = history_axes(figure)
+        draw(log, loss_ax, rate_ax, title=self.title, lr_ax=lr_ax)
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=self.dpi)
         return buffer.getvalue()
@@ -153,7 +155,7 @@ class LivePlot:
             return
         steps = log.columns["step"]
         bundle = {"image/png": base64.b64encode(png).decode(),
-                  "text/plain": f"nbtrain live plot{' ' + self.title if self.title else ''}: loss and samples/s, "
+                  "text/plain": f"nbtrain live plot{' ' + self.title if self.title else ''}: loss, samples/s and lr, "
                                 f"step {steps[-1]}"}
         if self.handle is None:
             self.handle = display(bundle, raw=True, display_id=True)
@@ -193,7 +195,7 @@ class RunsTable:
     """`%nbtrain_runs`: stored runs, one line each."""
 
     HEADS = ("id", "name", "when", "status", "model", "device", "precision", "batch", "steps", "samples/s",
-             "last loss", "val acc", "peak MB")
+             "last loss", "val loss", "val acc", "peak MB")
 
     def __init__(self, runs, path):
         self.path = path
@@ -207,7 +209,7 @@ class RunsTable:
         return (str(run.id), run.name or "-", time.strftime("%m-%d %H:%M", time.localtime(run.created)), run.status,
                 run.model or "-", f"{s.get('device', '-')} x{s.get('world_size', 1)}", c.get("precision", "-"),
                 str(s.get("global_batch", c.get("batch_size"))), str(s.get("steps", "-")),
-                _steady_cell(s), _fmt(s.get("last_loss")),
+                _steady_cell(s), _fmt(s.get("last_loss")), _fmt(s.get("val_loss")),
                 "-" if acc is None else f"{100 * acc:.1f}%", _fmt(s.get("peak_mem_mb")))
 
     def __repr__(self) -> str:
