@@ -5,7 +5,7 @@ from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .engine import Engine
 from .metrics import MetricsLog
 from .adapters import recipe_for
-from .recipe import Recipe, fixed_reason
+from .recipe import Recipe, RecipeError, fixed_reason
 from .result import RunResult
 from .slots import Slot
 
@@ -71,6 +71,13 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     With devices > 1 or num_nodes > 1 the run goes to DDP workers and the trained weights
     come back into `model`.
     """
+    parts = {"model": model, "train_data": train_data, "loss_fn": loss_fn, "training_step": training_step,
+             "optimizer": optimizer, "val_data": val_data, "collate_fn": collate_fn, "scheduler": scheduler,
+             "scheduler_interval": scheduler_interval, "metrics": metrics, "validation_step": validation_step}
+    given = [name for name, value in parts.items() if value is not None]
+    if recipe is not None and given:
+        raise RecipeError(f"fit: a recipe and {', '.join(given)} were both given; allowed: the recipe alone "
+                          "(put those parts in it) or the parts without a recipe")
     if recipe is None:
         recipe = recipe_for(model, train_data, loss_fn=loss_fn, training_step=training_step, optimizer=optimizer,
                             val_data=val_data, collate_fn=collate_fn, scheduler=scheduler,

@@ -216,7 +216,7 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     config = trial.plain_config(engine.config)
     snapshot = trial.Snapshot(engine)
     trace_path, ceiling, log = None, None, MetricsLog()
-    clock = GradSyncClock.on(engine._train_model) if hasattr(engine._train_model, "register_comm_hook") else None
+    clock = GradSyncClock.on(engine.train_model) if hasattr(engine.train_model, "register_comm_hook") else None
     try:
         if clock is not None:
             clock.intervals, clock.active = [], True

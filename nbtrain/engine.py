@@ -125,6 +125,16 @@ class Engine:
         return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
 
     @property
+    def train_model(self):
+        """The module the loop calls: the model, or its DDP / compiled wrapper."""
+        return self._train_model
+
+    @property
+    def base_lrs(self) -> list[float]:
+        """Each param group's own rate before the LR rule and warm-up (the optimizer's, as given)."""
+        return list(self._optimizer_lrs)
+
+    @property
     def held_data(self) -> data.Held | None:
         """The training data held in memory for preload_data (what it costs, where), or None."""
         return self._held
@@ -147,7 +157,7 @@ class Engine:
         if self.schedule is not None:  # an instance built before: its curve scaled to the rule's rates
             base = getattr(self.schedule.scheduler, "base_lrs", self.schedule.lrs())
             self.schedule.rescale([t / b if b else 1.0 for t, b in zip(self._target_lrs(), base)], "LR rule")
-        self._set_lr(self.step)
+        self.set_lr(self.step)
 
     def _use_optimizer_impl(self) -> None:
         self.optimizer, note = toggles.with_implementation(self.optimizer, self.config.optimizer_impl)
@@ -188,7 +198,7 @@ class Engine:
             return [config.lr * factor * (lr / default if default else 1.0) for lr in self._optimizer_lrs]
         return [lr * factor for lr in self._optimizer_lrs]
 
-    def _set_lr(self, step: int) -> None:
+    def set_lr(self, step: int) -> None:
         targets = self.schedule.lrs() if self.schedule is not None else self._target_lrs()
         warm = self.config.warmup_steps
         ramp = min(1.0, (step + 1) / warm) if warm else 1.0
@@ -259,7 +269,7 @@ class Engine:
                 self.schedule.rescale([n / o if o else 1.0 for n, o in zip(self._target_lrs(), old)],
                                       f"step {self.step}: global batch {previous.global_batch_size} -> "
                                       f"{new.global_batch_size}, {new.scale_lr} rule")
-            self._set_lr(self.step)
+            self.set_lr(self.step)
         if self.running:  # between runs the next run's start event states the config
             self.log.emit({"type": "change", "step": self.step,
                            "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in changes.items()}})
@@ -497,7 +507,7 @@ class Engine:
                 return True
             t1 = perf()
             if move:
-                batch = self._prepare(batch)
+                batch = self.prepare(batch)
             sync()
             t2 = perf()
             boundary = micro + 1 == window
@@ -540,7 +550,7 @@ class Engine:
             if step_schedule is not None:
                 step_schedule(optimizer)
             if self.step <= warm_until:
-                self._set_lr(self.step)
+                self.set_lr(self.step)
             if (save_steps and self.step % save_steps == 0) or (save_seconds and t5 - self._saved_at >= save_seconds):
                 self.save_checkpoint()
             if val_every and self.step % val_every == 0:
@@ -573,7 +583,7 @@ class Engine:
             return None
         return checkpoint.save(self, checkpoint.folder(self.config))
 
-    def _prepare(self, batch):
+    def prepare(self, batch):
         """A batch on the training device, in the model's memory format."""
         batch = data.to_device(batch, self.device, self.config.pin)
         return toggles.to_channels_last(batch) if self.config.channels_last else batch
@@ -613,7 +623,7 @@ class Engine:
         self._flush()
         if self.schedule is not None and self.schedule.interval == "epoch":
             self.schedule.step(self.optimizer)
-            self._set_lr(self.step)
+            self.set_lr(self.step)
         self.epoch += 1
         self.epoch_offset = 0
         event = {"type": "epoch", "epoch": self.epoch, "step": self.step}

@@ -35,10 +35,10 @@ def evaluate(engine, dataset) -> dict:
     try:
         with torch.no_grad(), engine.precision.autocast():
             for batch in loader:
-                batch = engine._prepare(batch)
+                batch = engine.prepare(batch)
                 size = batch_size(batch)
                 if recipe.validation_step is not None:
-                    add("val_loss", recipe.validation_step(engine._train_model, batch), size)
+                    add("val_loss", recipe.validation_step(engine.train_model, batch), size)
                 elif recipe.training_step is not None or recipe.loss_fn is None:
                     add("val_loss", recipe.step_loss(model, batch), size)
                 else:

@@ -17,7 +17,7 @@ class Monitor:
     def __init__(self, name: str, mode: str, patience: int | None, restore_best: bool):
         self.name, self.patience, self.keeps_best = name, patience, restore_best
         self.mode = mode if mode != "auto" else ("max" if any(w in name for w in ("acc", "f1", "auc", "precision",
-                                                                                      "recall")) else "min")
+                                                                                      "recall", "top")) else "min")
         self.best: float | None = None
         self.best_step: int | None = None
         self.best_weights: dict | None = None

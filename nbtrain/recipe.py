@@ -18,6 +18,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
 NAMES = {
     "model": ("model",),
     "scheduler": ("scheduler", "make_scheduler"),
+    "scheduler_interval": ("scheduler_interval",),
     "metrics": ("metrics",),
     "validation_step": ("validation_step",),
     "train_data": ("train_data", "train_dataset", "dataset"),

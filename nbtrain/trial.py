@@ -64,7 +64,7 @@ class Snapshot:
         if self.schedule is not None and engine.schedule is not None:
             engine.schedule.load_state_dict(copy.deepcopy(self.schedule))
         engine.step, engine.epoch, engine.epoch_offset, engine.samples = self.counters
-        engine._set_lr(engine.step)
+        engine.set_lr(engine.step)
         torch.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)

@@ -273,9 +273,9 @@ def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_tria
                               / start.accumulate_grad_batches)
         changes["warmup_steps"], suggested = max(per_epoch, 1), True
     config = start.replace(**changes)
-    base_lr = start.lr if start.lr is not None else engine._optimizer_lrs[0]
+    base_lr = start.lr if start.lr is not None else engine.base_lrs[0]
     base_lr *= start.lr_factor()  # the rate in use now
-    scaled = (start.lr if start.lr is not None else engine._optimizer_lrs[0]) * config.lr_factor()
+    scaled = (start.lr if start.lr is not None else engine.base_lrs[0]) * config.lr_factor()
     notes = []
     if rule != "none":
         notes.append(f"apply it: config = config.replace(batch_size={batch}, scale_lr={rule!r}, "

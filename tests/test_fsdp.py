@@ -52,7 +52,7 @@ def _train_fsdp_counting_reduce_scatters(accumulate):
         with CommDebugMode() as comms:
             engine.run()
         counts[k] = sum(n for op, n in comms.get_comm_counts().items() if "reduce_scatter" in str(op))
-        wrapper = type(engine._train_model).__name__
+        wrapper = type(engine.train_model).__name__
         state = full_state_dict(engine.model)
     return wrapper, counts, [state[k] for k in sorted(state)]
 

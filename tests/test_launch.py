@@ -93,10 +93,10 @@ def _count_all_reduces(accumulate):
             calls[0] += 1
             return allreduce_hook(None, bucket)
 
-        engine._train_model.register_comm_hook(None, hook)
+        engine.train_model.register_comm_hook(None, hook)
         engine.run()
         counts[k] = calls[0]
-    return dist.get_world_size(), type(engine._train_model).__name__, counts
+    return dist.get_world_size(), type(engine.train_model).__name__, counts
 
 
 def test_accumulation_under_ddp_all_reduces_only_on_the_last_micro_batch():

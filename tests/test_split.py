@@ -4,6 +4,8 @@ import sys
 import cloudpickle
 import pytest
 import torch
+
+from nbtrain.config import check_runnable
 from torch import nn
 
 import nbtrain
@@ -50,7 +52,7 @@ def test_the_engine_trains_a_split_model_like_the_same_model_unsplit():
     nbtrain.split(parted.model, {"encoder": "cpu", "decoder": "cpu"})
     config = TrainConfig(batch_size=32, max_steps=10, accelerator="cpu")
     engine = Engine(parted, config)
-    assert engine.device == torch.device("cpu") and engine._train_model is parted.model
+    assert engine.device == torch.device("cpu") and engine.train_model is parted.model
     engine.run()
     Engine(whole, config).run()
     assert same_weights(weights(parted.model), weights(whole.model), atol=1e-6)
@@ -110,7 +112,7 @@ def test_dataparallel_needs_two_cuda_devices_and_says_so():
         pytest.skip("this machine has 2 CUDA devices")
     with pytest.raises(ConfigError, match=r"strategy='dp': DataParallel needs at least 2 CUDA devices; this machine "
                                           r"has \d+; use ddp"):
-        TrainConfig(strategy="dp", devices=2)
+        check_runnable(TrainConfig(strategy="dp", devices=2))
 
 
 @pytest.mark.cuda
