@@ -8,15 +8,14 @@ mid-write never leaves a broken checkpoint.
 """
 from __future__ import annotations
 
-import copy
 import os
-import random
 import re
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from .engine_state import StateMismatch
 
 DEFAULT_DIR = Path(".nbtrain") / "checkpoints"
 _NAME = re.compile(r"step-(\d+)\.pt$")
@@ -30,28 +29,11 @@ def folder(config) -> Path:
     return Path(config.checkpoint_dir) if config.checkpoint_dir else DEFAULT_DIR
 
 
-def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def save(engine, directory: Path) -> Path:
     """Write the engine's state as step-N.pt in `directory`, atomically; returns the path."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     target = directory / f"step-{engine.step:08d}.pt"
-    state = {"model": engine.model.state_dict(), "optimizer": engine.optimizer.state_dict(),
-             "optimizer_class": type(engine.optimizer).__name__,
-             "scheduler": engine.schedule.state_dict() if engine.schedule is not None else None,
-             "scaler": engine.precision.scaler.state_dict(), "rng": _rng_state(),
-             "position": engine.position(), "config": engine.config.to_dict()}
+    state = {**engine.state_dict(), "config": engine.config.to_dict()}
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=".writing-", suffix=".pt")
     try:
         with os.fdopen(handle, "wb") as out:
@@ -86,75 +68,14 @@ def resolve(config) -> Path:
 
 
 def load(engine, path: Path) -> None:
-    """Put the engine back exactly where the checkpoint at `path` was written.
-
-    All or nothing: the checkpoint is checked against the model and optimizer first, and
-    if loading still fails part-way, model, optimizer and scaler are put back as they were,
-    so a refused resume leaves the user's training untouched.
-    """
+    """Put the engine back exactly where the checkpoint at `path` was written (all or nothing)."""
     where = f"resume={str(path)!r}"
     try:
         state = torch.load(path, map_location=engine.device, weights_only=False)
     except Exception as exc:
         raise CheckpointError(f"{where}: cannot read the checkpoint ({exc})") from None
-    problem = _misfit(engine, state)
-    if problem:
-        raise CheckpointError(f"{where}: the checkpoint does not fit this {problem[0]} ({problem[1]}); nothing "
-                              "was loaded, the model and optimizer are as they were") from None
-    before = _copy_state(engine)
     try:
-        engine.model.load_state_dict(state["model"])
-        engine.optimizer.load_state_dict(state["optimizer"])
-        if state["scaler"]:  # a disabled scaler saves nothing
-            engine.precision.scaler.load_state_dict(state["scaler"])
-        if state.get("scheduler") is not None and engine.schedule is not None:
-            engine.schedule.load_state_dict(state["scheduler"])
-    except Exception as exc:
-        _restore_state(engine, before)
-        raise CheckpointError(f"{where}: the checkpoint does not fit this model and optimizer ({exc}); nothing "
-                              "was loaded, the model and optimizer are as they were") from None
-    _set_rng_state(state["rng"])
-    engine.set_position(state["position"])
-
-
-def _misfit(engine, state: dict) -> tuple[str, str] | None:
-    """What the checkpoint does not fit (model or optimizer) and why, or None."""
-    own = engine.model.state_dict()
-    saved = state.get("model", {})
-    missing = [k for k in own if k not in saved]
-    unexpected = [k for k in saved if k not in own]
-    if missing or unexpected:
-        return "model", "; ".join(f"{what} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
-                                  for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
-    shapes = [f"{k}: {tuple(saved[k].shape)} in the checkpoint, {tuple(v.shape)} here" for k, v in own.items()
-              if isinstance(v, torch.Tensor) and tuple(saved[k].shape) != tuple(v.shape)]
-    if shapes:
-        return "model", "; ".join(shapes[:3])
-    kind = state.get("optimizer_class")
-    here = type(engine.optimizer).__name__
-    if kind is not None and kind != here:
-        return "optimizer", f"its optimizer is {kind}, this recipe's is {here}"
-    saved_groups = state["optimizer"]["param_groups"]
-    groups = engine.optimizer.param_groups
-    if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in groups]:
-        return "optimizer", "its optimizer's param groups hold other parameters than this recipe's"
-    settings = lambda g: set(g) - {"params", "foreach", "fused", "capturable", "differentiable", "initial_lr"}  # noqa: E731
-    if any(settings(a) != settings(b) for a, b in zip(saved_groups, groups)):
-        return "optimizer", f"its optimizer has other settings than this recipe's {here}"
-    return None
-
-
-def _copy_state(engine) -> dict:
-    return {"model": {k: v.detach().clone() for k, v in engine.model.state_dict().items()},
-            "optimizer": copy.deepcopy(engine.optimizer.state_dict()),
-            "scaler": copy.deepcopy(engine.precision.scaler.state_dict()),
-            "scheduler": copy.deepcopy(engine.schedule.state_dict()) if engine.schedule is not None else None}
-
-
-def _restore_state(engine, before: dict) -> None:
-    engine.model.load_state_dict(before["model"])
-    engine.optimizer.load_state_dict(before["optimizer"])
-    if before["scaler"]:
-        engine.precision.scaler.load_state_dict(before["scaler"])
-    if before["scheduler"] is not None:
-        engine.schedule.load_state_dict(before["scheduler"])
+        engine.load_state_dict(state)
+    except StateMismatch as exc:
+        raise CheckpointError(f"{where}: the checkpoint {exc}; nothing was loaded, the model and optimizer are as "
+                              "they were") from None

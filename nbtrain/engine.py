@@ -30,7 +30,7 @@ import time
 import torch
 from torch.utils.data import IterableDataset
 
-from . import checkpoint, data, dist, evaluation, fsdp, loggers, toggles
+from . import checkpoint, data, dist, engine_state, evaluation, fsdp, loggers, toggles
 from .split import device_map, input_device
 from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .memory import PeakMemory
@@ -293,6 +293,25 @@ class Engine:
                                        f"with drop_last=True an epoch of {shown} holds no full batch; allowed: "
                                        f"batch_size <= {per_rank}, or drop_last=False")])
 
+    def state_dict(self) -> dict:
+        """Everything needed to continue training exactly (see engine_state.py); what checkpoints write."""
+        return engine_state.capture(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state`, all or nothing (engine_state.StateMismatch when it does not fit)."""
+        engine_state.restore(self, state)
+
+    @contextlib.contextmanager
+    def trial(self):
+        """Train inside the block, then put everything back bit for bit: weights, gradients, optimizer,
+        schedule, scaler, every RNG, the position and the config (what every checklist tool measures in)."""
+        from .trial import Snapshot
+        snapshot = Snapshot(self)
+        try:
+            yield self
+        finally:
+            snapshot.restore()
+
     def position(self) -> dict:
         """Where training stands, for checkpoints: enough to continue exactly."""
         return {"step": self.step, "epoch": self.epoch, "epoch_offset": self.epoch_offset, "samples": self.samples,
@@ -301,9 +320,10 @@ class Engine:
     def set_position(self, position: dict) -> None:
         self.step, self.epoch = position["step"], position["epoch"]
         self.epoch_offset, self.samples = position["epoch_offset"], position["samples"]
-        self.seed = position["seed"]
         self._run_start = dict(position["run_start"])
-        self.loader = self._build_loader()
+        if position["seed"] != self.seed:  # the data order is the seed's: a loader of the other seed
+            self.seed = position["seed"]
+            self.loader = self._build_loader()
 
     def stop(self, reason: str = "stopped") -> None:
         """Stop at the next optimizer-step boundary (safe from any thread)."""

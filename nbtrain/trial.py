@@ -8,7 +8,6 @@ afterwards, bit for bit, so a trial never changes what the user has trained.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import ctypes
 import gc
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import engine_state
 from .config import TrainConfig
 from .recipe import Recipe
 
@@ -37,37 +37,23 @@ def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config
 
 
 class Snapshot:
-    """Everything a trial can change on an engine, copied so it can be put back exactly."""
+    """Everything a trial can change on an engine (its state, gradients and config), copied so it
+    can be put back exactly, as often as a tool measures."""
 
     def __init__(self, engine):
         self.engine = engine
         self.config = engine.config
-        self.model = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+        self.state = engine_state.capture(engine, detached=True)
         self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
-        self.optimizer = copy.deepcopy(engine.optimizer.state_dict())
-        self.scaler = copy.deepcopy(engine.precision.scaler.state_dict())
-        self.schedule = copy.deepcopy(engine.schedule.state_dict()) if engine.schedule is not None else None
-        self.counters = (engine.step, engine.epoch, engine.epoch_offset, engine.samples)
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
 
     def restore(self, config: TrainConfig | None = None) -> None:
         """Put the state back; the engine ends configured with `config` (default: the one taken)."""
         engine = self.engine
         engine.reconfigure(config or self.config)
-        engine.model.load_state_dict(self.model)
+        engine.load_state_dict(self.state)
         for p, g in zip(engine.model.parameters(), self.grads):
             p.grad = None if g is None else g.clone().to(p.device)
-        engine.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
-        if engine.precision.scaler.is_enabled() and self.scaler:
-            engine.precision.scaler.load_state_dict(self.scaler)
-        if self.schedule is not None and engine.schedule is not None:
-            engine.schedule.load_state_dict(copy.deepcopy(self.schedule))
-        engine.step, engine.epoch, engine.epoch_offset, engine.samples = self.counters
         engine.set_lr(engine.step)
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
 
 
 @dataclass

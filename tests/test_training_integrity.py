@@ -148,3 +148,43 @@ def test_resuming_an_sgd_checkpoint_into_adam_is_refused_and_the_model_trains_on
     assert all(torch.equal(a, b) for a, b in zip(before[0], after[0])) and before[1] == after[1]
     result = nbtrain.fit(model, data, loss_fn=nn.MSELoss(), optimizer=adam, max_steps=2, batch_size=32)
     assert result.status == "completed"  # no KeyError: 'betas' in the next cell
+
+
+# --- the engine's state as an API ----------------------------------------------------------
+
+
+def test_a_trial_puts_back_every_rng_the_weights_and_the_position_bit_for_bit():
+    import random
+
+    import numpy as np
+    model = net()
+    nbtrain.fit(model, regression_data(), loss_fn=nn.MSELoss(), max_steps=3, batch_size=16, seed=1)
+    engine = nbtrain.api.live_engine(model)
+    before = (weights(model), engine.position(), torch.get_rng_state(), np.random.get_state()[1].copy(),
+              random.getstate())
+    with engine.trial():
+        engine.reconfigure(engine.config.replace(batch_size=8, max_steps=4))
+        engine.run()
+        np.random.rand(3), random.random(), torch.rand(2)  # a tool's own random draws
+    after = (weights(model), engine.position(), torch.get_rng_state(), np.random.get_state()[1], random.getstate())
+    assert same_weights(before[0], after[0]) and before[1] == after[1]
+    assert torch.equal(before[2], after[2]) and (before[3] == after[3]).all() and before[4] == after[4]
+    assert engine.config.batch_size == 16
+
+
+def test_state_dict_round_trip_continues_exactly_as_one_run():
+    data = regression_data()
+    straight = net()
+    nbtrain.fit(straight, data, loss_fn=nn.MSELoss(), max_steps=8, batch_size=16, seed=2,
+                optimizer=lambda p: torch.optim.Adam(p, 1e-2))
+    model = net()
+    nbtrain.fit(model, data, loss_fn=nn.MSELoss(), max_steps=4, batch_size=16, seed=2,
+                optimizer=lambda p: torch.optim.Adam(p, 1e-2))
+    state = nbtrain.api.live_engine(model).state_dict()
+    fresh = net()  # another kernel: a fresh model and engine, the state brings everything
+    engine = nbtrain.Engine(nbtrain.Recipe(model=fresh, train_data=data, loss_fn=nn.MSELoss(),
+                                           optimizer=lambda p: torch.optim.Adam(p, 1e-2)),
+                            nbtrain.TrainConfig(batch_size=16, seed=2, max_steps=4))
+    engine.load_state_dict(state)
+    engine.run()
+    assert same_weights(weights(fresh), weights(straight))
