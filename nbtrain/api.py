@@ -62,14 +62,15 @@ def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
 def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimizer=None, val_data=None,
         collate_fn=None, scheduler=None, scheduler_interval=None, metrics=None, validation_step=None,
         recipe: Recipe | None = None, config: TrainConfig | None = None,
-        log: MetricsLog | None = None, name: str | None = None, **options) -> RunResult:
+        log: MetricsLog | None = None, name: str | None = None, stop=None, **options) -> RunResult:
     """Train `model` on `train_data` (or a ready `recipe`) and return the measured result.
 
     `model` may be any nn.Module or a LightningModule (its own steps, optimizers and data);
     `train_data` a Dataset or a DataLoader (its settings are the starting config). Options
     may be given as a TrainConfig and/or as keywords (`batch_size=64`), which override it.
     With devices > 1 or num_nodes > 1 the run goes to DDP workers and the trained weights
-    come back into `model`.
+    come back into `model`. `stop`, a threading.Event, ends the run at the next optimizer step once
+    set from any thread (every DDP rank at the same step), keeping what it trained.
     """
     parts = {"model": model, "train_data": train_data, "loss_fn": loss_fn, "training_step": training_step,
              "optimizer": optimizer, "val_data": val_data, "collate_fn": collate_fn, "scheduler": scheduler,
@@ -90,8 +91,28 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
                                    + " (it cannot be shared out across ranks)")])
     if config.world_size > 1:
         from .launch import fit_distributed
-        result = fit_distributed(recipe, config, log=log)
+        result = fit_distributed(recipe, config, log=log, stop=stop)
     else:
-        result = engine_for(recipe, config).run(log=log)
+        engine = engine_for(recipe, config)
+        watcher = _relay_stop(stop, engine) if stop is not None else None
+        try:
+            result = engine.run(log=log)
+        finally:
+            if watcher is not None:
+                watcher.set()
     result.name = name
     return result
+
+
+def _relay_stop(stop, engine):
+    """A thread that turns `stop` being set into engine.stop() (the engine checks its own flag each step)."""
+    import threading
+    done = threading.Event()
+
+    def relay():  # again and again: a stop set before the run starts must outlive run()'s own reset
+        while not done.wait(0.05):
+            if stop.is_set():
+                engine.stop()
+
+    threading.Thread(target=relay, name="nbtrain-stop-relay", daemon=True).start()
+    return done

@@ -46,7 +46,7 @@ class WorkerError(RuntimeError):
 
 def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None = None, *,
                     timeout: float | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-                    host: str | None = None, echo: bool = True) -> RunResult:
+                    host: str | None = None, echo: bool = True, stop=None) -> RunResult:
     """Train `recipe` with `config` as DDP (or FSDP) in fresh processes; its model gets the trained weights.
 
     The launch options come from the config (timeout, node_rank, rdzv_endpoint, rdzv_host);
@@ -57,6 +57,8 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
     c10d hands out global ranks in order of arrival; node_rank names this node's output.
     host (rdzv_host): where one machine's ranks meet (127.0.0.1 unless set), or this node's
     address among several.
+    stop: a threading.Event; once set (from any thread), every rank stops after the same optimizer
+    step and the weights trained so far come back, as when a run completes.
     """
     __tracebackhide__ = True
     if config.strategy == "dp":  # DataParallel is one process driving several GPUs
@@ -77,7 +79,7 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         else:
             job = _start_local(run, config.devices, host or "127.0.0.1")
         job.shipped = (recipe,)
-        status, error = job.supervise(log, echo)
+        status, error = job.supervise(log, echo, stop)
         if error is not None:
             raise error
         state = run.load_model() if status == "completed" else None
@@ -217,12 +219,15 @@ class _Job:
                     target.write(prefix + line)
                     target.flush()
 
-    def supervise(self, log: MetricsLog, echo: bool):
+    def supervise(self, log: MetricsLog, echo: bool, stop=None):
         __tracebackhide__ = True
         replay = self.run.tail_events()
         status, error = "completed", None
         try:
             while True:
+                if stop is not None and stop.is_set():  # the ranks vote on it at their next log window
+                    self.run.request_stop()
+                    stop = None
                 self._show(echo)
                 for event in replay():
                     log.emit(event)

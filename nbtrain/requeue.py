@@ -24,6 +24,7 @@ from . import checkpoint
 
 REQUESTED, READY, FOLDER = "requeue-requested", "requeue-ready", "requeue-checkpoints"
 STOP_REASON = "requeue"
+STOP_REQUESTED = "stop-requested"  # written by the kernel: stop (the panel's Stop), every rank at one step
 
 
 def resume_from(run_dir) -> Path | None:
@@ -44,10 +45,12 @@ def save(engine, run_dir) -> Path:
 
 
 class RequeueWatch:
-    """A MetricsLog view on every rank: all ranks stop together once any of them sees the request."""
+    """A MetricsLog view on every rank: all ranks stop together once any of them sees a request to
+    requeue (the scheduler's signal) or to stop (the kernel's Stop)."""
 
     def __init__(self, engine, run_dir):
         self.engine, self.flag, self.requested = engine, Path(run_dir) / REQUESTED, False
+        self.stop_flag, self.stopped = Path(run_dir) / STOP_REQUESTED, False
 
     def __call__(self, event: dict, _log) -> None:
         if event["type"] != "steps" or self.requested:
@@ -57,11 +60,14 @@ class RequeueWatch:
             # inside DDP's gradient all-reduce, and a vote here would meet that one (gloo aborts and the
             # user's traceback is lost). A run that has ended has nothing left to stop anyway.
             return
-        seen = self.flag.exists()
+        seen = [int(self.flag.exists()), int(self.stop_flag.exists())]
         if torch_dist.is_available() and torch_dist.is_initialized():
-            vote = torch.tensor([int(seen)], device=self.engine.device)
+            vote = torch.tensor(seen, device=self.engine.device)
             torch_dist.all_reduce(vote, op=torch_dist.ReduceOp.MAX)
-            seen = bool(vote.item())
-        if seen:
+            seen = vote.tolist()
+        if seen[0]:
             self.requested = True
             self.engine.stop(STOP_REASON)
+        elif seen[1] and not self.stopped:
+            self.stopped = True
+            self.engine.stop("stopped")

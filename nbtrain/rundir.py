@@ -117,6 +117,11 @@ class RunDir:
         write.close = stream.close
         return write
 
+    def request_stop(self) -> None:
+        """Ask every rank to stop after the same optimizer step (requeue.py's watch votes on it)."""
+        from .requeue import STOP_REQUESTED
+        (self.path / STOP_REQUESTED).touch(mode=0o600)
+
     def tail_events(self):
         """An iterator factory: each call of the returned function yields the events added since."""
         state = {"offset": 0, "rest": ""}

@@ -18,7 +18,6 @@ view, "copy as code") and panel_tools (the checklist tools).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 import traceback
@@ -169,7 +168,8 @@ class Panel:
             self._request_stop()
             return
         record = self._current
-        how = "by ending its worker processes…" if record.config.world_size > 1 else "at the next optimizer step…"
+        how = "on every device at its next log window…" if record.config.world_size > 1 else \
+            "at the next optimizer step…"
         self.say(f"stopping run #{record.number} {how}")  # before stopping: the run's last word comes after
         self._request_stop()
 
@@ -221,10 +221,7 @@ class Panel:
             threading.Thread(target=self.tools.stop, name="nbtrain-panel-stop", daemon=True).start()
             return
         if self._current.config.world_size > 1:
-            # A multi-process run is the launcher's loop in our thread: interrupt it as a kernel
-            # interrupt would interrupt a cell, so the launcher ends its workers as it does then.
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread.ident),
-                                                       ctypes.py_object(KeyboardInterrupt))
+            self._current.stop.set()  # every rank stops after the same step; the weights come back
         else:
             self.engine.stop()
 

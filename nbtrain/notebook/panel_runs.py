@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 from ..config import TrainConfig
@@ -19,6 +20,7 @@ class RunRecord:
     status: str = "running"
     result: RunResult | None = None
     error: str = ""
+    stop: threading.Event = field(default_factory=threading.Event)  # the panel's Stop, for any device count
 
     def label(self) -> str:
         """'#2 cpu, bf16-mixed, batch 64 × accumulate 2 × 2 devices' (factors of 1 left out)."""

@@ -19,14 +19,14 @@ def train(panel, record: RunRecord) -> None:
     message, error = "", False
     try:
         if record.config.world_size > 1:
-            result = api.fit(recipe=panel.recipe, config=record.config, log=record.log)
+            result = api.fit(recipe=panel.recipe, config=record.config, log=record.log, stop=record.stop)
         else:
             result = panel.engine.run(log=record.log)
         record.result, record.status = result, result.status
         panel.progress.end(result.status, record.steps)
         _record(panel, result)
         message = outcome_text(record, result, panel.engine if record.config.world_size == 1 else None)
-    except BaseException as exc:  # KeyboardInterrupt included: it is how a multi-process run stops
+    except BaseException as exc:  # KeyboardInterrupt included (a kernel interrupt)
         panel.errors.append(traceback.format_exc())
         record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
         message, error = f"run #{record.number} failed: {record.error}", True
