@@ -89,7 +89,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     if config.world_size > 1 and recipe.fixed_loader is not None:
         raise ConfigError([Problem("devices", config.devices, "1: " + fixed_reason(recipe.fixed_loader)
                                    + " (it cannot be shared out across ranks)")])
-    if config.world_size > 1:
+    if config.world_size > 1 and config.strategy != "dp":  # DataParallel: one process driving several GPUs
         from .launch import fit_distributed
         result = fit_distributed(recipe, config, log=log, stop=stop)
     else:

@@ -305,8 +305,7 @@ class Engine:
     def trial(self):
         """Train inside the block, then put everything back bit for bit: weights, gradients, optimizer,
         schedule, scaler, every RNG, the position and the config (what every checklist tool measures in)."""
-        from .trial import Snapshot
-        snapshot = Snapshot(self)
+        snapshot = engine_state.Snapshot(self)
         try:
             yield self
         finally:

@@ -97,3 +97,23 @@ def misfit(engine, state: dict) -> tuple[str, str] | None:
     if any(settings(a) != settings(b) for a, b in zip(saved_groups, groups)):
         return "optimizer", f"its optimizer has other settings than this recipe's {here}"
     return None
+
+
+class Snapshot:
+    """Everything a trial can change on an engine (its state, gradients and config), copied so it
+    can be put back exactly, as often as a tool measures."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.config = engine.config
+        self.state = capture(engine, detached=True)
+        self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
+
+    def restore(self, config=None) -> None:
+        """Put the state back; the engine ends configured with `config` (default: the one taken)."""
+        engine = self.engine
+        engine.reconfigure(config or self.config)
+        engine.load_state_dict(self.state)
+        for p, g in zip(engine.model.parameters(), self.grads):
+            p.grad = None if g is None else g.clone().to(p.device)
+        engine.set_lr(engine.step)

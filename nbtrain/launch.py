@@ -61,9 +61,6 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
     step and the weights trained so far come back, as when a run completes.
     """
     __tracebackhide__ = True
-    if config.strategy == "dp":  # DataParallel is one process driving several GPUs
-        from .api import engine_for
-        return engine_for(recipe, config).run(log=log)
     if config.strategy == "fsdp":
         fsdp.check_shardable(recipe.model)  # before any process starts
     timeout = config.timeout if timeout is None else timeout

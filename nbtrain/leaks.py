@@ -220,8 +220,7 @@ class SyncReport:
         return "\n".join(lines)
 
     def plot(self, path=None, ax=None):
-        from .tune import _bar_plot
-        return _bar_plot([w for w, _, _ in self.sites] or ["none"], [c for _, _, c in self.sites] or [0],
+        return plotting.bar_plot([w for w, _, _ in self.sites] or ["none"], [c for _, _, c in self.sites] or [0],
                          "host/device syncs per site", "syncs", path, ax)
 
 

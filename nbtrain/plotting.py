@@ -236,3 +236,15 @@ def plot_history(log, path=None, ax=None, title=None):
         fig.savefig(path, dpi=100)
         plt.close(fig)
     return fig
+
+
+def bar_plot(labels, values, title, xlabel, path=None, ax=None, highlight=None):
+    """Horizontal bars, one per label, the chosen one (`highlight`) in green: every tool's table as a figure."""
+    with axes(path, ax, figsize=(7, 0.45 * len(labels) + 1.2)) as ax:
+        colors = ["tab:green" if i == highlight else "tab:blue" for i in range(len(labels))]
+        ax.barh(range(len(labels)), values, color=colors)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize=9, loc="left")
+    return ax.figure

@@ -165,31 +165,6 @@ class Recipe:
                  if getattr(config, name) == getattr(defaults, name) and value != getattr(config, name)}
         return config.replace(**taken) if taken else config
 
-    @classmethod
-    def from_namespace(cls, namespace: Mapping[str, Any]) -> "Recipe":
-        """Build a recipe from conventional names in a namespace (a notebook's globals)."""
-        found = {}
-        for part, names in NAMES.items():
-            for name in names:
-                if namespace.get(name) is not None:
-                    found[part] = namespace[name]
-                    break
-        lightning = _is_lightning(found.get("model"))
-        if lightning:  # an earlier cell's `optimizer` or `loss_fn` is not this module's: it brings its own
-            from .adapters.lightning import OWN_PARTS
-            found = {part: value for part, value in found.items() if part not in OWN_PARTS}
-        needed = ("model",) if lightning else ("model", "train_data")
-        missing = [NAMES[p][0] for p in needed if p not in found]
-        if missing:
-            raise RecipeError(
-                f"the namespace defines no {' and no '.join(missing)}; define "
-                + ", ".join(f"`{m}`" for m in missing)
-                + " (a recipe needs model, train_data and loss_fn or training_step)")
-        if isinstance(found.get("loss_fn"), torch.Tensor):
-            del found["loss_fn"]  # a leftover `loss` tensor from an earlier cell is not a loss function
-        from .adapters import recipe_for  # (adapters build on this module)
-        return recipe_for(found.pop("model"), found.pop("train_data", None), **found)
-
     def step_loss(self, model: nn.Module, batch) -> torch.Tensor:
         """The loss of one batch: training_step(model, batch), loss_fn(model(x), y), or the model's own loss
         (`model(**batch)` for a dict batch, Hugging Face style, returning a loss or an output holding one)."""
@@ -242,9 +217,9 @@ NO_LOSS = ("loss: neither loss_fn nor training_step is given and the model retur
            "the loss, or a model that returns its loss (output.loss / ['loss']) from model(**batch)")
 
 
-def _is_lightning(model) -> bool:
-    from .adapters import is_lightning_module
-    return model is not None and is_lightning_module(model)
+NO_LOSS = ("loss: neither loss_fn nor training_step is given and the model returned {what}; define "
+           "loss_fn = nn.CrossEntropyLoss() (called as loss_fn(model(x), y)), training_step(model, batch) returning "
+           "the loss, or a model that returns its loss (output.loss / ['loss']) from model(**batch)")
 
 
 def call_model(model: nn.Module, batch):

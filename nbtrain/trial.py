@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import engine_state
 from .config import TrainConfig
+from .engine_state import Snapshot  # noqa: F401  (every tool's trials use it)
 from .recipe import Recipe
 
 
@@ -34,26 +34,6 @@ def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config
                             val_data=val_data, collate_fn=collate_fn)
     config = config or TrainConfig()
     return engine_for(recipe, config)
-
-
-class Snapshot:
-    """Everything a trial can change on an engine (its state, gradients and config), copied so it
-    can be put back exactly, as often as a tool measures."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.config = engine.config
-        self.state = engine_state.capture(engine, detached=True)
-        self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
-
-    def restore(self, config: TrainConfig | None = None) -> None:
-        """Put the state back; the engine ends configured with `config` (default: the one taken)."""
-        engine = self.engine
-        engine.reconfigure(config or self.config)
-        engine.load_state_dict(self.state)
-        for p, g in zip(engine.model.parameters(), self.grads):
-            p.grad = None if g is None else g.clone().to(p.device)
-        engine.set_lr(engine.step)
 
 
 @dataclass

@@ -26,17 +26,6 @@ from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of 
 from .measure.ab import ABResult, compare_on
 
 
-def _bar_plot(labels, values, title, xlabel, path=None, ax=None, highlight=None):
-    with plotting.axes(path, ax, figsize=(7, 0.45 * len(labels) + 1.2)) as ax:
-        colors = ["tab:green" if i == highlight else "tab:blue" for i in range(len(labels))]
-        ax.barh(range(len(labels)), values, color=colors)
-        ax.set_yticks(range(len(labels)), labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel(xlabel)
-        ax.set_title(title, fontsize=9, loc="left")
-    return ax.figure
-
-
 # --- largest batch --------------------------------------------------------------------------
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import trial
+from . import plotting, trial
 from .config import TrainConfig
 from .diagnose import usable_cores
 from .measure.ab import ABResult, compare_on, steps_lasting, trial_rate
@@ -57,10 +57,9 @@ class WorkerSearch:
                         ("use it" if self.best == h.b else "keeping the starting setting"))
 
     def plot(self, path=None, ax=None):
-        from .tune import _bar_plot
         labels = [self.label(m.config) for m in self.measurements]
         best = next(i for i, m in enumerate(self.measurements) if m.config == self.best)
-        return _bar_plot(labels, [r.rate for r in self.steady], "DataLoader worker search (steady samples/s)",
+        return plotting.bar_plot(labels, [r.rate for r in self.steady], "DataLoader worker search (steady samples/s)",
                          "samples/s", path, ax, best)
 
 

@@ -85,7 +85,16 @@ def test_self_log_values_reach_nbtrains_metrics():
     assert result.summary["logged"]["batch_idx"] == 11.0
 
 
-def test_the_magic_trains_a_lightningmodule_named_model(shell):
+@pytest.fixture
+def fresh_shell(shell):
+    """The shared IPython shell with an empty namespace and no defaults (earlier tests' names gone)."""
+    shell.reset(new_session=False)
+    shell.run_line_magic("nbtrain", "--reset")
+    return shell
+
+
+def test_the_magic_trains_a_lightningmodule_named_model(fresh_shell):
+    shell = fresh_shell
     # An earlier cell's optimizer and loss_fn are not the module's: it trains with its own.
     shell.user_ns.update(LitRegressor=LitRegressor, optimizer=lambda p: torch.optim.Adam(p), loss_fn=nn.MSELoss())
     try:
@@ -129,7 +138,8 @@ def test_a_lightningmodule_trains_on_two_devices_to_the_weights_of_one_with_the_
 
 
 @pytest.mark.timeout(180)
-def test_the_magic_trains_a_lightningmodule_named_model_with_devices_2(shell):
+def test_the_magic_trains_a_lightningmodule_named_model_with_devices_2(fresh_shell):
+    shell = fresh_shell
     shell.user_ns.update(LitRegressor=LitRegressor)
     shell.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 5 --no-plot --no-progress --name lit_ddp\n"
                    "model = LitRegressor()\nbefore = [p.detach().clone() for p in model.parameters()]")

@@ -4,6 +4,7 @@ from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset
 
 from nbtrain import Engine, Recipe, RecipeError, TrainConfig
+from nbtrain.adapters import recipe_from_namespace
 from nbtrain.recipe import as_optimizer_factory
 
 from helpers import regression_data
@@ -13,15 +14,15 @@ def test_recipe_is_read_from_a_namespace_by_conventional_names():
     model = nn.Linear(8, 1)
     namespace = {"model": model, "train_dataset": regression_data(), "criterion": nn.MSELoss(),
                  "optimizer": lambda p: torch.optim.SGD(p, lr=0.1), "loss": torch.tensor(1.0)}
-    recipe = Recipe.from_namespace(namespace)
+    recipe = recipe_from_namespace(namespace)
     assert recipe.model is model and isinstance(recipe.loss_fn, nn.MSELoss)
 
 
 def test_a_namespace_without_model_or_data_names_what_is_missing():
     with pytest.raises(RecipeError, match="defines no model and no train_data"):
-        Recipe.from_namespace({"loss_fn": nn.MSELoss()})
+        recipe_from_namespace({"loss_fn": nn.MSELoss()})
     with pytest.raises(RecipeError, match="defines no train_data"):
-        Recipe.from_namespace({"model": nn.Linear(2, 1)})
+        recipe_from_namespace({"model": nn.Linear(2, 1)})
 
 
 @pytest.mark.parametrize("pieces, message", [

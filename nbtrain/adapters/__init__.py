@@ -6,10 +6,14 @@ optimizers, schedulers and data; anything else is a plain Recipe.
 """
 from __future__ import annotations
 
-from ..recipe import Recipe
-from .lightning import is_lightning_module, lightning_recipe
+from typing import Any, Mapping
 
-__all__ = ["is_lightning_module", "lightning_recipe", "recipe_for"]
+import torch
+
+from ..recipe import NAMES, Recipe, RecipeError
+from .lightning import OWN_PARTS, is_lightning_module, lightning_recipe
+
+__all__ = ["is_lightning_module", "lightning_recipe", "recipe_for", "recipe_from_namespace"]
 
 
 def recipe_for(model, train_data=None, **parts) -> Recipe:
@@ -19,3 +23,26 @@ def recipe_for(model, train_data=None, **parts) -> Recipe:
         given = {name: parts.pop(name) for name in ("val_data",) if name in parts}
         return lightning_recipe(model, train_data, **given, **parts)
     return Recipe(model=model, train_data=train_data, **parts)
+
+
+def recipe_from_namespace(namespace: Mapping[str, Any]) -> Recipe:
+    """The recipe of a notebook's namespace, read by conventional names (recipe.NAMES)."""
+    found = {}
+    for part, names in NAMES.items():
+        for name in names:
+            if namespace.get(name) is not None:
+                found[part] = namespace[name]
+                break
+    lightning = found.get("model") is not None and is_lightning_module(found["model"])
+    if lightning:  # an earlier cell's `optimizer` or `loss_fn` is not this module's: it brings its own
+        found = {part: value for part, value in found.items() if part not in OWN_PARTS}
+    needed = ("model",) if lightning else ("model", "train_data")
+    missing = [NAMES[p][0] for p in needed if p not in found]
+    if missing:
+        raise RecipeError(
+            f"the namespace defines no {' and no '.join(missing)}; define "
+            + ", ".join(f"`{m}`" for m in missing)
+            + " (a recipe needs model, train_data and loss_fn or training_step)")
+    if isinstance(found.get("loss_fn"), torch.Tensor):
+        del found["loss_fn"]  # a leftover `loss` tensor from an earlier cell is not a loss function
+    return recipe_for(found.pop("model"), found.pop("train_data", None), **found)

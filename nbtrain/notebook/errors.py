@@ -12,11 +12,10 @@ import os
 import torch
 from IPython.core.error import UsageError
 
-import nbtrain
 
 from ..config import ConfigError
 
-_NBTRAIN_DIR = os.path.dirname(os.path.abspath(nbtrain.__file__)) + os.sep
+_NBTRAIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # nbtrain/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 

@@ -26,6 +26,7 @@ from ..compare import compare, resolve as compare_resolve
 from ..config import ConfigError, TrainConfig, options
 from ..flags import add_config_flags
 from ..metrics import MetricsLog
+from ..adapters import recipe_from_namespace
 from ..recipe import NAMES, Recipe, RecipeError
 from ..result import RunResult
 from ..store import RunStore, StoreError
@@ -164,7 +165,7 @@ class NbtrainMagics(Magics):
         self._run_body(cell)
         namespace = self.shell.user_ns
         try:
-            recipe = Recipe.from_namespace(namespace)
+            recipe = recipe_from_namespace(namespace)
         except RecipeError as error:
             raise UsageError(f"%%nbtrain: {error}") from None
         if "lr" not in given and isinstance(namespace.get("lr"), (int, float)) and not isinstance(namespace["lr"], bool):
@@ -176,7 +177,7 @@ class NbtrainMagics(Magics):
             result = slurm_cell.run(self, recipe, config, args)
             return None if result is None else self._keep(result, recipe, args)
         if tool == "panel":
-            return tools.show_panel(self, recipe, config, args)
+            return self._show_panel(recipe, config, args)
         if tool is not None:
             result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs)
             return None if result is None else tools.show_result(self, tool, result, args)
@@ -231,6 +232,15 @@ class NbtrainMagics(Magics):
             exec(code, shell.user_global_ns, shell.user_ns)
         except (Exception, KeyboardInterrupt) as error:
             raise errors.show_as_user_error(shell, error, errors.from_cell(error.__traceback__, filename)) from None
+
+    def _show_panel(self, recipe, config: TrainConfig, args):
+        """`%nbtrain --panel`: the control panel over the cell's recipe, kept in _nbtrain_panel (and --name)."""
+        from .panel import panel
+        made = panel(recipe, config, display=True, store=self._option(args, "store"))
+        self.shell.user_ns["_nbtrain_panel"] = made
+        if args.name:
+            self.shell.user_ns[args.name] = made
+        return made
 
     def _option(self, args, key):
         return getattr(args, key) or self.run_defaults.get(key)

@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency, but
 
 from .. import api
 from ..config import ConfigError, TrainConfig, check_runnable
+from ..adapters import recipe_from_namespace
 from ..recipe import FIXED_OPTIONS, Recipe, fixed_reason
 from ..store import RunStore
 from .panel_controls import Controls
@@ -286,7 +287,7 @@ def _as_recipe(source) -> Recipe:
             raise TypeError("nbtrain.panel(): outside a notebook, pass a Recipe or a namespace such as globals()")
         source = shell.user_ns
     if isinstance(source, Mapping):
-        return Recipe.from_namespace(source)
+        return recipe_from_namespace(source)
     raise TypeError(f"nbtrain.panel(): got {type(source).__name__}; allowed: a nbtrain.Recipe, "
                     "a namespace dict (e.g. globals()) or nothing (the notebook's names)")
 

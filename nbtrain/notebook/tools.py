@@ -264,12 +264,3 @@ def show_result(magics, tool: str, result, args) -> None:
         namespace[args.name] = result
     notes.append(f"result in {args.name + ' and ' if args.name else ''}_nbtrain")
     display(ToolView(result, tool, notes))
-
-
-def show_panel(magics, recipe, config: TrainConfig, args):
-    from .panel import panel
-    made = panel(recipe, config, display=True, store=magics._option(args, "store"))
-    magics.shell.user_ns["_nbtrain_panel"] = made
-    if args.name:
-        magics.shell.user_ns[args.name] = made
-    return made
