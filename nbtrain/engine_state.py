@@ -8,6 +8,7 @@ disk; trials keep a copy in memory and put it back after measuring.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 
@@ -117,3 +118,38 @@ class Snapshot:
         for p, g in zip(engine.model.parameters(), self.grads):
             p.grad = None if g is None else g.clone().to(p.device)
         engine.set_lr(engine.step)
+
+
+class StateAPI:
+    """Part of Engine (engine.py): its state as data, and trials that put it back."""
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue training exactly (see py); what checkpoints write."""
+        return capture(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state`, all or nothing (StateMismatch when it does not fit)."""
+        restore(self, state)
+
+    @contextlib.contextmanager
+    def trial(self):
+        """Train inside the block, then put everything back bit for bit: weights, gradients, optimizer,
+        schedule, scaler, every RNG, the position and the config (what every checklist tool measures in)."""
+        snapshot = Snapshot(self)
+        try:
+            yield self
+        finally:
+            snapshot.restore()
+
+    def position(self) -> dict:
+        """Where training stands, for checkpoints: enough to continue exactly."""
+        return {"step": self.step, "epoch": self.epoch, "epoch_offset": self.epoch_offset, "samples": self.samples,
+                "seed": self.seed, "run_start": dict(self._run_start)}
+
+    def set_position(self, position: dict) -> None:
+        self.step, self.epoch = position["step"], position["epoch"]
+        self.epoch_offset, self.samples = position["epoch_offset"], position["samples"]
+        self._run_start = dict(position["run_start"])
+        if position["seed"] != self.seed:  # the data order is the seed's: a loader of the other seed
+            self.seed = position["seed"]
+            self.loader = self._build_loader()
