@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import random
 import threading
 import time
@@ -235,8 +234,10 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         extra = {"epochs_trained": epochs, "status": status,
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - start_step}
         extra.update(self._info())
-        extra["notes"] = list(self.notes.values()) + self._compile_accounting(extra) + ([best] if best else []) \
-            + (self.schedule.notes if self.schedule is not None else [])
+        # preload_data left on auto and not applying is the engine's business, not this summary's
+        quiet = {"preload_data"} if self.config.preload_data is None and self._held is None else set()
+        extra["notes"] = [n for k, n in self.notes.items() if k not in quiet] + self._compile_accounting(extra) \
+            + ([best] if best else []) + (self.schedule.notes if self.schedule is not None else [])
         if self._logged:
             extra["logged"] = dict(self._logged)
         if self.log.thinning:  # rows were dropped to bound memory: the count of steps is the log's, not its rows'
@@ -374,29 +375,3 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         if self._pending is not None:
             self._flush()
             self._apply_pending()
-
-    # --- logging: losses stay on the device until a window is full ----------------------
-
-    _ROW = ("step", "epoch", "samples", "time", "lr", "step_s", "data_s", "h2d_s", "forward_s", "backward_s",
-            "optimizer_s")
-
-    def _flush(self) -> None:
-        """Emit the buffered steps, reading their losses back in one transfer."""
-        if not self._losses:
-            return
-        columns = {name: list(values) for name, values in zip(self._ROW, zip(*self._rows))}
-        columns["loss"] = torch.stack(self._losses).float().tolist()  # the one host<->device sync per window
-        if self._nonfinite is None and self.config.on_nonfinite_loss == "stop":
-            bad = next(((s, v) for s, v in zip(columns["step"], columns["loss"]) if not math.isfinite(v)), None)
-            if bad is not None:
-                self._nonfinite = bad
-                self.stop("failed")
-        self._rows.clear()
-        self._losses.clear()
-        self.log.emit({"type": "steps", "rows": columns})
-        logged = self.recipe.logged.drain() if self.recipe.logged is not None else None
-        if logged:  # the user's own self.log(...) values, read back with the losses
-            self._logged.update(logged)
-            self.log.emit({"type": "logged", "step": self.step, "values": logged})
-
-    # --- epochs and validation ---------------------------------------------------------

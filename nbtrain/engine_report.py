@@ -1,8 +1,11 @@
-"""What a run states about itself: its plan, its device and strategy, compile costs."""
+"""What a run states about itself: its log windows (losses read back once each), its plan, its device
+and strategy, compile costs."""
 from __future__ import annotations
 
 import math
 import statistics
+
+import torch
 
 from . import data, fsdp
 
@@ -59,3 +62,25 @@ class RunReport:
         if self.config.strategy == "dp" and self.device.type == "cuda":
             return "dp"
         return "ddp" if self.world.distributed else "single process"
+
+    _ROW = ("step", "epoch", "samples", "time", "lr", "step_s", "data_s", "h2d_s", "forward_s", "backward_s",
+            "optimizer_s")
+
+    def _flush(self) -> None:
+        """Emit the buffered steps, reading their losses back in one transfer."""
+        if not self._losses:
+            return
+        columns = {name: list(values) for name, values in zip(self._ROW, zip(*self._rows))}
+        columns["loss"] = torch.stack(self._losses).float().tolist()  # the one host<->device sync per window
+        if self._nonfinite is None and self.config.on_nonfinite_loss == "stop":
+            bad = next(((s, v) for s, v in zip(columns["step"], columns["loss"]) if not math.isfinite(v)), None)
+            if bad is not None:
+                self._nonfinite = bad
+                self.stop("failed")
+        self._rows.clear()
+        self._losses.clear()
+        self.log.emit({"type": "steps", "rows": columns})
+        logged = self.recipe.logged.drain() if self.recipe.logged is not None else None
+        if logged:  # the user's own self.log(...) values, read back with the losses
+            self._logged.update(logged)
+            self.log.emit({"type": "logged", "step": self.step, "values": logged})
