@@ -22,6 +22,7 @@ import torch
 
 from . import plotting, trial
 from .config import TrainConfig
+from .metrics import MetricsLog
 from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
 from .measure.ab import ABResult, compare_on
 
@@ -262,14 +263,43 @@ def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_tria
                               / start.accumulate_grad_batches)
         changes["warmup_steps"], suggested = max(per_epoch, 1), True
     config = start.replace(**changes)
+    notes = []
+    # A scaled rate is advice the user will follow: a short check that it does not make the loss
+    # diverge, falling back to the gentler sqrt rule, then to the unscaled rate, and saying so.
+    for fallback in (("sqrt", "none") if rule == "linear" else ("none",) if rule == "sqrt" else ()):
+        diverged = _diverges(engine, config)
+        if not diverged:
+            break
+        notes.append(f"the {config.scale_lr} rule's learning rate made the loss diverge in a short check "
+                     f"({diverged}); suggesting scale_lr={fallback!r} instead")
+        config, rule = config.replace(scale_lr=fallback), fallback
     base_lr = start.lr if start.lr is not None else engine.base_lrs[0]
     base_lr *= start.lr_factor()  # the rate in use now
     scaled = (start.lr if start.lr is not None else engine.base_lrs[0]) * config.lr_factor()
-    notes = []
     if rule != "none":
         notes.append(f"apply it: config = config.replace(batch_size={batch}, scale_lr={rule!r}, "
                      f"base_batch_size={config.base_batch_size}, warmup_steps={config.warmup_steps})")
     return BatchSearch(batch, trials, max_trials, limit, kind, config, base_lr, scaled, suggested, notes)
+
+
+def _diverges(engine, config: TrainConfig, steps: int = 30) -> str | None:
+    """'loss a -> b' when `steps` steps of `config` (in a trial: the model is put back) end with a
+    non-finite loss or one well above where they started; None when the loss holds or falls."""
+    log = MetricsLog()
+    with engine.trial():
+        trial.measure(engine, config.replace(log_every_n_steps=1), steps=steps, log=log)
+    return worse(list(log.columns["loss"]))
+
+
+def worse(losses: list[float]) -> str | None:
+    """'loss a -> b' when a loss curve ends non-finite or 1.5x above its start, else None."""
+    if not losses:
+        return None
+    window = max(1, len(losses) // 5)
+    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    if not all(math.isfinite(x) for x in losses) or last > 1.5 * first:
+        return f"loss {first:.3g} -> {last:.3g}"
+    return None
 
 
 from .tune_workers import WorkerSearch, find_workers  # noqa: E402,F401  (the worker search is part of this toolbox)

@@ -143,3 +143,25 @@ def test_batch_search_on_cuda_catches_out_of_memory_and_restores():
                              memory_budget=int(torch.cuda.memory_allocated() + 0.01 * free))
     assert search.batch_size >= 1 and len(search.trials) <= search.max_trials
     assert same_state({k: v.cpu() for k, v in before.items()}, {k: v.cpu() for k, v in state(recipe.model).items()})
+
+
+def test_a_scaled_learning_rate_that_diverges_is_not_handed_to_the_user():
+    """The linear rule on a rate already near the edge: the short check sees the loss blow up and the
+    search suggests a gentler rule, saying why."""
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+    from nbtrain.tune import find_batch_size, worse
+    assert worse([1.0, 1.0, 1.0, 1.0, 1.0]) is None and worse([1.0, 0.5, float("nan")]).startswith("loss")
+    assert worse([1.0, 1.1, 2.0, 3.0, 4.0]) == "loss 1 -> 4"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 16, generator=g) * 3
+    data = TensorDataset(x, x @ torch.randn(16, 1, generator=g))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 1))
+    search = find_batch_size(model, data, loss_fn=nn.MSELoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.02),
+                             config=TrainConfig(batch_size=4, accelerator="cpu"), rule="linear",
+                             max_batch=256, speed_s=0)
+    if search.batch_size >= 64:  # linear: 0.02 x 16 or more, far past this problem's stable rate
+        assert any("made the loss diverge" in note for note in search.notes), search.table()
+        assert search.config.scale_lr != "linear"
