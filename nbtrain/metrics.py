@@ -94,6 +94,16 @@ class MetricsLog:
         self.dropped_events = 0   # plain epoch events thinned away
         self.full_from_step: int | None = None  # every step from here on is kept
 
+    def __getstate__(self) -> dict:
+        """A pickled log is its record only: no views, no lock (e.g. a snapshot sent to be drawn)."""
+        with self._lock:
+            state = {k: v for k, v in self.__dict__.items() if k not in ("_views", "_lock")}
+            state["_marks"] = [list(m) for m in self._marks]
+            return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _views=[], _lock=threading.Lock())
+
     def subscribe(self, view: View) -> View:
         self._views.append(view)
         return view

@@ -62,6 +62,10 @@ class LiveProgress:
             self.bar = None
 
 
+_FIGURES: dict = {}
+_FIGURES_LOCK = threading.Lock()
+
+
 class LivePlot:
     """Loss (with held-out numbers), samples/s and learning rate against step, redrawn about once a
     second on a thread of its own.
@@ -75,8 +79,9 @@ class LivePlot:
     """
 
     def __init__(self, title: str | None = None, interval_s: float = 1.0, widget: bool = False,
-                 figsize=(8.5, 2.8), dpi: int = 72):
+                 figsize=(8.5, 2.8), dpi: int = 72, budget: float = 0.03):
         self.title = title
+        self.budget = budget
         self.interval_s = interval_s
         self.figsize, self.dpi = figsize, dpi
         self.image = None
@@ -92,6 +97,7 @@ class LivePlot:
         self._stale = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._frames = 0
 
     def follow(self, log, title: str | None = None) -> "LivePlot":
         """Draw `log` as it grows, until `finish()`."""
@@ -111,10 +117,15 @@ class LivePlot:
         self.cost_s += time.perf_counter() - started
 
     def _loop(self) -> None:
-        while not self._done.wait(self.interval_s):
+        wait = self.interval_s
+        while not self._done.wait(wait):
             if self._stale.is_set():
                 self._stale.clear()
+                started = time.perf_counter()
                 self.redraw()
+                # About once a second; a slow machine's costly frame spaces the next one out, so drawing
+                # (which holds the GIL) never takes more than `budget` of the training thread's time.
+                wait = max(self.interval_s, (time.perf_counter() - started) / self.budget)
 
     def finish(self) -> None:
         """Stop following and draw the final state once."""
@@ -140,13 +151,22 @@ class LivePlot:
             self.error = f"live plot failed: {exc!r}"
 
     def png(self, log) -> bytes:
-        figure = Figure(figsize=self.figsize, dpi=self.dpi, layout="constrained")
-        FigureCanvasAgg(figure)
-        loss_ax, rate_ax, lr_ax = history_axes(figure)
-        draw(log, loss_ax, rate_ax, title=self.title, lr_ax=lr_ax)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=self.dpi)
-        return buffer.getvalue()
+        """A frame. The figure is kept between frames, with fixed margins: a layout engine would be most
+        of a frame's cost, and a frame's cost is time the training thread waits for the GIL."""
+        with _FIGURES_LOCK:  # one figure per size for every live plot of the kernel: made (costly) once
+            key = (tuple(self.figsize), self.dpi)
+            if key not in _FIGURES:
+                figure = Figure(figsize=self.figsize, dpi=self.dpi)
+                FigureCanvasAgg(figure)
+                # Fixed margins, room for six-digit tick labels: no layout engine to run at every frame.
+                figure.subplots_adjust(left=0.075, right=0.985, bottom=0.16, top=0.88, wspace=0.3, hspace=0.12)
+                _FIGURES[key] = (figure, history_axes(figure))
+            figure, axes = _FIGURES[key]
+            self._frames += 1
+            draw(log, *axes[:2], title=self.title, lr_ax=axes[2])
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format="png", dpi=self.dpi)
+            return buffer.getvalue()
 
     def _show(self, png: bytes, log) -> None:
         self.renders += 1
