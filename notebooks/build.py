@@ -16,8 +16,10 @@ teaches; the notebook tests skip it, saying so, where they are missing.
     python notebooks/build.py --execute    # ... executed in a real kernel, outputs kept
     python notebooks/build.py 03 --execute # only the notebooks whose name starts with 03
 
-Executed notebooks keep their outputs (small text, plots at a low resolution) so that they
-read well on GitHub; nbclient records no timings, so a rebuild changes only what changed.
+Executed notebooks keep their outputs (small text, figures at 120 dpi) so that they read well
+on GitHub; nbclient records no timings, so a rebuild changes only what changed. The kernel runs
+as the notebook tests run it (one intra-op thread), with the run store named relative to its
+folder, so no output shows a path of the machine that built it.
 """
 from __future__ import annotations
 
@@ -87,7 +89,16 @@ def execute(nb: nbformat.NotebookNode, workdir: Path, timeout: int = 300) -> nbf
     # Widget state (a panel's live plot frames) is not kept: it is large and GitHub does not render it.
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False, store_widget_state=False,
                             resources={"metadata": {"path": str(workdir)}})
-    client.execute()
+    saved = dict(os.environ)
+    # As the notebook tests run them (tests/notebook_runner.py): one intra-op thread on a shared machine.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The run store named relative to the kernel's (temporary) folder, so stored outputs show no machine path.
+    os.environ["NBTRAIN_STORE"] = os.path.join(".nbtrain", "runs.sqlite")
+    try:
+        client.execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             if WIDGET in output.get("data", {}):

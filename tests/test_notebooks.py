@@ -36,7 +36,9 @@ def test_stored_notebook_reads_well_on_github(name):
     path = NOTEBOOKS / name
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    assert path.stat().st_size < 150_000, f"{name} is {path.stat().st_size:,} bytes; keep outputs small"
+    # Figures at >= 120 dpi (sharp on HiDPI screens) and the tools' tables with their own plots: a few
+    # hundred KB is still quick to render on GitHub.
+    assert path.stat().st_size < 250_000, f"{name} is {path.stat().st_size:,} bytes; keep outputs small"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), "starts with a title"
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(o.output_type != "error" for c in code for o in c.outputs), f"{name} was stored with an error"

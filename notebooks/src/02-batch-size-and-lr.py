@@ -7,9 +7,11 @@
 # (rate × √k). Neither is free; this notebook measures both, accuracy included, on a live model.
 #
 # In nbtrain: `batch_size`, plus `scale_lr="linear" | "sqrt"` against `base_batch_size` (the batch the
-# rate was tuned for) and an optional `warmup_steps`.
+# rate was tuned for) and an optional `warmup_steps`; `%%nbtrain --find-batch-size` searches the largest
+# batch that fits, and `%%nbtrain --find-lr` sweeps the rate to check the one a rule hands you.
 
 # %%
+%load_ext nbtrain
 import torch
 from torch import nn
 import matplotlib.pyplot as plt
@@ -17,59 +19,89 @@ import matplotlib.pyplot as plt
 import nbtrain
 from nbtrain.demo import DigitsDataset, DigitsMLP
 
-plt.rcParams.update({"figure.dpi": 72, "figure.figsize": (9, 3)})
+plt.rcParams.update({"figure.dpi": 120, "figure.figsize": (7, 2.6)})
 train_data, val_data = DigitsDataset(train=True), DigitsDataset(train=False)
+loss_fn = nn.CrossEntropyLoss()
 BASE_BATCH, BASE_LR, EPOCHS = 32, 0.05, 6   # SGD with momentum, tuned at batch 32
+optimizer = lambda params: torch.optim.SGD(params, lr=BASE_LR, momentum=0.9)
 
 
 def train(batch_size, rule="none", warmup=0):
     torch.manual_seed(0)
-    result = nbtrain.fit(DigitsMLP(), train_data, val_data=val_data, loss_fn=nn.CrossEntropyLoss(),
-                         optimizer=lambda p: torch.optim.SGD(p, lr=BASE_LR, momentum=0.9),
-                         batch_size=batch_size, max_epochs=EPOCHS, scale_lr=rule, base_batch_size=BASE_BATCH,
-                         warmup_steps=warmup, name=f"{batch_size} {rule}" + (" + warm-up" if warmup else ""))
-    return result
+    name = f"{batch_size} {rule}" + (" + warm-up" if warmup else "")
+    return nbtrain.fit(DigitsMLP(), train_data, val_data=val_data, loss_fn=loss_fn, optimizer=optimizer,
+                       batch_size=batch_size, max_epochs=EPOCHS, scale_lr=rule, base_batch_size=BASE_BATCH,
+                       warmup_steps=warmup, name=name)
 
 # %% [markdown]
 # ## Speed: samples per second against batch size
 #
-# The same number of epochs at each batch size, rate unscaled; only the speed matters here.
+# The same number of epochs at each batch size, rate unscaled. Each run's steady rate is drawn with its
+# 95% interval (warm-up set apart):
 
 # %%
 batches = [8, 32, 128, 512]
 speed_runs = {b: train(b) for b in batches}
-plt.figure(figsize=(5, 3))
-plt.plot(batches, [speed_runs[b].summary["samples_per_s"] for b in batches], "o-")
+steady = {b: speed_runs[b].steady() for b in batches}
+plt.figure(figsize=(4.5, 2.6))
+plt.errorbar(batches, [steady[b].rate for b in batches], capsize=3, fmt="o-",
+             yerr=[[steady[b].rate - steady[b].low for b in batches], [steady[b].high - steady[b].rate for b in batches]])
 plt.xscale("log", base=2)
+plt.xticks(batches, [str(b) for b in batches])
 plt.xlabel("batch size")
-plt.ylabel("samples/s (measured)")
+plt.ylabel("samples/s (steady)")
 plt.show()
 for b in batches:
     s = speed_runs[b].summary
-    print(f"batch {b:>3}: {s['samples_per_s']:9,.0f} samples/s, {s['steps']:>4} steps, "
-          f"{1000 * s['train_time_s'] / s['steps']:.2f} ms/step")
+    print(f"batch {b:>3}: {steady[b].text()}, {s['steps']:>4} steps")
 
 # %% [markdown]
-# A step at batch 512 does 64 times the work of a step at batch 8 but takes far less than 64 times as
-# long — the per-step overhead is paid once — so samples/s climbs steeply. On a
-# GPU you go up until memory runs out (the largest batch that *fits*); on a CPU the gain flattens once
-# the matrix multiplications dominate the per-step overhead.
+# Runs measured one after another can be shifted by whatever else the machine did meanwhile, and the
+# batch-512 run lasted only 18 steps. Head to head — short blocks of each setting in alternation on one
+# live model — at both ends of the range:
+
+# %%
+model = DigitsMLP()
+small_end = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer, a={"batch_size": 8},
+                       b={"batch_size": 32}, budget_s=8, min_pairs=8)
+large_end = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer, a={"batch_size": 128},
+                       b={"batch_size": 512}, budget_s=8, min_pairs=8)
+print(small_end.text())
+print(large_end.text())
+
+# %% [markdown]
+# At small batches the per-step overhead (Python, the framework, the optimizer's loop over parameters)
+# dominates, so four times the work per step costs little more time: batch 32 trains two to three times the
+# samples per second of batch 8. By batch 128 the matrix multiplications dominate, and four times the
+# batch buys a small gain or none the measurement can tell apart. On a GPU the climb lasts much longer —
+# there you go up until memory runs out (the largest batch that *fits*); on a CPU it flattens early.
 #
 # ## The largest batch that fits, searched
 #
-# `nbtrain.tune.find_batch_size` does that search on the live model: it doubles the batch while a real
-# training step fits (no out-of-memory, peak memory within the budget), then bisects, and returns a config
-# with the rate scaled and a warm-up suggested. On a GPU it stops at out-of-memory; on this CPU the budget
-# is half the free memory, which this small model never reaches, so it stops at the cap we give it:
+# `--find-batch-size` does that search on the live model: it doubles the batch while a real training step
+# fits (no out-of-memory, peak memory within the budget), then bisects; it returns a config with the rate
+# scaled by the rule (linear by default) and a warm-up suggested, and measures the batch found against the
+# starting one head to head. On a GPU it stops at out-of-memory; on this CPU the budget is half the free
+# memory, which this small model never reaches, so it stops at the cap we give it:
 
 # %%
-from nbtrain.tune import find_batch_size
-
+%%nbtrain --find-batch-size --max-batch 512 --batch-size 32 --max-epochs 6 --name search
 torch.manual_seed(0)
-search = find_batch_size(DigitsMLP(), train_data, loss_fn=nn.CrossEntropyLoss(),
-                         optimizer=lambda p: torch.optim.SGD(p, lr=BASE_LR, momentum=0.9),
-                         config=nbtrain.TrainConfig(batch_size=BASE_BATCH, max_epochs=EPOCHS), max_batch=512)
-print(search.table())
+model = DigitsMLP()
+
+# %% [markdown]
+# The search hands back batch 512 with the rate multiplied by 16 (512 / 32): 0.05 becomes 0.8. Is that a
+# rate this model can train at? The LR finder answers on the live model: it trains one batch per rate,
+# sweeping the rate upwards exponentially, and stops when the loss blows up.
+
+# %%
+%nbtrain --find-lr --batch-size 512 --start-lr 1e-3 --end-lr 10 --steps 60 --name sweep
+
+# %% [markdown]
+# Read the sweep from the left: the loss falls as the rate grows, bottoms out, then climbs as the rate
+# becomes too large for this model. The linear rule's 0.8 lies beyond the bottom, where the loss is already
+# climbing — a warning before a single epoch is spent on it; the sqrt rule's 0.2 lies well below it. The
+# rate a rule hands you is a guess to check, not a setting to trust.
 #
 # ## Accuracy: the same epochs, three ways to set the rate
 #
@@ -79,8 +111,9 @@ print(search.table())
 # %%
 rules = ["none", "sqrt", "linear"]
 grid = {(b, rule): (speed_runs[b] if rule == "none" else train(b, rule)) for b in (128, 512) for rule in rules}
-grid[(32, "none")] = speed_runs[32]
 warm = train(512, "linear", warmup=search.config.warmup_steps)
+base_acc = speed_runs[32].summary["val_acc"]
+print(f"batch  32 (the base), rate {BASE_LR}: held-out accuracy {100 * base_acc:.1f}%")
 for (b, rule), r in sorted(grid.items(), key=lambda item: (item[0][0], rules.index(item[0][1]))):
     print(f"batch {b:>3}, {rule:>6}: rate {r.summary['lr']:.3g}, {r.summary['steps']:>3} steps, "
           f"held-out accuracy {100 * r.summary['val_acc']:5.1f}%, loss {r.summary['val_loss']:.3f}")
@@ -88,48 +121,51 @@ print(f"batch 512, linear + {search.config.warmup_steps} warm-up steps (the sear
       f"accuracy {100 * warm.summary['val_acc']:.1f}%")
 
 # %%
-fig, (left, right) = plt.subplots(1, 2, layout="constrained")
+fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3), layout="constrained")
 width = 0.27
 for i, rule in enumerate(rules):
     left.bar([j + (i - 1) * width for j in range(2)], [100 * grid[(b, rule)].summary["val_acc"] for b in (128, 512)],
              width, label=rule)
-left.axhline(100 * grid[(32, "none")].summary["val_acc"], color="black", ls="--", lw=1, label="batch 32 (base)")
+left.axhline(100 * base_acc, color="black", ls="--", lw=1, label="batch 32 (base)")
 left.set_xticks([0, 1], ["batch 128 (4x)", "batch 512 (16x)"])
-left.set(ylabel="held-out accuracy %", ylim=(0, 100), title=f"after {EPOCHS} epochs")
-left.legend(fontsize=8, loc="lower left")
+left.set(ylabel=f"held-out accuracy %\nafter {EPOCHS} epochs", ylim=(0, 100))
+left.legend(fontsize=7, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
 for rule in rules:
     r = grid[(512, rule)]
     right.plot(r.history["samples"], r.history["loss"], label=f"512 {rule}")
 right.plot(warm.history["samples"], warm.history["loss"], ":", label="512 linear + warm-up")
 right.set(xlabel="samples seen", ylabel="training loss", title="batch 512", ylim=(0, 4))
-right.legend(fontsize=8)
+right.legend(fontsize=7)
 plt.show()
 
 # %% [markdown]
-# The search's suggestion is the linear row at batch 512 plus a warm-up — the run drawn dotted above.
-#
 # Read honestly:
 #
-# * **Unscaled**, the large batch is faster per epoch but learns much less per epoch.
+# * **Unscaled**, the large batch is faster per epoch but learns much less per epoch: 18 steps instead of
+#   270, and its accuracy falls far below the base's.
 # * At **4×**, the linear rule works — here it is the best run of all; sqrt is too cautious to help.
-# * At **16×**, the linear rule multiplies the rate by 16 — here beyond what the model tolerates, and it
-#   diverges (warm-up does not rescue a rate that is simply too high); sqrt is more cautious and does best
-#   — but **no rule matches the small batch's accuracy after the same number of epochs**. A large batch
-#   buys samples per second; whether it buys accuracy per second has to be measured, as here.
+# * At **16×**, the linear rule's 0.8 is the rate the sweep flagged as too high, and the training diverges:
+#   the loss shoots up and accuracy drops to chance. The search's suggested warm-up (one epoch at the new
+#   batch) does not rescue a rate that is simply too high. sqrt is more cautious and does best — but **no
+#   rule matches the small batch's accuracy after the same number of epochs**.
+#
+# A large batch buys samples per second; whether it buys accuracy per second has to be measured, as here.
+# Check a scaled rate with the LR finder before training on it, and expect to need more epochs.
 #
 # ## Checks
 
 # %%
-# Speeds compared on each run's fastest step (its cost with the machine at its quietest), so other
-# programs' bursts on a shared machine cannot decide the claim.
-speed = {b: b / min(speed_runs[b].history["step_s"]) for b in batches}
 acc = {key: r.summary["val_acc"] for key, r in grid.items()}
-assert speed[512] > 1.5 * speed[8] and speed[128] > speed[8], speed  # bigger batches: more samples/s
+lowest_loss_lr = sweep.lrs[min(range(len(sweep.smoothed)), key=sweep.smoothed.__getitem__)]
+assert small_end.verdict.faster and small_end.verdict.low > 1.5, small_end.text()  # small batches: overhead-bound
+assert not large_end.verdict.above(0.6), large_end.text()            # 128 -> 512: a small gain at most
 assert search.batch_size == 512 and search.config.scale_lr == "linear" and search.config.base_batch_size == BASE_BATCH
+assert search.speed.verdict.faster, search.speed_text()                # the search measured its batch faster
 assert grid[(512, "sqrt")].summary["lr"] == BASE_LR * 4 and grid[(512, "linear")].summary["lr"] == BASE_LR * 16
-assert acc[(512, "none")] < acc[(32, "none")] - 0.15               # unscaled, a large batch learns less per epoch
-assert acc[(128, "linear")] > acc[(128, "none")]                     # at 4x the linear rule helps
+assert BASE_LR * 4 < lowest_loss_lr < search.lr_scaled, lowest_loss_lr  # the sweep flags 0.8, not 0.2
+assert acc[(512, "none")] < base_acc - 0.15                          # unscaled, a large batch learns less per epoch
+assert acc[(128, "linear")] >= max(acc[(128, "none")], acc[(128, "sqrt")])  # at 4x the linear rule is best
+assert acc[(512, "linear")] < 0.2 and warm.summary["val_acc"] < acc[(512, "sqrt")]  # at 16x linear diverges
 assert acc[(512, "sqrt")] > acc[(512, "none")] + 0.1                 # scaling the rate recovers part of it
-assert max(acc[(512, rule)] for rule in rules) < acc[(32, "none")] - 0.03  # ... but not all of it
-assert acc[(512, "sqrt")] > max(acc[(512, "linear")], warm.summary["val_acc"])  # at 16x, linear (even warmed up) loses
+assert max(max(acc[(512, rule)] for rule in rules), warm.summary["val_acc"]) < base_acc - 0.03  # ... not all
 print("all checks passed")

@@ -10,6 +10,7 @@
 # *skipped* otherwise; everything else runs on the CPU too.
 
 # %%
+%load_ext nbtrain
 import time
 import warnings
 
@@ -22,11 +23,12 @@ import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.demo import DigitsDataset, DigitsMLP
 
-plt.rcParams.update({"figure.dpi": 72, "figure.figsize": (9, 3)})
+plt.rcParams.update({"figure.dpi": 120, "figure.figsize": (7, 2.6)})
 has_gpu = torch.cuda.is_available()
 device = torch.device("cuda" if has_gpu else "cpu")
 print("training device:", torch.cuda.get_device_name(0) if has_gpu else "cpu (no CUDA GPU: [GPU] cells are skipped)")
 train_data, val_data = DigitsDataset(train=True), DigitsDataset(train=False)
+loss_fn = nn.CrossEntropyLoss()
 
 # %% [markdown]
 # ## Moving the model and the data
@@ -60,34 +62,42 @@ for asked in (None, True, False):
 # `loss.item()` copies one number to the host — and to do it, the CPU waits until the GPU has finished
 # *everything* queued so far. Done every step, the CPU can never run ahead and queue the next step
 # while the GPU works. nbtrain keeps each step's loss on the device and reads a whole window back in
-# one transfer every `log_every_n_steps` steps. Each read-back is one `steps` event in the run's log,
-# so we can count them:
+# one transfer every `log_every_n_steps` steps. Each read-back sends one `steps` event to the run's log,
+# so a view subscribed to the log can count them:
 
 # %%
 def train_logging_every(n, epochs=3):
+    """A fresh model trained logging every n steps; and how many read-backs its log saw."""
     torch.manual_seed(0)
-    return nbtrain.fit(DigitsMLP(), train_data, loss_fn=nn.CrossEntropyLoss(), batch_size=32,
-                       max_epochs=epochs, log_every_n_steps=n, name=f"every {n}")
+    log, seen = nbtrain.MetricsLog(), []
+    log.subscribe(lambda event, log: seen.append(event["type"]))  # a view: called at every event, as it happens
+    result = nbtrain.fit(DigitsMLP(), train_data, loss_fn=loss_fn, batch_size=32, max_epochs=epochs,
+                         log_every_n_steps=n, name=f"every {n}", log=log)
+    return result, seen.count("steps")
 
-sync_runs = {n: train_logging_every(n) for n in (1, 10, 50)}
-readbacks = {n: len(r.log.of_type("steps")) for n, r in sync_runs.items()}
+sync_runs, readbacks = {}, {}
+for n in (1, 10, 50):
+    sync_runs[n], readbacks[n] = train_logging_every(n)
 steps = sync_runs[1].summary["steps"]
+# The speed question head to head: short blocks of each setting in alternation on one live model.
+logging_cost = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 32, "log_every_n_steps": 50},
+                          b={"batch_size": 32, "log_every_n_steps": 1}, block_steps=50, budget_s=8, min_pairs=8)
 
-fig, (left, right) = plt.subplots(1, 2, layout="constrained")
-left.bar([f"every {n}" for n in readbacks], list(readbacks.values()))
-left.set(ylabel="loss read-backs (host syncs)", title=f"{steps} optimizer steps")
-right.bar([f"every {n}" for n in sync_runs], [r.summary["samples_per_s"] for r in sync_runs.values()],
-          color="tab:orange")
-right.set(ylabel="samples/s (measured)", title=f"speed on {device.type}")
+fig, ax = plt.subplots(figsize=(4.5, 2.6), layout="constrained")
+ax.bar([f"every {n}" for n in readbacks], list(readbacks.values()))
+ax.set(ylabel="loss read-backs (host syncs)", title=f"{steps} optimizer steps")
 plt.show()
 for n, r in sync_runs.items():
-    print(f"log every {n:>2}: {readbacks[n]:>3} read-backs, {r.summary['samples_per_s']:8,.0f} samples/s, "
-          f"same losses: {r.history['loss'] == sync_runs[1].history['loss']}")
+    print(f"log every {n:>2}: {readbacks[n]:>3} read-backs, same losses as every step: "
+          f"{r.history['loss'] == sync_runs[1].history['loss']}")
+print(f"on {device.type}, head to head: {logging_cost.text()}")
 
 # %% [markdown]
-# The losses are identical — only *when* they are read changes. On a CPU there is no device to wait
-# for, so any difference in speed here is the machine's noise; on a GPU the per-step sync stalls the
-# queue (measured in the [GPU] cells below).
+# The losses are identical — only *when* they are read changes. On a CPU there is no device to wait for:
+# reading every step costs only the bookkeeping of one small log event per step — no large difference
+# either way; the head-to-head verdict above says how much it is on this machine, if it can tell it
+# apart from nothing at all. On a GPU the per-step sync stalls the queue: the CPU
+# cannot run ahead and queue the next step while the GPU works (measured in the [GPU] cells below).
 #
 # ## [GPU] Pinned memory and `non_blocking`
 #
@@ -125,14 +135,22 @@ else:
     plt.show()
 
 # %% [markdown]
-# ## [GPU] Finding sync points: CUDA's sync debug mode
+# ## [GPU] Finding sync points
 #
-# `torch.cuda.set_sync_debug_mode("warn")` warns at every operation that makes the CPU wait for the
-# GPU — a quick way to find the `.item()` hiding in your loop.
+# `torch.cuda.set_sync_debug_mode("warn")` warns at every operation that makes the CPU wait for the GPU.
+# `%nbtrain --find-sync` runs a few steps of the notebook's recipe in that mode and lists each line of
+# your code that synchronises, with its count (on a CPU it says why there is nothing to find):
+
+# %%
+%nbtrain --find-sync --steps 5 --name sync_report
+
+# %% [markdown]
+# The same mode shows that `.item()` is a sync point, and the head-to-head measurement shows what a
+# read-back every step costs on the GPU:
 
 # %%
 sync_warnings = []
-gpu_sync_runs = {}
+gpu_logging_cost = None
 if not has_gpu:
     print("skipped: no CUDA GPU here")
 else:
@@ -147,9 +165,11 @@ else:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     print(f"{len(sync_warnings)} synchronizing operation(s) found, e.g.: {sync_warnings[0][:100]}")
-    gpu_sync_runs = {n: train_logging_every(n, epochs=3) for n in (1, 50)}
-    for n, r in gpu_sync_runs.items():
-        print(f"on the GPU, log every {n:>2}: {r.summary['samples_per_s']:8,.0f} samples/s")
+    gpu_logging_cost = nbtrain.ab(DigitsMLP(), train_data, loss_fn=loss_fn,
+                                  a={"batch_size": 32, "accelerator": "cuda", "log_every_n_steps": 50},
+                                  b={"batch_size": 32, "accelerator": "cuda", "log_every_n_steps": 1},
+                                  block_steps=50, budget_s=10, min_pairs=8)
+    print(f"on the GPU, head to head: {gpu_logging_cost.text()}")
 
 # %% [markdown]
 # **Takeaway:** move the model once and batches every step (nbtrain does both and times the copies as
@@ -164,6 +184,10 @@ assert TrainConfig(pin_memory=True, accelerator="cpu").pin is False           # 
 assert readbacks[1] == steps and readbacks[50] == -(-steps // 50)            # one read-back per N steps, not per step
 assert readbacks[50] * 10 < readbacks[1]
 assert all(r.history["loss"] == sync_runs[1].history["loss"] for r in sync_runs.values())  # same numbers
+v = logging_cost.verdict
+if not has_gpu:
+    assert v.low < 1.25 and v.high > 0.8, logging_cost.text()  # on a CPU: no large difference either way
+    assert not sync_report.available                             # the sync check says it needs CUDA
 if has_gpu:
     assert TrainConfig().pin is True
     (_, pageable_done), (_, pinned_done) = copies["pageable"], copies["pinned"]
@@ -171,4 +195,5 @@ if has_gpu:
     returned, done = copies["pinned, non_blocking"]
     assert returned < 0.5 * done                                              # non_blocking gives control back early
     assert sync_warnings                                                      # .item() is a sync point
+    assert not gpu_logging_cost.verdict.faster, gpu_logging_cost.text()       # a sync every step is never faster
 print("all checks passed")

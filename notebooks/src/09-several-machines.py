@@ -29,7 +29,7 @@ from nbtrain import TrainConfig, hardware
 from nbtrain.demo import DigitsDataset, DigitsMLP
 from nbtrain.launch import fit_distributed
 
-plt.rcParams.update({"figure.dpi": 72, "figure.figsize": (9, 3)})
+plt.rcParams.update({"figure.dpi": 120, "figure.figsize": (7, 2.6)})
 torch.set_num_threads(1)
 train_data = Subset(DigitsDataset(train=True), range(1280))
 
@@ -72,20 +72,30 @@ print(f"world size {results[0].summary['world_size']}, global batch {results[0].
 
 # %% [markdown]
 # Two nodes with 32 samples each make the update of one process with 64 — and both nodes' models ended
-# with those weights:
+# with those weights. For scale, a single process that trains with batches of 32 (twice the steps, each on
+# half the data) ends somewhere else. (Each node's own training loss is the loss of its 32 samples, not of
+# the global batch, so the weights are what to compare.)
 
 # %%
-single = recipe()
-single_result = nbtrain.fit(recipe=single, config=TrainConfig(batch_size=64, max_steps=12, log_every_n_steps=1,
-                                                             accelerator="cpu"))
-differences = [max((a - b).abs().max().item() for a, b in zip(r.model.parameters(), single.model.parameters()))
-               for r in recipes]
-print("largest weight difference from one process with batch 64, per node:", [f"{d:.1e}" for d in differences])
-fig, ax = plt.subplots(figsize=(6, 2.8), layout="constrained")
-ax.plot(results[0].history["samples"], results[0].history["loss"], label="2 nodes x 32 (rank 0's batches)")
-ax.plot(single_result.history["samples"], single_result.history["loss"], "--", label="1 process x 64")
-ax.set(xlabel="samples seen", ylabel="training loss")
-ax.legend()
+def train_alone(batch_size, steps):
+    alone = recipe()
+    nbtrain.fit(recipe=alone, config=TrainConfig(batch_size=batch_size, max_steps=steps, accelerator="cpu"))
+    return alone.model
+
+def largest_difference(a, b):
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+single = train_alone(64, 12)
+differences = [largest_difference(r.model, single) for r in recipes]
+other = largest_difference(train_alone(32, 24), single)
+print("largest weight difference from one process with batch 64, per node:", [f"{d:.1e}" for d in differences],
+      f"— one process with batch 32: {other:.1e}")
+
+fig, ax = plt.subplots(figsize=(5.5, 2.4), layout="constrained")
+ax.bar(["node 0\n(2 x 32)", "node 1\n(2 x 32)", "one process\n(32, twice the steps)"], differences + [other],
+       color=["tab:green", "tab:green", "tab:red"])
+ax.set_yscale("log")
+ax.set(ylabel="largest |weight difference|", title="against one process with batch 64")
 plt.show()
 
 # %% [markdown]
@@ -93,14 +103,17 @@ plt.show()
 #
 # For a cluster, nbtrain writes the batch script from the same config. The config is checked against the
 # *cluster's* hardware — here two nodes with four GPUs each, stated with `hardware.assume` since this
-# machine has none. `dry_run=True` shows the script and submits nothing:
+# machine has none. The run folder must be one every node sees (a shared file system), and `python` the
+# cluster's interpreter with nbtrain installed; by default they are this folder's `.nbtrain/runs` and this
+# kernel's interpreter. `dry_run=True` shows the script and submits nothing:
 
 # %%
 cluster_node = hardware.Inventory(cuda_devices=4, cuda_bf16=True, mps=False, cpu_cores=32)
 with hardware.assume(cluster_node):
     cluster_config = TrainConfig(accelerator="cuda", num_nodes=2, devices=4, precision="bf16-mixed",
                                  batch_size=64, max_epochs=3)
-script = nbtrain.slurm.submit(recipe(), cluster_config, dry_run=True, partition="gpu", time="00:30:00")
+script = nbtrain.slurm.submit(recipe(), cluster_config, dry_run=True, partition="gpu", time="00:30:00",
+                              run_root="/shared/nbtrain-runs", python="python3")
 print(script)
 
 # %% [markdown]
@@ -152,6 +165,7 @@ else:
 assert not errors and [r.status for r in results] == ["completed", "completed"]
 assert results[0].summary["world_size"] == 2 and results[0].summary["global_batch"] == 64
 assert max(differences) < 1e-4                       # 2 nodes x 32 == 1 process x 64, on both nodes
+assert other > 100 * max(differences)                # ... while batches of 32 in one process are another training
 for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "--nnodes=2", '--nproc-per-node="$nproc"',
              "--rdzv-backend=c10d", "#SBATCH --partition=gpu"):
     assert line in script, line
