@@ -300,14 +300,19 @@ def test_images_stay_hidden_until_they_have_a_frame(make_panel):
     assert panel.compare.image.layout.display == "none"
 
 
+def run_twice(panel, steps: str, second_batch: str) -> None:
+    """Two runs from the panel's buttons: `steps` steps, then the same with another batch size."""
+    panel.controls.max_steps.value = steps
+    panel.run_button.click()
+    assert panel.wait(60)
+    panel.controls.batch_size.value = second_batch
+    panel.run_button.click()
+    assert panel.wait(60)
+
+
 def test_runs_table_shows_what_differs_first_and_folds_the_rest(make_panel):
     panel = make_panel()
-    panel.controls.max_steps.value = "12"
-    panel.run_button.click()
-    assert panel.wait(60)
-    panel.controls.batch_size.value = "64"
-    panel.run_button.click()
-    assert panel.wait(60)
+    run_twice(panel, "12", "64")
     assert row_cells(panel, 2)[1] == "batch_size=64"
     assert "<tr class='nbtrain-run-details'" not in panel.table.html.value
     panel.table.details.value = True
@@ -374,12 +379,7 @@ def test_close_stops_the_run_and_closes_the_widgets(make_panel):
 
 def test_live_plot_and_compare_view_are_drawn_from_measured_runs(make_panel):
     panel = make_panel()
-    panel.controls.max_steps.value = "15"
-    panel.run_button.click()
-    assert panel.wait(60)
-    panel.controls.batch_size.value = "128"
-    panel.run_button.click()
-    assert panel.wait(60)
+    run_twice(panel, "15", "128")
     assert bytes(panel.plot.image.value).startswith(b"\x89PNG")
     assert panel.compare.select.value == (1, 2)
     from nbtrain.compare import versus
