@@ -78,7 +78,7 @@ class Comparison:
 
     def png(self) -> bytes:
         buffer = io.BytesIO()
-        self.figure.savefig(buffer, format="png", dpi=80)
+        self.figure.savefig(buffer, format="png", dpi=120)
         return buffer.getvalue()
 
     def html_table(self) -> str:

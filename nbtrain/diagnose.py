@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -94,8 +95,12 @@ class Diagnosis:
                 left += ms
             ax.set_yticks([])
             ax.set_xlabel("ms per optimizer step")
-            ax.set_title(self.verdict, fontsize=9, loc="left")
-            ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
+            # The verdict is a sentence or two: wrapped, so a narrow figure never cuts it off.
+            ax.set_title(textwrap.fill(self.verdict, 110), fontsize=8, loc="left")
+            # Below the bar, inside the figure: a constrained layout makes room for an "outside" legend.
+            outside = ax.figure.get_layout_engine() is not None
+            ax.figure.legend(ncol=4, fontsize=7, frameon=False,
+                             loc="outside lower center" if outside else "lower center")
         return ax.figure
 
 
