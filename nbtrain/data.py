@@ -137,12 +137,13 @@ class HeldBatches:
     def __iter__(self):
         data, device = self.held.current(), self.held.device
         order = torch.as_tensor(list(self.sampler), dtype=torch.long)
-        if self.held.shard:  # this rank's samples of the rest of the epoch, moved in one copy; batches are slices
-            share = _map(lambda t: t.index_select(0, order.to(t.device)).to(device), data)
-            cut = lambda lo, hi: _map(lambda t: t[lo:hi], share)  # noqa: E731
+        # The rest of the epoch in its order, in one gather (and, for a DDP rank, one copy to its device);
+        # each batch is then a slice of it: a view, no per-batch gather.
+        share = _map(lambda t: t.index_select(0, order.to(t.device)).to(device), data)
+        if type(share) is list and all(isinstance(t, torch.Tensor) for t in share):  # the collate's usual [x, y]
+            cut = lambda lo, hi: [t[lo:hi] for t in share]  # noqa: E731  (no recursion on the hot path)
         else:
-            order = order.to(device)
-            cut = lambda lo, hi: _map(lambda t: t.index_select(0, order[lo:hi]), data)  # noqa: E731
+            cut = lambda lo, hi: _map(lambda t: t[lo:hi], share)  # noqa: E731
         size, samples = self.batch_size, len(order)
         end = samples - samples % size if self.drop_last else samples
         for lo in range(0, end, size):
