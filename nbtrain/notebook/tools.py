@@ -65,7 +65,7 @@ OPTIONS = {
               "items"),
 }
 DESTS = tuple(TOOLS) + tuple(OPTIONS)
-FIGSIZE = {"profile": (8, 3.0), "find_batch_size": (6, 3.2), "find_workers": (7, 3), "find_lr": (6, 3.2),
+FIGSIZE = {"profile": (8, 2.6), "find_batch_size": (6, 3.2), "find_workers": (7, 3), "find_lr": (6, 3.2),
            "find_leaks": (5, 3), "find_sync": (7, 3), "checklist": (9, 3.8)}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|kib|mib|gib)\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
