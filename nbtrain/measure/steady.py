@@ -68,13 +68,11 @@ def duration_text(value) -> str:
 NOTHING = SteadyRate(float("nan"), float("nan"), float("nan"), float("nan"), 0, 0.0, 0, 0.0)
 
 
-def step_durations(times, first_step_s: float | None = None) -> list[float]:
-    """Each step's wall time from the run clock's readings at step ends (the first from its own timer)."""
+def step_durations(times) -> list[float]:
+    """Each step's wall time from the run clock's readings at step ends (the first: the clock's first
+    reading, so its start-up counts as the first step's)."""
     times = list(times)
-    if not times:
-        return []
-    first = first_step_s if first_step_s is not None else times[0]
-    return [first] + [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in zip([0.0] + times, times)]
 
 
 def warmup_length(durations) -> int:

@@ -97,7 +97,6 @@ class LivePlot:
         self._stale = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
-        self._frames = 0
 
     def follow(self, log, title: str | None = None) -> "LivePlot":
         """Draw `log` as it grows, until `finish()`."""
@@ -162,7 +161,6 @@ class LivePlot:
                 figure.subplots_adjust(left=0.075, right=0.985, bottom=0.16, top=0.88, wspace=0.3, hspace=0.12)
                 _FIGURES[key] = (figure, history_axes(figure))
             figure, axes = _FIGURES[key]
-            self._frames += 1
             draw(log, *axes[:2], title=self.title, lr_ax=axes[2])
             buffer = io.BytesIO()
             figure.savefig(buffer, format="png", dpi=self.dpi)
