@@ -21,8 +21,8 @@ from checklist_recipes import memory_heavy_recipe  # noqa: E402
 
 from nbtrain import TrainConfig, trial  # noqa: E402
 from nbtrain.api import engine_for  # noqa: E402
-from nbtrain.memory import current_rss  # noqa: E402
-from nbtrain.tune import find_batch_size  # noqa: E402
+from nbtrain.engine.memory import current_rss  # noqa: E402
+from nbtrain.tools.tune import find_batch_size  # noqa: E402
 
 
 def fits(engine, start, batch, limit, snapshot) -> bool:

@@ -18,9 +18,9 @@ import time
 import torch
 
 from nbtrain import TrainConfig
-from nbtrain.checklist import checklist
+from nbtrain.tools.checklist import checklist
 from nbtrain.demo import digits_recipe
-from nbtrain.tune import find_workers
+from nbtrain.tools.tune import find_workers
 
 from .common import machine, spread
 

@@ -38,7 +38,7 @@ from torch.utils.data import TensorDataset
 
 import nbtrain
 from nbtrain.measure import paired
-from nbtrain.pool import ZYGOTE
+from nbtrain.distributed.pool import ZYGOTE
 
 from .common import machine, median
 

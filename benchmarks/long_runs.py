@@ -30,10 +30,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from nbtrain import Engine, Recipe, TrainConfig
-from nbtrain.memory import current_rss
+from nbtrain.engine.memory import current_rss
 from nbtrain.metrics import MetricsLog
 from nbtrain.plotting import draw
-from nbtrain.store import RunStore
+from nbtrain.runs.store import RunStore
 
 from .common import machine, median
 

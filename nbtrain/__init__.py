@@ -1,20 +1,21 @@
 """nbtrain: try the PyTorch training-speed checklist on your own live model, and see the effect."""
 from .api import fit
-from .compare import compare
+from .runs.compare import compare
 from .config import ConfigError, TrainConfig
-from .engine import Engine
+from .engine.loop import Engine
 from .metrics import MetricsLog
 from .recipe import Recipe, RecipeError
-from .result import RunResult
-# The checklist as tools (functions; their modules stay importable as nbtrain.cache etc.).
-from .cache import cache
-from .checklist import checklist
-from .diagnose import profile
+from .runs.result import RunResult
+# The checklist as tools (functions; their modules live in nbtrain.tools).
+from .tools.cache import cache
+from .tools.checklist import checklist
+from .tools.diagnose import profile
 from .measure.ab import ab
 from .measure.ceilings import ceilings
-from .launch import launch  # the function; its module's helpers: `from nbtrain.launch import ...`
-from .split import split
+from .distributed.launch import launch  # the function; its module's helpers: `from nbtrain.distributed.launch import ...`
+from .engine.split import split
 from . import slurm  # nbtrain.slurm.submit / attach / export
+from .tools import leaks, tune  # nbtrain.tune.find_workers, nbtrain.leaks.find_graph_leaks
 
 __version__ = "0.1.0"
 __all__ = ["fit", "ab", "ceilings", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",

@@ -36,7 +36,7 @@ def _save_plot(result, folder: str, name: str) -> Path:
 
 
 def _tour(args) -> int:
-    from .checklist import checklist
+    from .tools.checklist import checklist
     from .demo import digits_recipe
 
     config = config_from_flags(args, TrainConfig(batch_size=32))
@@ -53,7 +53,7 @@ def _export(args) -> int:
     """`nbtrain export FOLDER --recipe pkg.module:factory [config flags] [--sbatch partition=gpu ...]`."""
     import importlib
     import shlex
-    from .slurm import export
+    from .slurm.jobs import export
     module_name, _, function = args.recipe.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), function)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from .config import ConfigError, Problem, TrainConfig, check_runnable
-from .engine import Engine
+from .engine.loop import Engine
 from .metrics import MetricsLog
 from .adapters import recipe_for
 from .recipe import Recipe, RecipeError, fixed_reason
-from .result import RunResult
+from .runs.result import RunResult
 from .slots import Slot
 
 # One live engine per model, so a second run continues with the same optimizer state. The engine
@@ -90,7 +90,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         raise ConfigError([Problem("devices", config.devices, "1: " + fixed_reason(recipe.fixed_loader)
                                    + " (it cannot be shared out across ranks)")])
     if config.world_size > 1 and config.strategy != "dp":  # DataParallel: one process driving several GPUs
-        from .launch import fit_distributed
+        from .distributed.launch import fit_distributed
         result = fit_distributed(recipe, config, log=log, stop=stop)
     else:
         engine = engine_for(recipe, config)

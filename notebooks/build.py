@@ -9,7 +9,7 @@ diffed as code, not as JSON:
     # %%
     result = nbtrain.fit(...)
 
-A line `# requires: nbtrain.leaks` before the first cell names the modules the notebook
+A line `# requires: nbtrain.tools.leaks` before the first cell names the modules the notebook
 teaches; the notebook tests skip it, saying so, where they are missing.
 
     python notebooks/build.py              # write notebooks/NN-*.ipynb without outputs

@@ -84,7 +84,7 @@ def ddp_diagnose_rank(out_dir):
     import torch.distributed as torch_dist
 
     from nbtrain import TrainConfig
-    from nbtrain.diagnose import diagnose
+    from nbtrain.tools.diagnose import diagnose
 
     d = diagnose(compute_bound_recipe(n=256, width=256), config=TrainConfig(batch_size=32), steps=4)
     with open(os.path.join(out_dir, f"rank{torch_dist.get_rank()}.json"), "w") as f:

@@ -27,7 +27,7 @@ import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.config import ConfigError, check_runnable
 from nbtrain.demo import digits_recipe
-from nbtrain.launch import ZYGOTE, WorkerError, fit_distributed, launch
+from nbtrain.distributed.launch import ZYGOTE, WorkerError, fit_distributed, launch
 from nbtrain.recipe import Recipe
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -4,11 +4,11 @@ import sys
 
 
 def test_engine_modules_import_neither_ipython_nor_ipywidgets():
-    code = ("import sys, nbtrain, nbtrain.engine, nbtrain.config, nbtrain.recipe, nbtrain.data, nbtrain.dist, "
-            "nbtrain.precision, nbtrain.demo, nbtrain.api, nbtrain.console, nbtrain.plotting\n"
+    code = ("import sys, nbtrain, nbtrain.engine.loop, nbtrain.config, nbtrain.recipe, nbtrain.engine.data, nbtrain.engine.dist, "
+            "nbtrain.engine.precision, nbtrain.demo, nbtrain.api, nbtrain.console, nbtrain.plotting\n"
             "import importlib.util\n"
-            "for name in ('nbtrain.launch', 'nbtrain.worker', 'nbtrain.slurm', 'nbtrain.diagnose', 'nbtrain.tune',"
-            " 'nbtrain.checklist', 'nbtrain.store'):\n"
+            "for name in ('nbtrain.distributed.launch', 'nbtrain.distributed.worker', 'nbtrain.slurm', 'nbtrain.tools.diagnose', 'nbtrain.tools.tune',"
+            " 'nbtrain.tools.checklist', 'nbtrain.runs.store'):\n"
             "    if importlib.util.find_spec(name): __import__(name)\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel')]\n"
             "assert not bad, bad\n")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from nbtrain.cache import CachedDataset, cache
+from nbtrain.tools.cache import CachedDataset, cache
 
 from checklist_recipes import HeavyTransformData
 

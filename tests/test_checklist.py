@@ -8,8 +8,8 @@ import torch
 from nbtrain import TrainConfig
 from nbtrain.api import engine_for
 from nbtrain import checklist_items
-from nbtrain.checklist import ITEMS, batch_candidates, checklist
-from nbtrain.checklist_items import ddp_candidate, try_all
+from nbtrain.tools.checklist import ITEMS, batch_candidates, checklist
+from nbtrain.tools.checklist_items import ddp_candidate, try_all
 from nbtrain.demo import digits_recipe
 
 from checklist_recipes import same_state, state
@@ -163,7 +163,7 @@ def test_tour_runs_the_walk_on_the_demo_from_the_command_line(tmp_path):
 
 
 def test_trial_throughput_ignores_a_passing_load_spike():
-    from nbtrain.trial import robust_rate
+    from nbtrain.tools.trial import robust_rate
     points = [(0.1 * i, 100 * i) for i in range(16)]  # 1,000 samples/s ...
     points = points[:6] + [(t + 1.0, s) for t, s in points[6:]]  # ... with one step stalled by 1 s
     assert robust_rate(points) == pytest.approx(1000)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from nbtrain import Engine, TrainConfig
-from nbtrain.checkpoint import CheckpointError
+from nbtrain.engine.checkpoint import CheckpointError
 
 from helpers import regression_recipe
 

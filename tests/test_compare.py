@@ -1,4 +1,4 @@
-"""nbtrain.compare: runs side by side, from results or from the run store, without Jupyter."""
+"""nbtrain.runs.compare: runs side by side, from results or from the run store, without Jupyter."""
 import subprocess
 import sys
 
@@ -8,10 +8,10 @@ from torch import nn
 
 import nbtrain
 from nbtrain import TrainConfig
-from nbtrain.compare import smoothed, time_to_loss
+from nbtrain.runs.compare import smoothed, time_to_loss
 from nbtrain.demo import DigitsDataset, digits_recipe
-from nbtrain.result import _fmt
-from nbtrain.store import RunStore, StoreError
+from nbtrain.runs.result import _fmt
+from nbtrain.runs.store import RunStore, StoreError
 
 from helpers import regression_data
 
@@ -64,7 +64,7 @@ def test_compare_reads_runs_by_name_from_the_store(runs, tmp_path):
 
 
 def test_compare_module_imports_no_jupyter():
-    code = "import sys, nbtrain.compare, nbtrain.store; print(sorted(m for m in sys.modules if m.split('.')[0] in {'IPython', 'ipywidgets', 'ipykernel'}))"
+    code = "import sys, nbtrain.runs.compare, nbtrain.runs.store; print(sorted(m for m in sys.modules if m.split('.')[0] in {'IPython', 'ipywidgets', 'ipykernel'}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nbtrain import TrainConfig
-from nbtrain.diagnose import diagnose, profile, verdict_for
+from nbtrain.tools.diagnose import diagnose, profile, verdict_for
 
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state
 
@@ -76,7 +76,7 @@ def test_ddp_gradient_sync_is_timed_on_every_rank(tmp_path):
     import cloudpickle
 
     import checklist_recipes
-    from nbtrain.launch import launch
+    from nbtrain.distributed.launch import launch
 
     # Ranks cannot import the tests' helper module: ship it by value, as a notebook's code is.
     cloudpickle.register_pickle_by_value(checklist_recipes)

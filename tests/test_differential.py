@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import nbtrain
+import nbtrain.engine.data
 
 N_SAMPLES, FEATURES = 52, 6
 CASES = int(os.environ.get("NBTRAIN_DIFFERENTIAL_CASES", "40"))
@@ -281,6 +282,6 @@ def test_nbtrain_trains_exactly_as_the_plain_loop(case, preload_data, tmp_path):
         reference.play(run)
     trained = play_nbtrain(case, train_seed, tmp_path, preload_data)
     engine = nbtrain.api.live_engine(trained)
-    assert isinstance(engine.loader, nbtrain.data.HeldBatches) == preload_data
+    assert isinstance(engine.loader, nbtrain.engine.data.HeldBatches) == preload_data
     for (name, a), b in zip(trained.state_dict().items(), reference.model.state_dict().values()):
         assert torch.equal(a, b), f"{name} differs by {(a.float() - b.float()).abs().max().item():.3g} in {case}"

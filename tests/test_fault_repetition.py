@@ -18,7 +18,7 @@ import pytest
 
 from nbtrain import MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.launch import ZYGOTE, WorkerError, fit_distributed, launch
+from nbtrain.distributed.launch import ZYGOTE, WorkerError, fit_distributed, launch
 
 from test_launch_faults import KERNEL, _rank_one_hangs, _rank_one_killed, _rank_one_raises, _running, _wait_gone
 

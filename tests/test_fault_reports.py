@@ -22,9 +22,9 @@ from torch.utils.data import Dataset
 import nbtrain
 from nbtrain import Recipe, TrainConfig
 from nbtrain.flags import add_config_flags, config_from_flags
-from nbtrain.launch import WorkerError, launch
+from nbtrain.distributed.launch import WorkerError, launch
 from nbtrain.recipe import BATCH_NOTE
-from nbtrain.tracebacks import error_line, user_traceback
+from nbtrain.distributed.tracebacks import error_line, user_traceback
 
 from helpers import regression_data, same_weights, weights
 

@@ -9,8 +9,8 @@ from IPython.core.interactiveshell import InteractiveShell
 import nbtrain
 from nbtrain import ConfigError, Engine, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.launch import launch
-from nbtrain.split import split
+from nbtrain.distributed.launch import launch
+from nbtrain.engine.split import split
 
 from helpers import fit_on_two_local_nodes, same_weights, weights
 
@@ -43,7 +43,7 @@ def _train_fsdp_counting_reduce_scatters(accumulate):
     from torch.distributed.tensor.debug import CommDebugMode
     from nbtrain import Engine, TrainConfig
     from nbtrain.demo import digits_recipe
-    from nbtrain.fsdp import full_state_dict
+    from nbtrain.engine.fsdp import full_state_dict
 
     counts, state, wrapper = {}, None, None
     for k in (1, accumulate):

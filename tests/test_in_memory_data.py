@@ -16,8 +16,8 @@ from torch.utils.data import Dataset, Subset
 
 import nbtrain
 from nbtrain import Recipe, TrainConfig, data
-from nbtrain.dist import World
-from nbtrain.engine import Engine
+from nbtrain.engine.dist import World
+from nbtrain.engine.loop import Engine
 from helpers import regression_data, regression_recipe
 
 
@@ -181,7 +181,7 @@ def test_an_in_place_change_to_the_source_tensors_reaches_the_held_copy():
 
 
 def test_the_checklist_item_measures_holding_the_data_and_states_its_memory():
-    from nbtrain.checklist import checklist
+    from nbtrain.tools.checklist import checklist
     from nbtrain.demo import digits_recipe
     recipe = digits_recipe()
     before = [p.detach().clone() for p in recipe.model.parameters()]

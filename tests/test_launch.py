@@ -11,7 +11,7 @@ import torch
 import nbtrain
 from nbtrain import Engine, MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.launch import ZYGOTE, fit_distributed, launch
+from nbtrain.distributed.launch import ZYGOTE, fit_distributed, launch
 
 from helpers import fit_on_two_local_nodes, same_weights, weights
 
@@ -213,7 +213,7 @@ def test_bad_launch_options_name_the_option_the_value_and_what_is_allowed():
 
 
 def test_launcher_worker_and_zygote_import_neither_ipython_nor_ipywidgets():
-    code = ("import sys, nbtrain.launch, nbtrain.worker, nbtrain.zygote, nbtrain.pool, nbtrain.rundir, nbtrain.split\n"
+    code = ("import sys, nbtrain.distributed.launch, nbtrain.distributed.worker, nbtrain.distributed.zygote, nbtrain.distributed.pool, nbtrain.distributed.rundir, nbtrain.engine.split\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel')]\n"
             "assert not bad, bad\n")
     import subprocess
@@ -221,7 +221,7 @@ def test_launcher_worker_and_zygote_import_neither_ipython_nor_ipywidgets():
 
 
 def test_the_run_directory_is_private_and_removed_afterwards(tmp_path):
-    from nbtrain.rundir import RunDir
+    from nbtrain.distributed.rundir import RunDir
     run = RunDir.create(backend="gloo", config=TrainConfig(), recipe=digits_recipe(), parent=str(tmp_path))
     assert (run.path.stat().st_mode & 0o777) == 0o700
     assert {p.name for p in run.path.iterdir()} == {"launch.json", "config.json", "recipe.pkl"}

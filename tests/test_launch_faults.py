@@ -13,7 +13,7 @@ import pytest
 
 from nbtrain import MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.launch import ZYGOTE, WorkerError, fit_distributed, launch
+from nbtrain.distributed.launch import ZYGOTE, WorkerError, fit_distributed, launch
 
 from helpers import same_weights, weights
 
@@ -134,7 +134,7 @@ KERNEL = textwrap.dedent("""
     import sys, psutil
     from nbtrain import MetricsLog, TrainConfig
     from nbtrain.demo import digits_recipe
-    from nbtrain.launch import fit_distributed
+    from nbtrain.distributed.launch import fit_distributed
     log = MetricsLog()
     def report(event, _log):
         if event["type"] == "steps" and not getattr(report, "done", False):

@@ -4,7 +4,7 @@ from torch import nn
 
 from nbtrain import Recipe, TrainConfig
 from nbtrain.demo import DigitsDataset, DigitsMLP
-from nbtrain.leaks import find_graph_leaks, find_sync_points
+from nbtrain.tools.leaks import find_graph_leaks, find_sync_points
 
 from checklist_recipes import same_state, state
 

@@ -16,10 +16,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from nbtrain import Recipe, TrainConfig, metrics, plotting
-from nbtrain.engine import Engine
+from nbtrain.engine.loop import Engine
 from nbtrain.metrics import COLUMNS, MetricsLog
-from nbtrain.result import RunResult
-from nbtrain.store import RunStore
+from nbtrain.runs.result import RunResult
+from nbtrain.runs.store import RunStore
 
 
 def _window(first: int, size: int, rate: float = 100.0) -> dict:

@@ -255,7 +255,7 @@ def test_runs_are_listed_and_compared_from_the_store(ip, capsys):
 
 
 def test_devices_above_one_go_through_the_launcher(ip):
-    pytest.importorskip("nbtrain.launch")
+    pytest.importorskip("nbtrain.distributed.launch")
     ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 3 --no-plot --no-progress" + DIGITS)
     result = ip.user_ns["_nbtrain"]
     assert result.status == "completed" and result.summary["world_size"] == 2
@@ -280,9 +280,9 @@ def test_a_checkpoint_that_is_not_there_is_one_line(ip, capsys):
 
 
 def test_nbtrain_error_types_show_their_message_without_nbtrain_frames(ip, tmp_path):
-    from nbtrain.compare import smoothed
+    from nbtrain.runs.compare import smoothed
     from nbtrain.notebook.errors import training_failure
-    from nbtrain.store import RunStore, StoreError
+    from nbtrain.runs.store import RunStore, StoreError
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"garbage " * 100)
     with pytest.raises(StoreError) as caught:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
-from nbtrain.store import RunStore
+from nbtrain.runs.store import RunStore
 from slurm_fixture import slurm_cluster  # noqa: F401  (the session's private cluster)
 
 DIGITS = """

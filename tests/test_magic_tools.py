@@ -6,10 +6,10 @@ import torch
 from IPython.core.error import UsageError
 
 from nbtrain import TrainConfig
-from nbtrain.checklist import ITEMS as CHECKLIST_ITEMS, ChecklistResult
-from nbtrain.diagnose import Diagnosis
+from nbtrain.tools.checklist import ITEMS as CHECKLIST_ITEMS, ChecklistResult
+from nbtrain.tools.diagnose import Diagnosis
 from nbtrain.notebook.tools import ToolView
-from nbtrain.tune import BatchSearch, LRFind, WorkerSearch
+from nbtrain.tools.tune import BatchSearch, LRFind, WorkerSearch
 
 DIGITS = """
 from nbtrain.demo import DigitsDataset, DigitsMLP

@@ -382,7 +382,7 @@ def test_live_plot_and_compare_view_are_drawn_from_measured_runs(make_panel):
     run_twice(panel, "15", "128")
     assert bytes(panel.plot.image.value).startswith(b"\x89PNG")
     assert panel.compare.select.value == (1, 2)
-    from nbtrain.compare import versus
+    from nbtrain.runs.compare import versus
     verdict = versus(panel.runs[0].result, panel.runs[1].result)
     text = text_of(panel.compare.summary.value)
     assert text.startswith("#2 vs #1: " + verdict.text("batch_size=128")), text
@@ -416,7 +416,7 @@ def test_panel_reads_a_namespace_and_names_what_it_accepts(make_panel):
 
 @pytest.mark.slow
 def test_processes_above_one_run_through_the_ddp_launcher(make_panel):
-    pytest.importorskip("nbtrain.launch", reason="the DDP launcher (nbtrain/launch.py) is not in this tree")
+    pytest.importorskip("nbtrain.distributed.launch", reason="the DDP launcher (nbtrain/launch.py) is not in this tree")
     recipe = digits_recipe()
     panel = make_panel(recipe, nbtrain.TrainConfig(accelerator="cpu"))
     before = [p.detach().clone() for p in recipe.model.parameters()]
@@ -432,7 +432,7 @@ def test_processes_above_one_run_through_the_ddp_launcher(make_panel):
 
 @pytest.mark.slow
 def test_stop_ends_a_multi_process_run_and_refuses_live_changes_to_it(make_panel):
-    pytest.importorskip("nbtrain.launch", reason="the DDP launcher (nbtrain/launch.py) is not in this tree")
+    pytest.importorskip("nbtrain.distributed.launch", reason="the DDP launcher (nbtrain/launch.py) is not in this tree")
     panel = make_panel()
     panel.controls.processes.value = 2
     panel.controls.max_epochs.value = "1000"

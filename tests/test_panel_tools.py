@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import nbtrain
-from nbtrain.checklist import ChecklistResult
+from nbtrain.tools.checklist import ChecklistResult
 from nbtrain.demo import digits_recipe
-from nbtrain.diagnose import Diagnosis
+from nbtrain.tools.diagnose import Diagnosis
 from nbtrain.notebook.panel import panel as make_panel_with_store
-from nbtrain.store import RunStore
-from nbtrain.tune import BatchSearch, WorkerSearch
+from nbtrain.runs.store import RunStore
+from nbtrain.tools.tune import BatchSearch, WorkerSearch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -21,9 +21,9 @@ from IPython.utils.capture import capture_output
 from nbtrain import MetricsLog, TrainConfig
 from nbtrain.api import engine_for
 from nbtrain.demo import digits_recipe
-from nbtrain.launch import ZYGOTE, fit_distributed, launch
-from nbtrain.rundir import RunDir
-from nbtrain.store import RunStore
+from nbtrain.distributed.launch import ZYGOTE, fit_distributed, launch
+from nbtrain.distributed.rundir import RunDir
+from nbtrain.runs.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = [ROOT / "nbtrain", ROOT / "scripts", ROOT / "benchmarks"]
@@ -230,7 +230,7 @@ def test_the_rendezvous_binds_the_host_the_user_names_and_127_0_0_1_otherwise():
 KERNEL = textwrap.dedent("""
     from nbtrain import MetricsLog, TrainConfig
     from nbtrain.demo import digits_recipe
-    from nbtrain.launch import fit_distributed
+    from nbtrain.distributed.launch import fit_distributed
     log = MetricsLog()
     def report(event, _log):
         if event["type"] == "steps" and not getattr(report, "done", False):

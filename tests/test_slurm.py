@@ -18,6 +18,7 @@ from torch import nn
 
 from nbtrain import TrainConfig
 from nbtrain import slurm
+import nbtrain.slurm.jobs  # noqa: F401  (its private _backend is tested below)
 from nbtrain.api import fit
 from nbtrain.demo import DigitsDataset, digits_recipe
 from nbtrain.slurm import SlurmError, SlurmJobError, SlurmOptionError
@@ -110,7 +111,7 @@ def test_without_sbatch_on_path_the_error_says_slurm_was_not_found_and_how_to_dr
 
 
 def test_job_state_is_read_after_the_job_name_whatever_the_name_contains():
-    from nbtrain.slurm_state import parse_job
+    from nbtrain.slurm.state import parse_job
     name = "x JobState=COMPLETED Reason=None y"
     line = (f"JobId=7 JobName={name} UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
             f"Restarts=2 BatchFlag=1 ExitCode=0:0 NodeList=node[1-2] StdOut=/runs/JobState=FAILED/out")
@@ -330,7 +331,7 @@ def test_a_gpu_config_asks_each_node_for_its_gpus_and_runs_one_rank_per_gpu(proj
     script = slurm.submit(digits_recipe(), config, dry_run=True, partition="gpu", time="01:00:00")
     assert "#SBATCH --gpus-per-node=4" in script and "#SBATCH --nodes=3" in script
     assert "nproc=4" in script and "--nnodes=3" in script
-    assert slurm._backend(config) == "nccl"
+    assert slurm.jobs._backend(config) == "nccl"
 
 
 def test_the_exported_sbatch_file_trains_on_the_cluster(slurm_cluster, project):  # noqa: F811

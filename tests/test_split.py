@@ -11,7 +11,7 @@ from torch import nn
 import nbtrain
 from nbtrain import ConfigError, Engine, Recipe, TrainConfig
 from nbtrain.demo import DigitsDataset
-from nbtrain.split import device_map, input_device, unsplit
+from nbtrain.engine.split import device_map, input_device, unsplit
 
 from helpers import same_weights, weights
 

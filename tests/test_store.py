@@ -14,8 +14,8 @@ import pytest
 import nbtrain
 from nbtrain import TrainConfig, hardware
 from nbtrain.demo import digits_recipe
-from nbtrain.result import RunResult
-from nbtrain.store import RunStore, StoreError, default_path
+from nbtrain.runs.result import RunResult
+from nbtrain.runs.store import RunStore, StoreError, default_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,8 +138,8 @@ WRITER = textwrap.dedent("""
     import json, os, sys, time
     from nbtrain import TrainConfig
     from nbtrain.metrics import MetricsLog
-    from nbtrain.result import RunResult
-    from nbtrain.store import RunStore
+    from nbtrain.runs.result import RunResult
+    from nbtrain.runs.store import RunStore
     path, events, summary, go, worker = sys.argv[1:]
     result = RunResult(TrainConfig(), MetricsLog.from_events(json.load(open(events))), json.load(open(summary)))
     while not os.path.exists(go):

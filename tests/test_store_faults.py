@@ -14,7 +14,7 @@ import pytest
 import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.store import RunStore, StoreError
+from nbtrain.runs.store import RunStore, StoreError
 
 
 @pytest.fixture(scope="module")

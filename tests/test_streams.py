@@ -79,8 +79,8 @@ def test_each_ddp_rank_trains_on_its_share_of_the_stream(tmp_path):
     result = nbtrain.fit(model, Stream(), training_step=step, batch_size=5, max_steps=4, devices=2,
                          accelerator="cpu")
     assert result.status == "completed" and not same_weights(before, weights(model))
-    from nbtrain.stream import RankShare
-    from nbtrain.dist import World
+    from nbtrain.engine.stream import RankShare
+    from nbtrain.engine.dist import World
     shares = [[item[2] for item in RankShare(Stream(), World(rank=r, size=2))] for r in (0, 1)]
     assert shares[0] == list(range(0, N, 2)) and shares[1] == list(range(1, N, 2))
 

@@ -10,7 +10,7 @@ import nbtrain
 from nbtrain import ConfigError, Engine, TrainConfig
 from nbtrain.config import options
 from nbtrain.recipe import NAMES
-from nbtrain.toggles import TOGGLES, _conv_recipe, _mlp_recipe, image_recipe
+from nbtrain.engine.toggles import TOGGLES, _conv_recipe, _mlp_recipe, image_recipe
 
 from helpers import same_weights, weights
 

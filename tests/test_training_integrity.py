@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import nbtrain
-from nbtrain.checkpoint import CheckpointError
+from nbtrain.engine.checkpoint import CheckpointError
 from nbtrain.config import ConfigError
 
 from helpers import regression_data, same_weights, weights

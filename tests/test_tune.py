@@ -5,8 +5,8 @@ import torch
 
 from nbtrain.demo import digits_recipe
 from nbtrain import TrainConfig
-from nbtrain.memory import current_rss
-from nbtrain.tune import find_batch_size, find_lr, find_workers
+from nbtrain.engine.memory import current_rss
+from nbtrain.tools.tune import find_batch_size, find_lr, find_workers
 
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, memory_heavy_recipe, same_state, state
 
@@ -151,7 +151,7 @@ def test_a_scaled_learning_rate_that_diverges_is_not_handed_to_the_user():
     import torch
     from torch import nn
     from torch.utils.data import TensorDataset
-    from nbtrain.tune import find_batch_size, worse
+    from nbtrain.tools.tune import find_batch_size, worse
     assert worse([1.0, 1.0, 1.0, 1.0, 1.0]) is None and worse([1.0, 0.5, float("nan")]).startswith("loss")
     assert worse([1.0, 1.1, 2.0, 3.0, 4.0]) == "loss 1 -> 4"
     g = torch.Generator().manual_seed(0)

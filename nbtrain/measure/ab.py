@@ -16,7 +16,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .. import trial
+from ..tools import trial
 from ..config import TrainConfig
 from ..metrics import MetricsLog
 from .steady import block_rates, columns_series, steady_rate

@@ -23,10 +23,10 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from .. import trial
+from ..tools import trial
 from ..config import TrainConfig
-from ..data import to_device
-from ..toggles import to_channels_last
+from ..engine.data import to_device
+from ..engine.toggles import to_channels_last
 from .steady import SteadyRate, block_rates, steady_rate
 from .verdict import Verdict, unpaired
 

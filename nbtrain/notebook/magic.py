@@ -22,14 +22,14 @@ from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_ar
 from IPython.display import display
 
 from ..api import fit
-from ..compare import compare, resolve as compare_resolve
+from ..runs.compare import compare, resolve as compare_resolve
 from ..config import ConfigError, TrainConfig, options
 from ..flags import add_config_flags
 from ..metrics import MetricsLog
 from ..adapters import recipe_from_namespace
 from ..recipe import NAMES, Recipe, RecipeError
-from ..result import RunResult
-from ..store import RunStore, StoreError
+from ..runs.result import RunResult
+from ..runs.store import RunStore, StoreError
 from . import arguments, errors, slurm_cell, tools
 from .views import LivePlot, LiveProgress, RunsTable, Summary
 

@@ -33,7 +33,7 @@ from .. import api
 from ..config import ConfigError, TrainConfig, check_runnable
 from ..adapters import recipe_from_namespace
 from ..recipe import FIXED_OPTIONS, Recipe, fixed_reason
-from ..store import RunStore
+from ..runs.store import RunStore
 from .panel_controls import Controls
 from .panel_help import BUTTONS
 from .panel_layout import button, descendants, html_line, layout, status_html

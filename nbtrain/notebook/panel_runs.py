@@ -9,7 +9,7 @@ from ..config import TrainConfig
 from ..measure.ab import describe_change
 from ..measure.steady import SteadyRate
 from ..metrics import MetricsLog
-from ..result import RunResult
+from ..runs.result import RunResult
 
 
 @dataclass

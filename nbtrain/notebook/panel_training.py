@@ -10,7 +10,7 @@ import traceback
 from pathlib import Path
 
 from .. import api
-from ..result import RunResult
+from ..runs.result import RunResult
 from .panel_runs import RunRecord, _number
 
 

@@ -16,7 +16,7 @@ import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..compare import versus
+from ..runs.compare import versus
 from ..config import TrainConfig
 from ..measure.ab import describe_change
 from .panel_help import BUTTONS

@@ -54,7 +54,7 @@ def wanted(args, tool: str | None) -> bool:
 
 def sbatch_options(args) -> dict:
     """The sbatch options the flags name, checked by nbtrain.slurm's own rules."""
-    from ..slurm_script import SlurmOptionError, sbatch_options as check
+    from ..slurm.script import SlurmOptionError, sbatch_options as check
     options = {d: getattr(args, d) for d in ("partition", "time") if getattr(args, d) is not None}
     for item in args.sbatch or []:
         name, has_value, value = item.partition("=")

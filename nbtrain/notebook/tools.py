@@ -23,7 +23,7 @@ import re
 from IPython.core.error import UsageError
 from IPython.display import display
 
-from ..checklist import ITEMS as CHECKLIST_ITEMS
+from ..tools.checklist import ITEMS as CHECKLIST_ITEMS
 from ..config import ConfigError, TrainConfig
 from . import errors
 
@@ -161,15 +161,15 @@ def memory_budget(text: str):
 def tool_function(tool: str):
     # Imported when used: the tools import nothing of the notebook, and the magic loads fast.
     if tool == "profile":
-        from ..diagnose import diagnose
+        from ..tools.diagnose import diagnose
         return diagnose
     if tool in ("find_batch_size", "find_workers", "find_lr"):
-        from .. import tune
+        from ..tools import tune
         return getattr(tune, tool)
     if tool in ("find_leaks", "find_sync"):
-        from ..leaks import find_graph_leaks, find_sync_points
+        from ..tools.leaks import find_graph_leaks, find_sync_points
         return find_graph_leaks if tool == "find_leaks" else find_sync_points
-    from ..checklist import checklist
+    from ..tools.checklist import checklist
     return checklist
 
 

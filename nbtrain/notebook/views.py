@@ -201,7 +201,7 @@ class Summary:
 
 def _steady_cell(summary: dict) -> str:
     """Steady samples/s with its 95% interval, compact for a table cell."""
-    from ..result import _fmt
+    from ..runs.result import _fmt
     steady = summary.get("steady") or {}
     low, high = steady.get("low"), steady.get("high")
     if low is None or high is None or low != low or high != high:
@@ -221,7 +221,7 @@ class RunsTable:
 
     @staticmethod
     def _row(run) -> tuple:
-        from ..result import _fmt
+        from ..runs.result import _fmt
         s, c = run.summary, run.config
         acc = s.get("val_acc")
         return (str(run.id), run.name or "-", time.strftime("%m-%d %H:%M", time.localtime(run.created)), run.status,

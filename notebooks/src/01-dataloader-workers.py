@@ -26,7 +26,7 @@ from torchvision.transforms import v2
 import matplotlib.pyplot as plt
 
 import nbtrain
-from nbtrain.compare import versus
+from nbtrain.runs.compare import versus
 from nbtrain.demo import DigitsDataset
 
 plt.rcParams.update({"figure.dpi": 120, "figure.figsize": (7, 2.6)})

@@ -1,4 +1,4 @@
-# requires: nbtrain.leaks
+# requires: nbtrain.tools.leaks
 # %% [markdown]
 # # 4 · Logging without keeping graphs
 #

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import nbtrain
 from nbtrain import ConfigError
 from nbtrain.demo import DigitsDataset, DigitsMLP
-from nbtrain.precision import Precision
+from nbtrain.engine.precision import Precision
 
 plt.rcParams.update({"figure.dpi": 120, "figure.figsize": (7, 2.6)})
 has_gpu = torch.cuda.is_available()

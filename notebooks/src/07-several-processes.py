@@ -1,4 +1,4 @@
-# requires: nbtrain.launch
+# requires: nbtrain.distributed.launch
 # %% [markdown]
 # # 7 · Several processes: DistributedDataParallel, launched from the kernel
 #

@@ -1,4 +1,4 @@
-# requires: nbtrain.split, nbtrain.launch
+# requires: nbtrain.engine.split, nbtrain.distributed.launch
 # %% [markdown]
 # # 8 · A model split across devices, and combined with DDP
 #
@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import nbtrain
 from nbtrain.demo import DigitsDataset
 from nbtrain.measure import paired
-from nbtrain.split import device_map
+from nbtrain.engine.split import device_map
 
 plt.rcParams.update({"figure.dpi": 120, "figure.figsize": (7, 2.6)})
 torch.set_num_threads(1)

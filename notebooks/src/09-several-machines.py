@@ -1,4 +1,4 @@
-# requires: nbtrain.launch, nbtrain.slurm
+# requires: nbtrain.distributed.launch, nbtrain.slurm
 # %% [markdown]
 # # 9 · Several machines: rendezvous, and SLURM jobs from the notebook
 #
@@ -27,7 +27,7 @@ import nbtrain
 import nbtrain.slurm
 from nbtrain import TrainConfig, hardware
 from nbtrain.demo import DigitsDataset, DigitsMLP
-from nbtrain.launch import fit_distributed
+from nbtrain.distributed.launch import fit_distributed
 
 plt.rcParams.update({"figure.dpi": 120, "figure.figsize": (7, 2.6)})
 torch.set_num_threads(1)

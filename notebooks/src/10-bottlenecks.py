@@ -1,4 +1,4 @@
-# requires: nbtrain.diagnose, nbtrain.checklist
+# requires: nbtrain.tools.diagnose, nbtrain.tools.checklist
 # %% [markdown]
 # # 10 · Find the bottleneck first — then let the checklist walk itself
 #

@@ -1,0 +1,313 @@
+"""DDP from the kernel: fresh worker processes, live metrics and output, weights back.
+
+    fit_distributed(recipe, config)   the recipe on config.devices ranks (x num_nodes)
+    launch(fn, nprocs=2, args=())     any function under DDP; rank 0's return value
+
+Never fork the kernel: it may hold CUDA. A notebook's classes travel by cloudpickle in
+the run directory (rundir.py). On one machine the ranks are forked from a warm zygote, a
+fresh interpreter that imported torch and never touched CUDA (pool.py, zygote.py), and
+join through a TCPStore the launcher binds to 127.0.0.1 on a free port, so two runs
+never collide. Across machines each node runs torch.distributed.run with a c10d
+rendezvous. The launcher replays rank 0's events into the kernel's MetricsLog as they
+are written, prints every rank's output with a `[rank N]` prefix, and owns the workers'
+lifetime: a failing rank, an interrupt or a collective timeout stops all of them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from datetime import timedelta
+
+from ..engine import fsdp
+from ..config import DEFAULT_TIMEOUT_S, TrainConfig
+from ..metrics import MetricsLog
+from .pool import ZYGOTE, FileTail, Relay, start, terminate, worker_env
+from ..recipe import Recipe
+from ..runs.result import RunResult, summarize
+from .rundir import RunDir
+from .tracebacks import error_line, with_user_source
+
+_PEER_SYMPTOM = re.compile(r"connection (closed|reset) by peer|connectFullMesh failed", re.I)
+
+
+class WorkerError(RuntimeError):
+    """A rank failed: raised, was killed by a signal, or timed out in a collective."""
+
+    def __init__(self, message: str, rank: int | None = None, traceback: str = "", signal_name: str | None = None):
+        super().__init__(message)
+        self.rank, self.traceback, self.signal_name = rank, traceback, signal_name
+        self.pids: list[int] = []
+
+
+def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None = None, *,
+                    timeout: float | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
+                    host: str | None = None, echo: bool = True, stop=None) -> RunResult:
+    """Train `recipe` with `config` as DDP (or FSDP) in fresh processes; its model gets the trained weights.
+
+    The launch options come from the config (timeout, node_rank, rdzv_endpoint, rdzv_host);
+    the keywords, when given, override them:
+    timeout: seconds a rank may wait in one collective before the run fails (default 1800).
+    num_nodes > 1: node_rank and rdzv_endpoint ("host:port" of the c10d rendezvous; env
+    NBTRAIN_NODE_RANK / NBTRAIN_RDZV_ENDPOINT otherwise) — run the same call on every node.
+    c10d hands out global ranks in order of arrival; node_rank names this node's output.
+    host (rdzv_host): where one machine's ranks meet (127.0.0.1 unless set), or this node's
+    address among several.
+    stop: a threading.Event; once set (from any thread), every rank stops after the same optimizer
+    step and the weights trained so far come back, as when a run completes.
+    """
+    __tracebackhide__ = True
+    if config.strategy == "fsdp":
+        fsdp.check_shardable(recipe.model)  # before any process starts
+    timeout = config.timeout if timeout is None else timeout
+    node_rank = config.node_rank if node_rank is None else node_rank
+    rdzv_endpoint = config.rdzv_endpoint if rdzv_endpoint is None else rdzv_endpoint
+    host = config.rdzv_host if host is None else host
+    log = log if log is not None else MetricsLog()
+    backend = "nccl" if config.device_type == "cuda" else "gloo"
+    run = RunDir.create(backend=backend, config=config, recipe=recipe, timeout_s=_timeout(timeout))
+    try:
+        if config.num_nodes > 1:
+            job = _start_torchrun(run, config.devices, config.num_nodes, node_rank, rdzv_endpoint, host)
+        else:
+            job = _start_local(run, config.devices, host or "127.0.0.1")
+        job.shipped = (recipe,)
+        status, error = job.supervise(log, echo, stop)
+        if error is not None:
+            raise error
+        state = run.load_model() if status == "completed" else None
+        if state is not None:
+            recipe.model.load_state_dict(state)
+        result = _result(config, log, run.load_result(), status)
+        # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
+        # back only from a run that completed).
+        result.extras["weights_loaded"] = state is not None
+        return result
+    finally:
+        run.remove()
+
+
+def launch(fn, nprocs: int = 2, args=(), *, timeout: float | None = None, backend: str | None = None,
+           host: str = "127.0.0.1", echo: bool = True):
+    """Run `fn(*args)` on `nprocs` fresh processes in one process group; return rank 0's value."""
+    __tracebackhide__ = True
+    if not callable(fn):
+        raise TypeError(f"launch: fn must be a function, got {type(fn).__name__}")
+    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
+        raise ValueError(f"launch: nprocs={nprocs!r}: allowed: a whole number >= 1")
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"launch: backend={backend!r}: allowed: gloo, nccl or None (nccl with CUDA, else gloo)")
+    if backend is None:
+        import torch
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo"
+    run = RunDir.create(backend=backend, function=fn, args=args, timeout_s=_timeout(timeout))
+    try:
+        job = _start_local(run, nprocs, host)
+        job.shipped = (fn, args)
+        status, error = job.supervise(MetricsLog(), echo)
+        if error is not None:
+            raise error
+        if status != "completed":
+            raise KeyboardInterrupt(f"launch interrupted; all {nprocs} processes were stopped")
+        return run.load_return()
+    finally:
+        run.remove()
+
+
+def _timeout(timeout) -> float:
+    if timeout is None:
+        return DEFAULT_TIMEOUT_S
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout={timeout!r}: allowed: a number of seconds > 0 (how long a rank may "
+                         "wait in one collective)")
+    return float(timeout)
+
+
+# --- starting ------------------------------------------------------------------------------
+
+def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
+    """`nprocs` ranks forked by the warm zygote, joined by a store bound to `host` on a free port."""
+    import torch.distributed as torch_dist
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((host, 0))
+    except OSError as error:
+        listener.close()
+        raise ValueError(f"host={host!r}: allowed: an address of this machine for the ranks to meet at (default "
+                         f"127.0.0.1); binding to it failed: {error}") from None
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    timeout = timedelta(seconds=run.launch_info()["timeout_s"])
+    store = torch_dist.TCPStore(host, port, nprocs, True, timeout, wait_for_workers=False,
+                                master_listen_fd=listener.detach())
+    threads = max(1, (os.cpu_count() or 1) // nprocs)
+    ranks, outputs = [], []
+    try:
+        for rank in range(nprocs):
+            env = worker_env(threads, {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
+                                       "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
+                                       "MASTER_PORT": str(port), "NBTRAIN_STORE_PORT": str(port)})
+            out, err = str(run.path / f"rank{rank}.out"), str(run.path / f"rank{rank}.err")
+            ranks.append(ZYGOTE.fork(str(run.path), rank, env, out, err))
+            outputs += [(FileTail(out), f"[rank {rank}] ", False), (FileTail(err), f"[rank {rank}] ", True)]
+    except BaseException:  # an interrupt while starting: no rank may outlive this call
+        terminate(ranks)
+        raise
+    return _Job(run, ranks, Relay(), ranks=list(range(nprocs)), keep=store, outputs=outputs)
+
+
+def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint, local_addr=None) -> "_Job":
+    """This node's part of a multi-node job: torch.distributed.run with a c10d rendezvous."""
+    endpoint = endpoint or os.environ.get("NBTRAIN_RDZV_ENDPOINT")
+    node_rank = node_rank if node_rank is not None else os.environ.get("NBTRAIN_NODE_RANK")
+    if not endpoint or not re.fullmatch(r"[\w.\-\[\]:]+:\d+", str(endpoint)):
+        raise ValueError(f"rdzv_endpoint={endpoint!r}: allowed: 'host:port' of the c10d rendezvous that every "
+                         "node reaches (e.g. '10.0.0.1:29400'), needed with num_nodes > 1")
+    try:
+        valid = 0 <= int(node_rank) < nodes
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise ValueError(f"node_rank={node_rank!r}: allowed: a whole number from 0 to {nodes - 1} "
+                         "(this machine's place among num_nodes)")
+    node_rank = int(node_rank)
+    host = endpoint.rsplit(":", 1)[0].strip("[]")
+    argv = ["-m", "nbtrain.distributed.worker", "--agent", f"--nnodes={nodes}", f"--nproc-per-node={nprocs}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={os.environ.get('NBTRAIN_RDZV_ID', 'nbtrain')}", "--max-restarts=0",
+            f"--rdzv-conf=join_timeout={max(1, int(run.launch_info()['timeout_s']))}",
+            "--monitor-interval=0.2"]
+    if local_addr:
+        argv.append(f"--local-addr={local_addr}")
+    elif host in ("127.0.0.1", "localhost"):
+        argv.append("--local-addr=127.0.0.1")
+    argv += ["-m", "nbtrain.distributed.worker", str(run.path)]
+    threads = max(1, (os.cpu_count() or 1) // nprocs)
+    agent = start(argv, worker_env(threads, {"NBTRAIN_PREFIX_OUTPUT": "1"}))
+    relay = Relay()
+    relay.follow(agent, "agent", f"[node {node_rank}] ")
+    return _Job(run, [agent], relay, ranks=None)
+
+
+# --- supervising ---------------------------------------------------------------------------
+
+class _Job:
+    """Running workers: replay events, print output, notice the first failure, stop everyone."""
+
+    def __init__(self, run, procs, relay, ranks, keep=None, outputs=()):
+        self.run, self.procs, self.relay, self.ranks = run, procs, relay, ranks
+        self.shipped = ()  # what the kernel sent, to find the source of the workers' frames
+        self._keep = keep  # the store lives as long as the job
+        self._outputs = list(outputs)  # (FileTail, prefix, is_err) of each rank's output file
+        self._err_tail: list[str] = []
+
+    def _show(self, echo: bool, final: bool = False) -> None:
+        self.relay.show(echo)
+        for tail, prefix, is_err in self._outputs:
+            for line in (tail.rest() if final else tail.lines()):
+                if is_err:
+                    self._err_tail = (self._err_tail + [prefix + line])[-40:]
+                if echo:
+                    target = sys.stderr if is_err else sys.stdout
+                    target.write(prefix + line)
+                    target.flush()
+
+    def supervise(self, log: MetricsLog, echo: bool, stop=None):
+        __tracebackhide__ = True
+        replay = self.run.tail_events()
+        status, error = "completed", None
+        try:
+            while True:
+                if stop is not None and stop.is_set():  # the ranks vote on it at their next log window
+                    self.run.request_stop()
+                    stop = None
+                self._show(echo)
+                for event in replay():
+                    log.emit(event)
+                codes = [p.poll() for p in self.procs]
+                if any(c not in (None, 0) for c in codes):
+                    status, error = "failed", self._diagnose(codes)
+                    break
+                if all(c == 0 for c in codes):
+                    break
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            status = "interrupted"
+        finally:
+            terminate(self.procs)
+            self.relay.finish(echo)
+            self._show(echo, final=True)
+            for event in replay():
+                log.emit(event)
+            self._keep = None
+        if error is not None:
+            error.pids = [p.pid for p in self.procs]
+        return status, error
+
+    def _diagnose(self, codes) -> WorkerError:
+        """The root cause: a rank killed by a signal, else the first traceback written."""
+        time.sleep(0.2)  # a rank's peers fail a moment after it; let its own report land
+        codes = [p.poll() if c is None else c for p, c in zip(self.procs, codes)]
+        if self.ranks is not None:
+            for rank, code in zip(self.ranks, codes):
+                if code is not None and code < 0:
+                    return _signal_error(rank, -code)
+        # A peer's "connection closed" can land before the root cause is written: the cause goes first.
+        errors = sorted(self.run.errors(), key=lambda found: bool(_PEER_SYMPTOM.search(found[1])))
+        if errors:
+            rank, text = errors[0]
+            return _raised_error(rank, text, self.run.launch_info()["timeout_s"], self.shipped)
+        tail = "".join(self._err_tail + [line for lines in self.relay.tails.values() for line in lines])
+        found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", tail, re.S)
+        if found and int(found.group(2)) < 0:
+            return _signal_error(int(found.group(1)), -int(found.group(2)))
+        which = [r for r, c in zip(self.ranks or ["launcher"], codes) if c not in (None, 0)]
+        return WorkerError(f"{'rank ' if self.ranks else ''}{which[0]} exited with code "
+                           f"{[c for c in codes if c not in (None, 0)][0]}; its last output:\n{tail}")
+
+
+def _signal_error(rank: int, number: int) -> WorkerError:
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    return WorkerError(f"rank {rank} was killed by {name}; the other ranks were stopped", rank=rank,
+                       signal_name=name)
+
+
+def _raised_error(rank: int, text: str, timeout_s: float, shipped) -> WorkerError:
+    text = with_user_source(text, shipped)
+    last = error_line(text)
+    if re.search(r"timed? ?out|timeout", last, re.I) and re.search(r"gloo|nccl|c10d|collective|store|wait", text, re.I):
+        head = (f"rank {rank} timed out after {timeout_s:g} s waiting in a collective operation: another rank is "
+                f"stuck or too slow (raise timeout= if that much waiting is expected)")
+    elif re.search(r"connection (closed|reset) by peer", last, re.I):
+        head = (f"rank {rank} lost its connection to another rank, which failed or was stopped first (on another "
+                f"node, that node's launcher reports why)")
+    else:
+        head = f"rank {rank} raised {last}"
+    return WorkerError(f"{head}\n\n[rank {rank}] {text}", rank=rank, traceback=text)
+
+
+def _result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: str) -> RunResult:
+    end = log.last("end")
+    if saved is not None and status == "completed":
+        return RunResult(config, log, saved["summary"], saved["status"], saved["message"])
+    if end is not None and status == "completed":
+        return RunResult(config, log, end["summary"], end["status"], end.get("message", ""))
+    start = log.last("start")
+    info = dict(start["info"]) if start else {}
+    info.update(status=status, epochs_trained=float("nan"))
+    message = (f"interrupted; the history up to step {log.columns['step'][-1] if len(log) else 0} is kept; the "
+               "model keeps its weights from before the run (the workers were stopped, and a DDP run's training "
+               "comes back into the model only when the run completes)")
+    return RunResult(config, log, summarize(log, info), status, message)
+
+
+def _json(value) -> str:
+    import json
+    return json.dumps(value)

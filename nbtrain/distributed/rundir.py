@@ -1,0 +1,210 @@
+"""The run directory: everything a launcher and its workers exchange, as plain files.
+
+One private (0700) temporary directory per run. The launcher (in the kernel, or a SLURM
+submission) writes the inputs; workers (`python -m nbtrain.distributed.worker RUN_DIR`, one per rank)
+read them and write the outputs. Nothing else passes between them, so the same contract
+serves torchrun on this machine, two launchers on two machines, and a batch scheduler.
+
+Inputs, written by the launcher before any worker starts:
+
+    config.json     TrainConfig.to_dict() of the run                     (fit runs)
+    recipe.pkl      cloudpickle of the Recipe; classes and functions     (fit runs)
+                    defined in a notebook (__main__) travel by value
+    function.pkl    cloudpickle of (fn, args) for `nbtrain.launch`       (launch runs)
+    launch.json     {"backend": "gloo" | "nccl", "timeout_s": collective timeout,
+                    "owner_pid": the process whose death ends the workers,
+                    "owner_started": its create time}
+
+Outputs:
+
+    events.jsonl    one MetricsLog event per line, flushed as emitted, written by the
+                    node's local rank 0 (global rank 0 on one machine); the launcher
+                    tails it and replays every event into its own MetricsLog
+    model.pt        the trained state_dict of the unwrapped model      (fit, local rank 0)
+    return.pkl      cloudpickle of fn's return value                   (launch, rank 0)
+    result.json     {"status", "message", "summary"} once the run ended (local rank 0)
+    error-rank{N}.txt  the formatted traceback when rank N raised (user frames only)
+    rank{N}.out, rank{N}.err  rank N's stdout and stderr when the kernel's zygote started
+                    it (under torchrun they go to the agent's streams, prefixed `[rank N]`)
+
+A file appears whole: outputs are written to a temporary name and renamed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import cloudpickle
+
+CONFIG, RECIPE, FUNCTION, LAUNCH = "config.json", "recipe.pkl", "function.pkl", "launch.json"
+EVENTS, MODEL, RETURN, RESULT = "events.jsonl", "model.pt", "return.pkl", "result.json"
+
+
+class RunDir:
+    def __init__(self, path):
+        self.path = Path(path)
+
+    # --- creating (launcher side) ---------------------------------------------------------
+
+    @classmethod
+    def create(cls, *, backend: str, config=None, recipe=None, function=None, args=(), timeout_s: float = 1800.0,
+               owner_pid: int | None = None, parent: str | None = None) -> "RunDir":
+        """A new private run directory holding a fit run (config + recipe) or a function run."""
+        import psutil
+        path = tempfile.mkdtemp(prefix="nbtrain-run-", dir=parent)  # mkdtemp makes it 0700
+        run = cls(path)
+        try:
+            owner = psutil.Process(owner_pid or os.getpid())
+            run._write_json(LAUNCH, {"backend": backend, "timeout_s": float(timeout_s), "owner_pid": owner.pid,
+                                     "owner_started": owner.create_time()})
+            if recipe is not None:
+                run._write_json(CONFIG, config.to_dict())
+                run._write_bytes(RECIPE, _pickled(recipe, "the recipe (model, data, loss, optimizer)"))
+            if function is not None:
+                run._write_bytes(FUNCTION, _pickled((function, tuple(args)), "fn and args"))
+        except BaseException:
+            run.remove()  # a run that cannot start leaves no folder behind
+            raise
+        return run
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    # --- reading inputs (worker side) -----------------------------------------------------
+
+    @property
+    def is_function_run(self) -> bool:
+        return (self.path / FUNCTION).exists()
+
+    def launch_info(self) -> dict:
+        return json.loads((self.path / LAUNCH).read_text())
+
+    def config(self):
+        from ..config import TrainConfig
+        return TrainConfig.from_dict(json.loads((self.path / CONFIG).read_text()))
+
+    def recipe(self):
+        return cloudpickle.loads(self._private_bytes(RECIPE))
+
+    def function(self):
+        return cloudpickle.loads(self._private_bytes(FUNCTION))
+
+    def _private_bytes(self, name: str) -> bytes:
+        """A pickle's bytes, only from a folder and file this user owns and nobody else can write:
+        unpickling runs code, so a run directory someone else could change is refused."""
+        for path in (self.path, self.path / name):
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+                raise PermissionError(f"refusing to load {name} from {self.path}: a run directory and its files must "
+                                      f"be owned by uid {os.getuid()}, writable by no one else, and not symlinks; "
+                                      f"{path.name} is {oct(stat.S_IMODE(info.st_mode))}, uid {info.st_uid}")
+        return (self.path / name).read_bytes()
+
+    # --- outputs --------------------------------------------------------------------------
+
+    def event_writer(self):
+        """A MetricsLog view appending each event to events.jsonl, flushed at once."""
+        stream = open(self.path / EVENTS, "a", encoding="utf-8")
+
+        def write(event, _log):
+            stream.write(json.dumps(event) + "\n")
+            stream.flush()
+
+        write.close = stream.close
+        return write
+
+    def request_stop(self) -> None:
+        """Ask every rank to stop after the same optimizer step (requeue.py's watch votes on it)."""
+        from .requeue import STOP_REQUESTED
+        (self.path / STOP_REQUESTED).touch(mode=0o600)
+
+    def tail_events(self):
+        """An iterator factory: each call of the returned function yields the events added since."""
+        state = {"offset": 0, "rest": ""}
+        path = self.path / EVENTS
+
+        def new_events() -> list[dict]:
+            try:
+                with open(path, encoding="utf-8") as stream:
+                    stream.seek(state["offset"])
+                    chunk = stream.read()
+                    state["offset"] = stream.tell()
+            except FileNotFoundError:
+                return []
+            text = state["rest"] + chunk
+            lines = text.split("\n")
+            state["rest"] = lines.pop()  # an unfinished line waits for its end
+            return [json.loads(line) for line in lines if line]
+
+        return new_events
+
+    def save_model(self, state_dict) -> None:
+        import torch
+        tmp = self.path / (MODEL + ".tmp")
+        torch.save(state_dict, tmp)
+        os.replace(tmp, self.path / MODEL)
+
+    def load_model(self):
+        import torch
+        path = self.path / MODEL
+        return torch.load(path, map_location="cpu", weights_only=True) if path.exists() else None
+
+    def save_return(self, value) -> None:
+        self._write_bytes(RETURN, cloudpickle.dumps(value))
+
+    def load_return(self):
+        return cloudpickle.loads((self.path / RETURN).read_bytes())
+
+    def has_return(self) -> bool:
+        return (self.path / RETURN).exists()
+
+    def save_result(self, status: str, message: str, summary: dict | None) -> None:
+        self._write_json(RESULT, {"status": status, "message": message, "summary": summary})
+
+    def load_result(self) -> dict | None:
+        path = self.path / RESULT
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def save_error(self, rank: int, text: str) -> None:
+        self._write_bytes(f"error-rank{rank}.txt", text.encode())
+
+    def errors(self) -> list[tuple[int, str]]:
+        """(rank, traceback text) of every rank that raised, the earliest written first."""
+        found = sorted(self.path.glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime_ns)
+        return [(int(p.stem[len("error-rank"):]), p.read_text(errors="replace")) for p in found]
+
+    # --- atomic writes --------------------------------------------------------------------
+
+    def _write_bytes(self, name: str, data: bytes) -> None:
+        tmp = self.path / (name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(data)
+        os.replace(tmp, self.path / name)
+
+    def _write_json(self, name: str, value) -> None:
+        self._write_bytes(name, json.dumps(value).encode())
+
+
+class NotPicklableError(TypeError):
+    """What the kernel would send to the workers does not pickle: bad input, said in one message.
+
+    Its frames are nbtrain's and its way out is in the message, so in IPython (which shows
+    `_render_traceback_` instead of the traceback) the message stands alone.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+def _pickled(value, what: str) -> bytes:
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as error:  # pickle raises TypeError, PicklingError, AttributeError... for the same cause
+        raise NotPicklableError(f"{what} cannot be sent to the worker processes: cloudpickle failed ({error}); allowed: "
+                        "values that pickle (no open files, locks, sockets or generators): create those inside "
+                        "the workers, e.g. in the dataset's __getitem__ or in fn") from None

@@ -1,0 +1,183 @@
+"""One DDP rank: `python -m nbtrain.distributed.worker RUN_DIR`, run under torch.distributed.run.
+
+The worker reads its run directory (see rundir.py), joins the process group from the
+environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), builds
+an Engine on the shipped recipe and config — the engine wraps the model in DDP (or shards
+it with FSDP), shards the data and skips the gradient reduction on accumulation
+micro-steps — trains, and writes the events, the full weights, every rank's peak memory
+and the result back. A rank that raises writes its traceback to
+error-rank{N}.txt and exits 1, so the launcher can report that rank's own error.
+
+On one machine the kernel's warm zygote (zygote.py) forks the ranks and calls `run_job`
+with the same environment, skipping the interpreter start and the torch import.
+
+Either way a watchdog thread ends the process when the run's owner (the kernel) is gone.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+
+import psutil
+import torch
+import torch.distributed as torch_dist
+
+from ..engine import fsdp
+from . import requeue
+from ..engine.loop import Engine
+from ..metrics import MetricsLog
+from .rundir import RunDir
+from .tracebacks import user_traceback
+
+OWNER_GONE_EXIT = 70
+
+
+def owner_alive(pid: int, started: float | None = None) -> bool:
+    """Whether `pid` (with that create time, when given) still runs."""
+    try:
+        owner = psutil.Process(pid)
+        return owner.is_running() and (started is None or abs(owner.create_time() - started) < 1e-3) \
+            and owner.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def watch_owner(pid: int, started: float | None, every_s: float = 0.5, run_dir: str | None = None) -> None:
+    """Exit this process soon after `pid` stops existing (a thread polls it), removing `run_dir`,
+    which the dead owner can no longer remove."""
+    def watch():
+        while owner_alive(pid, started):
+            time.sleep(every_s)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)  # files only: safe even mid-collective
+        os._exit(OWNER_GONE_EXIT)  # no other cleanup: the process group may be mid-collective
+
+    threading.Thread(target=watch, name="nbtrain-owner-watch", daemon=True).start()
+
+
+class _PrefixedStream:
+    """Prefixes every line with `[rank N] `, for output that torchrun merges into one stream."""
+
+    def __init__(self, stream, prefix: str):
+        self._stream, self._prefix, self._at_line_start = stream, prefix, True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self._at_line_start:
+                out.append(self._prefix)
+            out.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self._stream.write("".join(out))
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _join_group(backend: str, timeout_s: float) -> None:
+    timeout = datetime.timedelta(seconds=timeout_s)
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    port = os.environ.get("NBTRAIN_STORE_PORT")
+    if port:  # the launcher hosts the store on a port it bound itself: no port race
+        store = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(port), size, is_master=False, timeout=timeout)
+        torch_dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    else:
+        torch_dist.init_process_group(backend, timeout=timeout)
+    # init_process_group returns on a rank once its own side of the mesh is up (torch has no join
+    # barrier): a rank with a quick job would finish and close its sockets while a slower peer is
+    # still connecting, which then fails with "connectFullMesh failed ... Connection closed by peer".
+    # No rank goes on before every rank has joined.
+    torch_dist.barrier(device_ids=[torch.cuda.current_device()] if backend == "nccl" else None)
+
+
+def _train(run: RunDir, local_main: bool) -> None:
+    config, recipe = run.config(), run.recipe()
+    resume = requeue.resume_from(run.path)
+    if resume is not None:  # a requeued SLURM job continues from its checkpoint
+        config = config.replace(resume=str(resume))
+    engine = Engine(recipe, config)
+    log = MetricsLog()
+    writer = run.event_writer() if local_main else None
+    if writer:
+        log.subscribe(writer)
+    watch = log.subscribe(requeue.RequeueWatch(engine, run.path))
+    result = engine.run(log=log)
+    if watch.requested and result.status == requeue.STOP_REASON:
+        if int(os.environ.get("RANK", 0)) == 0:
+            requeue.save(engine, run.path)
+        if writer:
+            writer.close()
+        return
+    # Every rank's own peak, so a sharded run shows what each process needed.
+    peaks = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(peaks, result.summary["peak_mem_mb"])
+    result.summary["peak_mem_mb_per_rank"] = peaks
+    # A sharded model's full weights are gathered from every rank (a collective); the first
+    # rank of each node hands them to its kernel.
+    one_node = int(os.environ.get("LOCAL_WORLD_SIZE", -1)) == torch_dist.get_world_size()
+    if fsdp.is_sharded(engine.model) or local_main:
+        state = fsdp.full_state_dict(engine.model, everyone=not one_node)
+    if local_main:
+        run.save_model(state)
+        run.save_result(result.status, result.message, json.loads(json.dumps(result.summary)))
+        writer.close()
+
+
+def run_job(run: RunDir) -> int:
+    info = run.launch_info()
+    if info.get("owner_pid") is not None:  # a SLURM job has no owner: it outlives the kernel
+        watch_owner(info["owner_pid"], info.get("owner_started"), run_dir=str(run.path))
+    rank = int(os.environ.get("RANK", 0))
+    if os.environ.get("NBTRAIN_PREFIX_OUTPUT"):
+        sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
+        sys.stderr = _PrefixedStream(sys.stderr, f"[rank {rank}] ")
+    if os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        _join_group(info["backend"], info["timeout_s"])
+        if run.is_function_run:
+            fn, args = run.function()
+            value = fn(*args)
+            if rank == 0:
+                run.save_return(value)
+        else:
+            # One writer per run directory: per node when each node has its own, rank 0 when shared.
+            writer_rank = "RANK" if os.environ.get("NBTRAIN_SHARED_RUN_DIR") else "LOCAL_RANK"
+            _train(run, local_main=int(os.environ.get(writer_rank, 0)) == 0)
+        torch_dist.destroy_process_group()
+        return 0
+    except BaseException as exc:  # every failure, KeyboardInterrupt included, is reported as this rank's
+        run.save_error(rank, user_traceback(exc))  # the launcher reports it, once, from the root cause
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--agent"]:  # torch.distributed.run for one node, ended with the kernel
+        if os.environ.get("NBTRAIN_OWNER_PID"):
+            watch_owner(int(os.environ["NBTRAIN_OWNER_PID"]), None)
+        from torch.distributed.run import main as torchrun
+        torchrun(argv[1:])
+        return 0
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m nbtrain.distributed.worker RUN_DIR  (under torch.distributed.run)\n")
+        return 2
+    return run_job(RunDir(argv[0]))
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: a dead peer's sockets must not stall exit

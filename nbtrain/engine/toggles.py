@@ -1,0 +1,193 @@
+"""The modern speed toggles as pure functions the engine applies to its live parts.
+
+Each toggle is a TrainConfig option. The functions here change one thing (a model's
+memory format, an optimizer's kernels, which submodules recompute activations, global
+matmul settings) and say why when the toggle does not apply, so the engine can report
+"not applicable" instead of silently ignoring it. `TOGGLES` lists every toggle with the
+value to try and a canonical small recipe on which it must train (see tests).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..config import Problem, ConfigError
+
+# --- channels_last -----------------------------------------------------------------------
+
+
+def has_conv2d(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def to_channels_last(batch):
+    """4-D tensors of a batch in channels-last layout; everything else as it is."""
+    if isinstance(batch, torch.Tensor):
+        return batch.contiguous(memory_format=torch.channels_last) if batch.ndim == 4 else batch
+    if isinstance(batch, (list, tuple)):
+        moved = [to_channels_last(b) for b in batch]
+        return moved if isinstance(batch, list) else tuple(moved)
+    if isinstance(batch, dict):
+        return {k: to_channels_last(v) for k, v in batch.items()}
+    return batch
+
+
+def set_memory_format(model: nn.Module, channels_last: bool) -> str | None:
+    """Convert the model; returns why it does not apply, or None."""
+    if channels_last and not has_conv2d(model):
+        return "channels_last: not applicable, the model has no 2-D convolutions (no 4-D activations)"
+    model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return None
+
+
+# --- optimizer kernels -------------------------------------------------------------------
+
+
+def with_implementation(optimizer: torch.optim.Optimizer, impl: str) -> tuple[torch.optim.Optimizer, str | None]:
+    """The same optimizer (class, groups, state) using `impl` kernels, or itself and the reason not."""
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    flags = {"auto": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
+             "fused": {"fused": True, "foreach": False}}[impl]
+    missing = [name for name in flags if name not in accepted]
+    if missing:
+        return optimizer, f"optimizer_impl={impl}: not applicable, {cls.__name__} offers no {missing[0]} kernels"
+    current = {name: optimizer.defaults.get(name) for name in ("foreach", "fused") if name in accepted}
+    wanted = {**{name: None if name == "foreach" else False for name in current}, **flags}
+    # fused=None is torch's "not fused": the user's own instance is then stepped as it is.
+    if all(current.get(name) == value or (name == "fused" and not value and not current.get(name))
+           for name, value in wanted.items()):
+        return optimizer, None
+    groups = [{**{k: v for k, v in g.items() if k not in ("foreach", "fused")}, **wanted}
+              for g in optimizer.param_groups]
+    # Some defaults are derived, not constructor arguments (AdamW's decoupled_weight_decay).
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k not in wanted}
+    try:
+        rebuilt = cls(groups, **defaults, **wanted)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return optimizer, f"optimizer_impl={impl}: not applicable here ({exc})"
+    rebuilt.load_state_dict(optimizer.state_dict())
+    for group in rebuilt.param_groups:  # the saved groups carried the old kernel choice
+        group.update(wanted)
+    return rebuilt, None
+
+
+# --- activation checkpointing -------------------------------------------------------------
+
+
+def checkpoint_targets(model: nn.Module, names: str) -> list[str]:
+    """The submodules `names` means: 'auto' is every top-level child that has parameters."""
+    if names == "auto":
+        blocks = [name for name, child in model.named_children() if any(True for _ in child.parameters())]
+        if len(blocks) == 1 and isinstance(model.get_submodule(blocks[0]), nn.Sequential):
+            inner = model.get_submodule(blocks[0])
+            blocks = [f"{blocks[0]}.{n}" for n, c in inner.named_children() if any(True for _ in c.parameters())]
+        return blocks
+    known = dict(model.named_modules())
+    wrong = [n for n in names.split(",") if n not in known]
+    if wrong:
+        children = ", ".join(n for n, _ in model.named_children())
+        raise ConfigError([Problem("activation_checkpointing", names,
+                                   f"the model has no submodule {wrong[0]!r}; its top-level submodules: {children}")])
+    return names.split(",")
+
+
+def set_activation_checkpointing(model: nn.Module, names: str | None) -> list[str]:
+    """Recompute the named submodules' activations in backward (None undoes it); returns them."""
+    for module in model.modules():
+        if getattr(module, "_nbtrain_checkpointed", False):
+            del module.forward  # back to the class's forward
+            module._nbtrain_checkpointed = False
+    if not names:
+        return []
+    targets = checkpoint_targets(model, names)
+    for name in targets:
+        module = model.get_submodule(name)
+        # An instance attribute shadows the class's forward and leaves the state_dict untouched.
+        module.forward = functools.partial(checkpoint, type(module).forward.__get__(module), use_reentrant=False)
+        module._nbtrain_checkpointed = True
+    return targets
+
+
+# --- process-wide matmul settings ----------------------------------------------------------
+
+
+def matmul_settings(matmul_precision: str | None, cudnn_benchmark: bool | None, device_type: str) -> list[str]:
+    """Apply the CUDA matmul/cuDNN settings; returns notes for the ones that do not apply here."""
+    notes = []
+    if device_type != "cuda":
+        if matmul_precision is not None:
+            notes.append(f"matmul_precision={matmul_precision}: not applicable on {device_type} (TF32 is a CUDA feature)")
+        if cudnn_benchmark is not None:
+            notes.append(f"cudnn_benchmark={cudnn_benchmark}: not applicable on {device_type} (cuDNN is CUDA's)")
+        return notes
+    if matmul_precision is not None:
+        torch.set_float32_matmul_precision(matmul_precision)
+    if cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    return notes
+
+
+# --- the registry ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Toggle:
+    option: str
+    value: object
+    recipe: Callable  # () -> Recipe on which the toggle must train
+    needs: str = ""  # "cuda" when the toggle only acts on a GPU
+    with_options: tuple = ()  # other options the toggle needs, as (name, value) pairs
+
+
+def _mlp_recipe():
+    from ..demo import digits_recipe
+    return digits_recipe()
+
+
+def _conv_recipe():
+    from ..demo import DigitsDataset
+    from ..recipe import Recipe
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(8 * 64, 10))
+    return Recipe(model=model, train_data=DigitsDataset(image=True), loss_fn=nn.CrossEntropyLoss(),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+
+
+def image_recipe(images: int = 128, size: int = 32, seed: int = 0):
+    """A torchvision ResNet-18 on FakeData images through torchvision transforms: the shape of a real
+    image notebook (PIL decode, augmentation and normalisation per sample in the loader; batch
+    norm; convolutions that channels_last and cuDNN act on), small enough for a laptop CPU."""
+    from torchvision import datasets, models
+    from torchvision.transforms import v2
+
+    from ..recipe import Recipe
+    transform = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                            v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    torch.manual_seed(seed)
+    return Recipe(model=models.resnet18(num_classes=10),
+                  train_data=datasets.FakeData(images, (3, size, size), 10, transform=transform),
+                  val_data=datasets.FakeData(images // 4, (3, size, size), 10, transform=transform,
+                                             random_offset=images),  # other images than the training ones
+                  loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+
+
+TOGGLES = (
+    Toggle("compile", "default", _mlp_recipe),
+    Toggle("channels_last", True, image_recipe),
+    Toggle("matmul_precision", "high", _mlp_recipe, needs="cuda"),
+    Toggle("cudnn_benchmark", True, image_recipe, needs="cuda"),
+    Toggle("optimizer_impl", "foreach", _mlp_recipe),
+    Toggle("optimizer_impl", "fused", _mlp_recipe),
+    Toggle("activation_checkpointing", "auto", _mlp_recipe),
+    # Loader toggles on per-sample PIL transforms, the work worker processes exist for.
+    Toggle("persistent_workers", True, image_recipe, with_options=(("num_workers", 1),)),
+    Toggle("prefetch_factor", 4, image_recipe, with_options=(("num_workers", 1),)),
+)

@@ -1,0 +1,190 @@
+"""Runs side by side: loss against wall time (held-out points too), time to a loss, throughput, peak
+memory and the last held-out numbers.
+
+Plain matplotlib (an Agg figure, no pyplot state), so it works in a script as well as in
+a notebook, where the returned Comparison displays itself (table and figure).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..measure.steady import block_rates, columns_series
+from ..measure.verdict import Verdict, unpaired
+from ..plotting import held_out_series
+from .result import RunResult, _fmt
+
+
+def smoothed(losses: list[float], window: int) -> list[float]:
+    """Trailing mean over `window` steps, so one lucky batch does not count as reaching a loss."""
+    out, total = [], 0.0
+    for i, value in enumerate(losses):
+        total += value
+        if i >= window:
+            total -= losses[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _window(run: RunResult) -> int:
+    return max(1, min(10, len(run.history["loss"]) // 10))
+
+
+def time_to_loss(run: RunResult, target: float) -> float | None:
+    """Training seconds until the smoothed loss first reaches `target` (None: never)."""
+    cols = run.history
+    for t, value in zip(cols["time"], smoothed(cols["loss"], _window(run))):
+        if value <= target:
+            return t
+    return None
+
+
+def resolve(runs, store=None) -> list[RunResult]:
+    """RunResults from results, names or ids (names and ids are read from the run store)."""
+    from .store import RunStore
+    out = []
+    for run in runs:
+        if isinstance(run, RunResult):
+            out.append(run)
+        elif isinstance(run, (str, int)):
+            store = store if isinstance(store, RunStore) else RunStore(store)
+            out.append(store.load(run))
+        else:
+            raise TypeError(f"compare: got {type(run).__name__}; allowed: a RunResult, a run name or a run id")
+    return out
+
+
+@dataclass
+class Comparison:
+    runs: list[RunResult]
+    labels: list[str]
+    target_loss: float
+    rows: list[dict]
+    figure: object
+
+    def table(self) -> str:
+        heads = list(self.rows[0])
+        cells = [[str(row[h]) for h in heads] for row in self.rows]
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+
+        def line(values):
+            return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
+        return "\n".join([line(heads)] + [line(c) for c in cells])
+
+    def png(self) -> bytes:
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", dpi=120)
+        return buffer.getvalue()
+
+    def html_table(self) -> str:
+        heads = list(self.rows[0])
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in heads)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[h]))}</td>" for h in heads) + "</tr>"
+                       for r in self.rows)
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        image = base64.b64encode(self.png()).decode()
+        return {"text/plain": self.table(),
+                "text/html": self.html_table() + f'<img src="data:image/png;base64,{image}"/>'}
+
+    def save(self, path) -> None:
+        self.figure.savefig(path, dpi=100)
+
+
+def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparison:
+    """Compare runs (RunResults, stored names or ids): loss vs time, time to `loss`, samples/s, memory.
+
+    `loss` defaults to the lowest smoothed loss every run reached, so each run has a time.
+    """
+    results = resolve(runs, store)
+    if not results:
+        raise ValueError("compare: give at least one run (a RunResult, a run name or a run id)")
+    labels = [r.name or f"run {i + 1}" for i, r in enumerate(results)]
+    reached = [min(smoothed(r.history["loss"], _window(r)), default=math.nan) for r in results]
+    target = loss if loss is not None else max(reached)
+    times = [time_to_loss(r, target) for r in results]
+    base = results[0]
+    rows = []
+    for label, run, t in zip(labels, results, times):
+        s = run.summary
+        changes = ", ".join(f"{k}={new}" for k, (_, new) in run.config.changed_from(base.config).items())
+        rows.append({"run": label, "status": run.status, "steps": s["steps"],
+                     "samples/s": run.steady().text(""),
+                     "vs first": "-" if run is base else versus(base, run).short(),
+                     f"time to loss {target:.3g}": "not reached" if t is None else _fmt(t, " s"),
+                     "peak memory": _fmt(s.get("peak_mem_mb"), " MB"), "last loss": _fmt(s["last_loss"]),
+                     "held-out": held_out_text(s), "changed from first": changes or "-"})
+    if all(row["held-out"] == "-" for row in rows):  # no run validated: no column of dashes
+        for row in rows:
+            del row["held-out"]
+    figure = _draw(results, labels, target, times)
+    result = Comparison(results, labels, target, rows, figure)
+    if path is not None:
+        result.save(path)
+    return result
+
+
+def held_out_text(summary: dict) -> str:
+    """The last validation's numbers, compact: "loss 0.31, acc 91.2%, f1 0.88" ("-" without one)."""
+    if summary.get("val_loss") is None:
+        return "-"
+    parts = [f"loss {_fmt(summary['val_loss'])}"]
+    if summary.get("val_acc") is not None:
+        parts.append(f"acc {100 * summary['val_acc']:.1f}%")
+    parts += [f"{k[4:] if k.startswith('val_') else k} {_fmt(v)}" for k, v in summary.get("val_metrics", {}).items()]
+    return ", ".join(parts)
+
+
+def versus(first: RunResult, other: RunResult) -> Verdict:
+    """`other`'s steady throughput over `first`'s, with its interval (runs measured apart: unpaired).
+
+    Two runs taken at different times cannot see a load that changed between them; for a
+    verdict on one config against another, `nbtrain.ab` measures them in alternation.
+    """
+    return unpaired(block_rates(*columns_series(first.history, _samples_start(first))),
+                    block_rates(*columns_series(other.history, _samples_start(other))))
+
+
+def _samples_start(run: RunResult) -> int:
+    start = run.log.last("start")
+    return start["info"].get("samples_start", 0) if start else 0
+
+
+def _draw(results, labels, target, times):
+    from matplotlib.figure import Figure
+    figure = Figure(figsize=(13, 3.2), layout="constrained")
+    loss_ax, time_ax, rate_ax, mem_ax = figure.subplots(1, 4)
+    colors = [f"C{i % 10}" for i in range(len(results))]
+    for run, label, color in zip(results, labels, colors):
+        cols = run.history
+        loss_ax.plot(cols["time"], smoothed(cols["loss"], _window(run)), color=color, lw=1.3, label=label)
+        steps, values = held_out_series(run.log).get("val_loss", ([], []))
+        if steps:  # validations happen at steps: placed at the training time of that step
+            loss_ax.plot(np.interp(steps, cols["step"], cols["time"]), values, color=color, ls="none", marker="o",
+                         ms=3.5, mfc="white", label=f"{label} held-out")
+    loss_ax.axhline(target, color="grey", ls="--", lw=0.8)
+    loss_ax.set(xlabel="training time (s)", ylabel="training loss (smoothed)", title="loss against time")
+    loss_ax.legend(fontsize=8)
+    positions = range(len(results))
+
+    def bars(ax, values, title, unit, missing="n/a"):
+        heights = [0 if v is None or math.isnan(v) else v for v in values]
+        ax.bar(positions, heights, color=colors)
+        ax.set_xticks(list(positions), labels, rotation=20 if len(labels) > 3 else 0, fontsize=8)
+        ax.set_title(title)
+        ax.set_ylabel(unit)
+        for x, v, h in zip(positions, values, heights):
+            text = missing if v is None or math.isnan(v) else f"{v:,.3g}"
+            ax.annotate(text, (x, h), ha="center", va="bottom", fontsize=8)
+
+    bars(time_ax, times, f"time to loss {target:.3g}", "seconds", missing="not reached")
+    bars(rate_ax, [r.summary["samples_per_s"] for r in results], "throughput", "samples/s")
+    kinds = {r.summary.get("mem_kind", "memory") for r in results}
+    bars(mem_ax, [r.summary.get("peak_mem_mb") for r in results], "peak memory", f"MB ({', '.join(sorted(kinds))})")
+    return figure

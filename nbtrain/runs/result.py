@@ -1,0 +1,135 @@
+"""RunResult: a finished (or stopped) run's config, history and measured summary."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..config import TrainConfig
+from ..measure.steady import SteadyRate, duration_text as _seconds, of_columns
+from ..metrics import PHASES, MetricsLog
+
+
+def summarize(log: MetricsLog, extra: dict) -> dict:
+    """Numbers measured on this run's history; `extra` adds what only the engine knows."""
+    cols = log.columns
+    steps = len(cols["step"])
+    train_time = cols["time"][-1] if steps else 0.0
+    start = log.last("start")
+    samples_start = start["info"].get("samples_start", 0) if start else 0
+    samples = cols["samples"][-1] - samples_start if steps else 0
+    steady = of_columns(cols, samples_start)
+    losses = [x for x in cols["loss"] if x is not None]
+    phase_totals = {p[:-2]: sum(cols[p]) for p in PHASES}
+    step_total = sum(cols["step_s"]) or float("nan")
+    held = held_out(log)
+    summary = {
+        "steps": steps,
+        "samples": samples,
+        "train_time_s": train_time,
+        # The headline is the steady rate (warm-up set apart), the one every view shows.
+        "samples_per_s": steady.rate,
+        "steady": steady.as_dict(),
+        "overall_samples_per_s": samples / train_time if train_time > 0 else float("nan"),
+        "first_loss": losses[0] if losses else float("nan"),
+        "last_loss": losses[-1] if losses else float("nan"),
+        "val_loss": held.pop("val_loss", None),
+        "val_acc": held.pop("val_acc", None),
+        "val_metrics": held,  # the user's metrics and validation_step's self.log values
+        "phase_fraction": {k: v / step_total for k, v in phase_totals.items()},
+        "phase_ms_per_step": {k: 1000 * v / steps for k, v in phase_totals.items()} if steps else {},
+    }
+    summary.update(extra)
+    epochs = summary.get("epochs_trained")
+    summary["time_per_epoch_s"] = train_time / epochs if epochs else float("nan")
+    return summary
+
+
+def held_out(log: MetricsLog) -> dict:
+    """The latest validation's numbers. Not simply the last epoch event's: with validation every N
+    steps the epoch boundaries carry none."""
+    for event in reversed(log.of_type("epoch")):
+        if event.get("val_loss") is not None:
+            return {k: v for k, v in event.items() if k not in ("type", "epoch", "step", "partial")}
+    return {}
+
+
+def _fmt(value, unit="") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return text + unit
+    return f"{value:,}{unit}"
+
+
+def _per_rank(peaks) -> str:
+    if not peaks or len(peaks) < 2:
+        return ""
+    return "; per rank " + ", ".join(f"{rank}: {_fmt(mb, ' MB')}" for rank, mb in enumerate(peaks))
+
+
+@dataclass
+class RunResult:
+    config: TrainConfig
+    log: MetricsLog
+    summary: dict
+    status: str = "completed"  # completed | stopped | interrupted | failed
+    message: str = ""
+    name: str | None = None
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def history(self) -> dict[str, list]:
+        return self.log.columns
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The summary as (label, text) rows, the same for the console and the notebook."""
+        s = self.summary
+        phases = ", ".join(f"{k} {100 * v:.0f}%" for k, v in s.get("phase_fraction", {}).items()
+                           if not math.isnan(v))
+        return [
+            ("status", self.status + (f" — {self.message}" if self.message else "")),
+            ("device", f"{s.get('device', '-')} x{s.get('world_size', 1)}, {self.config.precision}"
+                       + (f", {s['strategy']}" if s.get("world_size", 1) > 1 and "strategy" in s else "")),
+            ("global batch", f"{_fmt(s.get('global_batch'))} (batch {self.config.batch_size} x accumulate "
+                             f"{self.config.accumulate_grad_batches} x {s.get('world_size', 1)} processes)"),
+            ("learning rate", s.get("lr_note", "-")),
+            ("steps / epochs", f"{s['steps']} / {_fmt(s.get('epochs_trained'))}"),
+            ("samples/s", self.steady().text("") + (f"; {self.steady().warmup_text()}" if s["steps"] else "")),
+            ("total time", f"{_seconds(s.get('train_time_s'))} for {s['steps']} steps"
+                           + (f", {_seconds(s['time_per_epoch_s'])} per epoch"
+                              if s.get("epochs_trained", 0) and s["epochs_trained"] >= 1 else "")),
+            ("peak memory", f"{_fmt(s.get('peak_mem_mb'), ' MB')} ({s.get('mem_kind', '-')})"
+                            + _per_rank(s.get("peak_mem_mb_per_rank"))),
+            ("step time by phase", phases or "-"),
+            ("loss first -> last", f"{_fmt(s['first_loss'])} -> {_fmt(s['last_loss'])}"),
+        ] + ([("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "
+                                           f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}"
+                                           + "".join(f", {k} {_fmt(v)}" for k, v in s.get("val_metrics", {}).items()))]
+             if s.get("val_loss") is not None else []) \
+          + [("note", note) for note in s.get("notes", [])]
+
+    def steady(self) -> SteadyRate:
+        """The steady-state rate with its interval (stored summaries carry it; older ones only the rate)."""
+        known = self.summary.get("steady")
+        if known:
+            return SteadyRate(**known)
+        rate = self.summary.get("samples_per_s", float("nan"))
+        return SteadyRate(rate, float("nan"), float("nan"), float("nan"), 0, 0.0, self.summary.get("steps", 0),
+                          self.summary.get("train_time_s", 0.0))
+
+    def table(self) -> str:
+        rows = self.rows()
+        width = max(len(label) for label, _ in rows)
+        title = f"nbtrain run{' ' + self.name if self.name else ''}"
+        return "\n".join([title] + [f"  {label:<{width}}  {text}" for label, text in rows])
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"RunResult({self.name or 'unnamed'}: {self.status}, {s['steps']} steps, "
+                f"{_fmt(s['samples_per_s'])} samples/s, loss {_fmt(s['last_loss'])})")
+
+    def plot(self, path=None, ax=None):
+        """Loss against step (and samples/s on a twin axis); saved to `path` when given."""
+        from ..plotting import plot_history
+        return plot_history(self.log, path=path, ax=ax, title=self.name)

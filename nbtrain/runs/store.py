@@ -1,0 +1,172 @@
+"""The run store: every run's config, summary and history in one SQLite file.
+
+Comparisons survive a kernel restart because runs live on disk, by default in
+`.nbtrain/runs.sqlite` under the working directory (a notebook's own folder), or where
+the NBTRAIN_STORE environment variable or a `path` argument says. A run's row stays
+bounded: past STORED_ROWS steps its history is thinned as MetricsLog thins (recent steps
+whole, older ones at every 2nd, 4th, ... step), and the loaded log states the thinning.
+
+Recording never breaks training: a corrupt, locked or unwritable file makes `record`
+warn once (per file, per process) and return None. Several kernels may write at once:
+each write is one short IMMEDIATE transaction on a WAL-journalled file, and SQLite's
+busy timeout makes writers take turns.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import warnings
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import hardware
+from ..config import TrainConfig
+from ..metrics import MetricsLog
+from .result import RunResult
+
+SCHEMA_VERSION = 1
+STORED_ROWS = 2**14  # step rows a run keeps in the store: every step of a run up to 16,384 steps
+_SCHEMA = ("""
+CREATE TABLE IF NOT EXISTS runs (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    name     TEXT,
+    created  REAL NOT NULL,
+    status   TEXT NOT NULL,
+    message  TEXT NOT NULL,
+    model    TEXT,
+    config   TEXT NOT NULL,   -- JSON: TrainConfig.to_dict()
+    summary  TEXT NOT NULL,   -- JSON: RunResult.summary
+    events   BLOB NOT NULL    -- zlib(JSON): the MetricsLog's events, replayable (thinned past STORED_ROWS)
+)""", "CREATE INDEX IF NOT EXISTS runs_by_name ON runs (name, id)", f"PRAGMA user_version={SCHEMA_VERSION}")
+_warned: set[str] = set()
+
+
+class StoreError(RuntimeError):
+    """The run store cannot be read; the message names the file and the reason."""
+
+
+def default_path() -> Path:
+    """NBTRAIN_STORE if set, else .nbtrain/runs.sqlite under the working directory."""
+    env = os.environ.get("NBTRAIN_STORE")
+    return Path(env).expanduser() if env else Path.cwd() / ".nbtrain" / "runs.sqlite"
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One row of the store's listing (no history)."""
+    id: int
+    name: str | None
+    created: float
+    status: str
+    model: str | None
+    config: dict
+    summary: dict
+
+    @property
+    def label(self) -> str:
+        return self.name or f"#{self.id}"
+
+
+class RunStore:
+    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 5.0):
+        self.path = Path(path).expanduser() if path is not None else default_path()
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.path)!r})"
+
+    # --- connection -------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # isolation_level=None: transactions are opened explicitly, so each write is one unit.
+        db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        try:
+            if db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA:
+                    db.execute(statement)
+                db.execute("COMMIT")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _warn_once(self, error: Exception) -> None:
+        key = str(self.path.resolve())
+        if key in _warned:
+            return
+        _warned.add(key)
+        # Attributed to the store file, not to nbtrain's line that noticed: the user sees no nbtrain source path.
+        warnings.warn_explicit(f"nbtrain: the run store {self.path} is unusable ({error}); training goes on, but "
+                               "runs are not recorded there. Move the file away, or set NBTRAIN_STORE to another path.",
+                               RuntimeWarning, filename="nbtrain run store", lineno=0, module="nbtrain.runs.store")
+
+    # --- writing ------------------------------------------------------------------------
+
+    def record(self, result: RunResult, name: str | None = None, model: str | None = None) -> int | None:
+        """Store a finished run; its id, or None (after one warning) when the file is unusable."""
+        # A long run's history is thinned (recent steps kept whole), so its row stays a few MB at most.
+        events = zlib.compress(json.dumps(result.log.snapshot(STORED_ROWS).events).encode())
+        row = (name if name is not None else result.name, time.time(), result.status, result.message, model,
+               json.dumps(result.config.to_dict()), json.dumps(result.summary, default=str), events)
+        try:
+            db = self._connect()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                cursor = db.execute("INSERT INTO runs (name, created, status, message, model, config, summary, "
+                                    "events) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+                db.execute("COMMIT")
+                return cursor.lastrowid
+            finally:
+                db.close()
+        except (sqlite3.Error, OSError) as error:
+            self._warn_once(error)
+            return None
+
+    # --- reading ------------------------------------------------------------------------
+
+    def _query(self, sql: str, args=()) -> list[tuple]:
+        try:
+            db = self._connect()
+            try:
+                return db.execute(sql, args).fetchall()
+            finally:
+                db.close()
+        except (sqlite3.Error, OSError) as error:
+            raise StoreError(f"cannot read the run store {self.path}: {error}") from None
+
+    def runs(self, last: int | None = None) -> list[StoredRun]:
+        """Stored runs, oldest first (the newest `last` of them when given)."""
+        sql = "SELECT id, name, created, status, model, config, summary FROM runs ORDER BY id DESC"
+        rows = self._query(sql + (" LIMIT ?" if last else ""), (last,) if last else ())
+        return [StoredRun(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), json.loads(r[6])) for r in reversed(rows)]
+
+    def load(self, key: str | int) -> RunResult:
+        """A stored run as a RunResult: by name (the newest of that name), by id, or '#id'."""
+        text = str(key)
+        rows = self._query("SELECT id, name, status, message, model, config, summary, events FROM runs "
+                           "WHERE name = ? ORDER BY id DESC LIMIT 1", (text,))
+        if not rows and text.lstrip("#").isdigit():
+            rows = self._query("SELECT id, name, status, message, model, config, summary, events FROM runs "
+                               "WHERE id = ?", (int(text.lstrip("#")),))
+        if not rows:
+            known = sorted({r.label for r in self.runs(last=50)})
+            raise StoreError(f"no run named {text!r} in {self.path}; stored runs: {', '.join(known) or 'none yet'}")
+        run_id, name, status, message, model, config, summary, events = rows[0]
+        log = MetricsLog.from_events(json.loads(zlib.decompress(events)))
+        result = RunResult(_stored_config(json.loads(config)), log, json.loads(summary), status, message,
+                           name=name or f"#{run_id}")
+        result.extras.update(run_id=run_id, model=model, store=str(self.path))
+        return result
+
+
+def _stored_config(values: dict) -> TrainConfig:
+    """A past run's config, even one made on hardware this machine lacks (a GPU run read on a laptop)."""
+    anything = hardware.Inventory(cuda_devices=1 << 16, cuda_bf16=True, mps=True, cpu_cores=1 << 16)
+    with hardware.assume(anything):
+        return TrainConfig.from_dict({k: v for k, v in values.items() if k in TrainConfig.__dataclass_fields__})

@@ -1,0 +1,167 @@
+"""Trials on the live model: measure a config for a while, then put everything back exactly.
+
+Every checklist tool (diagnose, tune, leaks, checklist) tries settings by really training a
+few steps on the user's own engine. A `Snapshot` taken before a trial restores the weights,
+buffers, gradients, optimizer and scaler state, RNG streams, step counters and config
+afterwards, bit for bit, so a trial never changes what the user has trained.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ctypes
+import gc
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import TrainConfig
+from ..engine.state import Snapshot  # noqa: F401  (every tool's trials use it)
+from ..recipe import Recipe
+
+
+def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config: TrainConfig | None = None,
+            loss_fn=None, training_step=None, optimizer=None, val_data=None, collate_fn=None):
+    """The live engine for a recipe (or for a model + data given like `nbtrain.fit`)."""
+    from ..api import engine_for
+    if isinstance(model, Recipe):
+        recipe, model = model, None
+    if recipe is None:
+        from ..adapters import recipe_for
+        recipe = recipe_for(model, train_data, loss_fn=loss_fn, training_step=training_step, optimizer=optimizer,
+                            val_data=val_data, collate_fn=collate_fn)
+    config = config or TrainConfig()
+    return engine_for(recipe, config)
+
+
+@dataclass
+class Measurement:
+    """Throughput of one trial, from the steps after the warm-up (worker start-up excluded)."""
+    config: TrainConfig
+    samples_per_s: float
+    steps: int
+    seconds: float          # wall time of the whole trial, start-up included
+    phase_ms: dict = field(default_factory=dict)  # mean per measured step
+    step_ms: float = float("nan")
+    peak_bytes: int = 0
+    status: str = "completed"
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
+@contextlib.contextmanager
+def exact_cpu_peaks():
+    """Make the process's peak RSS follow the live tensors while memory trials run (glibc).
+
+    glibc serves a freed large block's size from its heap afterwards (its mmap threshold
+    rises dynamically), so one trial's freed memory shapes the next trial's peak. During the
+    trials, large blocks always come from mmap and go back on free; afterwards the threshold
+    is left where glibc's own dynamic threshold settles at most (32 MB), so training keeps
+    reusing heap memory as before.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        yield
+        return
+    mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+    mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
+    try:
+        yield
+    finally:
+        mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+        mallopt(_M_TRIM_THRESHOLD, 64 * 2**20)
+
+
+def release_memory() -> None:
+    """Hand freed memory back before a memory trial, so one trial's peak does not carry into the next."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    try:  # glibc keeps freed heap pages; malloc_trim returns them so RSS reflects live memory
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps: int | None = None,
+            warmup_steps: int = 2, sync_phases: bool = False, log=None) -> Measurement:
+    """Train `config` on the live engine for `steps` optimizer steps or `seconds` (whichever first).
+
+    The caller restores state (a Snapshot); this only measures. Throughput counts the steps after
+    `warmup_steps`, so worker start-up and first-call costs are not charged to a config.
+    """
+    from ..engine.memory import PeakMemory
+    cap = steps if steps is not None else 10**9
+    engine.reconfigure(config.replace(max_steps=cap, max_epochs=None))
+    timer = threading.Timer(seconds, engine.stop, args=("time",)) if seconds is not None else None
+    engine.sync_phases = sync_phases
+    # Trials measure training only: held-out evaluation at epoch ends would be charged to them.
+    recipe = engine.recipe
+    if recipe.val_data is not None:
+        engine.recipe = dataclasses.replace(recipe, val_data=None)
+    peak = PeakMemory(engine.device)
+    t0 = time.perf_counter()
+    try:
+        if timer is not None:
+            timer.start()
+        peak.start()
+        result = engine.run(log=log)
+        peak_bytes = peak.peak()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        engine.sync_phases = False
+        engine.recipe = recipe
+    wall = time.perf_counter() - t0
+    if result.status == "interrupted":
+        # A kernel interrupt ends the whole tool, not just this trial: the engine turned it into a stop
+        # at a step boundary; raised again, every tool's Snapshot puts the model back on the way out.
+        raise KeyboardInterrupt
+    cols = result.log.columns
+    n = len(cols["step"])
+    first = min(warmup_steps, max(n - 2, 0))  # keep at least two measured steps when there are few
+    if n == 0:
+        return Measurement(config, float("nan"), 0, wall, peak_bytes=peak_bytes, status=result.status,
+                           error="no optimizer step finished")
+    start = result.log.last("start")["info"].get("samples_start", 0)
+    points = ([(0.0, start)] if first == 0 else []) + list(zip(cols["time"], cols["samples"]))[max(first - 1, 0):]
+    measured = range(first, n)
+    phase_ms = {name[:-2]: 1000 * sum(cols[name][i] for i in measured) / len(measured)
+                for name in ("data_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")}
+    step_ms = 1000 * sum(cols["step_s"][i] for i in measured) / len(measured)
+    return Measurement(config, robust_rate(points), n, wall, phase_ms, step_ms, peak_bytes, result.status)
+
+
+def robust_rate(points, pieces: int = 5) -> float:
+    """Samples/s over (time, samples) points: the median of a few consecutive pieces' rates.
+
+    Each piece spans several steps (so a loader's bursts average out) and the median drops a
+    piece that a passing load spike on a shared machine slowed down.
+    """
+    k = min(pieces, (len(points) - 1) // 3)
+    if k < 3:
+        (t0, s0), (t1, s1) = points[0], points[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else float("nan")
+    edges = [round(i * (len(points) - 1) / k) for i in range(k + 1)]
+    rates = sorted((points[b][1] - points[a][1]) / (points[b][0] - points[a][0])
+                   for a, b in zip(edges, edges[1:]) if points[b][0] > points[a][0])
+    return rates[len(rates) // 2] if rates else float("nan")
+
+
+def plain_config(config: TrainConfig) -> TrainConfig:
+    """The config a trial measures: no budget of its own (the trial sets one); trials never
+    write checkpoints or resume from one, since what they train is thrown away."""
+    changes = {"max_steps": None, "max_epochs": None}
+    names = set(config.to_dict())
+    changes.update({name: None for name in ("checkpoint_every", "resume") if name in names})
+    return config.replace(**changes)

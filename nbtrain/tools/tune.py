@@ -1,0 +1,306 @@
+"""Tuning by measurement on the live model: DataLoader workers, the largest batch, the LR.
+
+    w = nbtrain.tune.find_workers(recipe, config=cfg)          # steady rate per worker setting (tune_workers.py)
+    b = nbtrain.tune.find_batch_size(recipe, config=cfg)       # largest batch under a memory budget
+    print(b.table()); cfg = b.config                           # batch, LR rule and warm-up applied; its speed
+    lr = nbtrain.tune.find_lr(recipe, config=cfg); lr.plot()   # exponential sweep, steepest descent
+
+Every trial trains real steps on the user's engine and is undone afterwards (trial.Snapshot),
+so weights, optimizer state and counters are exactly as before the search. The batch found is
+then measured against the starting batch head to head, in alternating blocks (measure/ab.py):
+a larger batch fits, but whether it trains faster on this machine is a measurement.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+
+from .. import plotting
+from . import trial
+from ..config import TrainConfig
+from ..metrics import MetricsLog
+from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
+from ..measure.ab import ABResult, compare_on
+
+
+# --- largest batch --------------------------------------------------------------------------
+
+@dataclass
+class BatchTrial:
+    batch_size: int
+    fits: bool
+    peak_bytes: int | None
+    reason: str = ""
+
+
+@dataclass
+class BatchSearch:
+    batch_size: int              # largest batch that fit
+    trials: list                 # BatchTrial, in the order tried
+    max_trials: int
+    limit_bytes: int | None      # the enforced peak-memory budget (None: out-of-memory only)
+    memory_kind: str
+    config: TrainConfig          # the starting config with the batch, LR rule and warm-up applied
+    lr_base: float
+    lr_scaled: float
+    warmup_suggested: bool
+    notes: list = field(default_factory=list)
+    speed: ABResult | None = None    # the batch found against the starting batch, head to head
+    speed_note: str = ""             # why the speed was not compared
+
+    def summary(self) -> str:
+        c = self.config
+        warm = (f"linear warm-up over {c.warmup_steps} steps"
+                + (" (suggested: one epoch at the new batch)" if self.warmup_suggested else "")
+                if c.warmup_steps else "no warm-up")
+        return (f"largest batch {self.batch_size} in {len(self.trials)} trials (at most {self.max_trials}); "
+                f"learning rate {self.lr_base:.4g} -> {self.lr_scaled:.4g} by the {c.scale_lr} rule "
+                f"(global batch {c.global_batch_size} vs base {c.base_batch_size}), {warm}")
+
+    def table(self) -> str:
+        limit = "out-of-memory only" if self.limit_bytes is None else f"{self.limit_bytes / 2**20:,.0f} MB"
+        lines = [f"nbtrain batch-size search (peak {self.memory_kind}, budget {limit})"]
+        for i, t in enumerate(self.trials, 1):
+            peak = "-" if t.peak_bytes is None else f"{t.peak_bytes / 2**20:,.1f} MB"
+            lines.append(f"  {i:2d}. batch {t.batch_size:>8,}  {'fits' if t.fits else 'too big':<8} peak {peak:>12}"
+                         + (f"  ({t.reason})" if t.reason else ""))
+        lines.append(self.summary())
+        lines.append(self.speed_text())
+        lines += self.notes
+        return "\n".join(lines)
+
+    def speed_text(self) -> str:
+        """The found batch's speed against the starting batch's, with its interval."""
+        if self.speed is None:
+            return f"speed: {self.speed_note}"
+        v, (a, b) = self.speed.verdict, (self.speed.a, self.speed.b)
+        medians = [sorted(r)[len(r) // 2] for r in (self.speed.rates_a, self.speed.rates_b)]
+        return (v.text(f"speed, batch {b.batch_size} against batch {a.batch_size} head to head") +
+                f"; {medians[1]:,.0f} vs {medians[0]:,.0f} samples/s (median blocks, {v.pairs} pairs)")
+
+    def plot(self, path=None, ax=None):
+        with plotting.axes(path, ax, figsize=(6, 3.2)) as ax:
+            for fits, color in ((True, "tab:green"), (False, "tab:red")):
+                pts = [(t.batch_size, t.peak_bytes / 2**20) for t in self.trials if t.fits == fits and t.peak_bytes]
+                if pts:
+                    ax.scatter(*zip(*pts), color=color, label="fits" if fits else "too big")
+            if self.limit_bytes is not None:
+                ax.axhline(self.limit_bytes / 2**20, color="grey", ls="--", label="budget")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size")
+            ax.set_ylabel(f"peak {self.memory_kind} (MB)")
+            ax.set_title(f"largest batch {self.batch_size}", fontsize=9)
+            ax.legend(fontsize=7)
+        return ax.figure
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def _agree(fits: bool, peak: int, device) -> tuple[bool, int]:
+    """Under DDP every rank must pick the same batch: it fits only where it fits on every rank."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return fits, peak
+    t = torch.tensor([0 if fits else 1, peak], dtype=torch.float64,
+                     device=device if device.type == "cuda" else "cpu")
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return t[0].item() == 0, int(t[1].item())
+
+
+def memory_limit(memory_budget, device) -> tuple[int | None, str]:
+    """Peak bytes a trial may reach: a fraction (0, 1] of free memory above what is held now, or bytes."""
+    if isinstance(memory_budget, bool) or not (memory_budget is None or isinstance(memory_budget, (int, float))) \
+            or (memory_budget is not None and (memory_budget <= 0 or (isinstance(memory_budget, float)
+                                                                      and memory_budget > 1))):
+        raise ValueError(f"memory_budget={memory_budget!r}: a fraction in (0, 1] of the free memory, "
+                         "a whole number of bytes, or None (CPU: 0.5; CUDA: out-of-memory only)")
+    if device.type == "cuda":
+        if memory_budget is None:
+            return None, "CUDA allocated"
+        free, _ = torch.cuda.mem_get_info(device)
+        held = torch.cuda.memory_allocated(device)
+        return (held + int(memory_budget * free) if isinstance(memory_budget, float) else int(memory_budget),
+                "CUDA allocated")
+    from ..engine.memory import current_rss
+    budget = 0.5 if memory_budget is None else memory_budget
+    if isinstance(budget, float):
+        return current_rss() + int(budget * psutil.virtual_memory().available), "process RSS"
+    return int(budget), "process RSS"
+
+
+def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
+                    max_batch: int | None = None, memory_budget=None, rule: str = "linear", steps: int = 1,
+                    tolerance: float = 0.05, speed_s: float = 6.0, clock=time.monotonic, **parts) -> BatchSearch:
+    """Largest batch whose training step fits: doubling, then an interpolating bisection.
+
+    A trial trains `steps` real steps at a batch size; it is too big on CUDA out-of-memory or when
+    its measured peak (CUDA allocated, or the process's peak RSS on the CPU) passes the budget.
+    At most ceil(log2(max_batch)) + 4 trials; the found batch is within `tolerance` of the largest.
+    Then, for about `speed_s` seconds of `clock` (0: not at all), its speed against the starting batch.
+    """
+    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    start = trial.plain_config(engine.config)
+    per_rank = math.ceil(len(engine.recipe.train_data) / engine.world.size)
+    max_batch = per_rank if max_batch is None else max_batch
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch={max_batch!r}: a whole number >= 1 (largest batch to try)")
+    if max_batch > per_rank:
+        raise ValueError(f"max_batch={max_batch}: at most {per_rank} (samples per process in train_data)")
+    if rule not in ("linear", "sqrt", "none"):
+        raise ValueError(f"rule={rule!r}: one of linear, sqrt, none (how the learning rate follows the batch)")
+    if not 0 < tolerance <= 0.1:
+        raise ValueError(f"tolerance={tolerance!r}: a number in (0, 0.1] (relative gap at which the search stops)")
+    if isinstance(speed_s, bool) or not isinstance(speed_s, (int, float)) or speed_s < 0:
+        raise ValueError(f"speed_s={speed_s!r}: seconds >= 0 (0: the speed is not compared)")
+    limit, kind = memory_limit(memory_budget, engine.device)
+    max_trials = math.ceil(math.log2(max_batch)) + 4 if max_batch > 1 else 1
+    trials: list[BatchTrial] = []
+    snapshot = trial.Snapshot(engine)
+
+    def attempt(b: int) -> BatchTrial:
+        trial.release_memory()
+        try:
+            m = trial.measure(engine, start.replace(batch_size=b), steps=steps, warmup_steps=0)
+            fits, peak, reason = m.ok, m.peak_bytes, m.error
+        except Exception as error:  # noqa: BLE001 - only out-of-memory is a verdict; anything else is raised
+            if not _is_oom(error):
+                raise
+            fits, peak, reason = False, None, "out of memory"
+        finally:
+            snapshot.restore()
+            trial.release_memory()
+        if fits and limit is not None and peak > limit:
+            fits, reason = False, "over budget"
+        fits, peak = _agree(fits, peak or 0, engine.device)
+        t = BatchTrial(b, fits, peak or None, reason if not fits else "")
+        trials.append(t)
+        return t
+
+    exact = trial.exact_cpu_peaks() if engine.device.type == "cpu" else contextlib.nullcontext()
+    try:
+        exact.__enter__()
+        b = min(start.batch_size, max_batch)
+        lo, hi = None, None  # largest trial that fit, smallest that did not
+        while len(trials) < max_trials:  # doubling (or halving while even the start is too big)
+            t = attempt(b)
+            if t.fits:
+                lo = t
+                if hi is not None or b >= max_batch:
+                    break
+                b = min(2 * b, max_batch)
+            else:
+                hi = t
+                if lo is not None or b == 1:
+                    break
+                b = max(b // 2, 1)
+        while lo is not None and hi is not None and len(trials) < max_trials \
+                and hi.batch_size - lo.batch_size > max(1, tolerance * lo.batch_size):
+            b = _next_probe(lo, hi, limit)
+            t = attempt(b)
+            if t.fits:
+                lo = t
+            else:
+                hi = t
+    finally:
+        exact.__exit__(None, None, None)
+        snapshot.restore()
+    found = lo.batch_size if lo is not None else 0
+    if not found:
+        raise RuntimeError(f"nbtrain.find_batch_size: even batch_size=1 does not fit ({hi.reason}); "
+                           "raise memory_budget or make the model smaller")
+    search = _with_lr(engine, start, found, rule, trials, max_trials, limit, kind)
+    search.speed, search.speed_note = _speed(engine, snapshot, start, search.config, speed_s, clock)
+    return search
+
+
+def _speed(engine, snapshot, start: TrainConfig, found: TrainConfig, seconds: float, clock):
+    """(the found config against the start in alternating blocks, or None and why not)."""
+    if found.batch_size == start.batch_size:
+        return None, "the starting batch is the largest found; nothing to compare"
+    if not seconds:
+        return None, "not compared (speed_s=0)"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Each rank would stop comparing at its own time, and the others would wait in an all-reduce.
+        return None, "compared in single-process runs only (ranks would stop at different times)"
+    try:
+        return compare_on(engine, snapshot, start, found, block_steps=4, block_s=seconds / 24, min_pairs=3,
+                          max_pairs=10, budget_s=seconds, clock=clock), ""
+    except Exception as error:  # noqa: BLE001 - out of memory over several steps is a result
+        if not _is_oom(error):
+            raise
+        return None, "out of memory over several steps at the batch found"
+    finally:
+        snapshot.restore()
+        trial.release_memory()
+
+
+def _next_probe(lo: BatchTrial, hi: BatchTrial, limit: int | None) -> int:
+    """Bisect, guided by the measured peaks: peak memory grows about linearly with the batch."""
+    a, b = lo.batch_size, hi.batch_size
+    guess = (a + b) / 2
+    if limit is not None and lo.peak_bytes and hi.peak_bytes and hi.peak_bytes > lo.peak_bytes:
+        guess = a + (limit - lo.peak_bytes) * (b - a) / (hi.peak_bytes - lo.peak_bytes)
+        guess *= 0.99  # land just inside the budget, so the next trial tends to fit
+    gap = b - a
+    guess = min(max(guess, a + gap / 16), b - gap / 16)  # always shrink the interval
+    return min(max(int(round(guess)), a + 1), b - 1)
+
+
+def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_trials, limit, kind) -> BatchSearch:
+    """The found batch with the learning rate scaled from the starting global batch, and a warm-up."""
+    base_batch = start.base_batch_size or start.global_batch_size
+    changes = {"batch_size": batch}
+    if rule != "none":
+        changes.update(scale_lr=rule, base_batch_size=base_batch)
+    suggested = False
+    if rule != "none" and not start.warmup_steps and batch > start.batch_size:
+        per_epoch = math.ceil(math.ceil(len(engine.recipe.train_data) / engine.world.size) / batch
+                              / start.accumulate_grad_batches)
+        changes["warmup_steps"], suggested = max(per_epoch, 1), True
+    config = start.replace(**changes)
+    notes = []
+    # A scaled rate is advice the user will follow: a short check that it does not make the loss
+    # diverge, falling back to the gentler sqrt rule, then to the unscaled rate, and saying so.
+    for fallback in (("sqrt", "none") if rule == "linear" else ("none",) if rule == "sqrt" else ()):
+        diverged = _diverges(engine, config)
+        if not diverged:
+            break
+        notes.append(f"the {config.scale_lr} rule's learning rate made the loss diverge in a short check "
+                     f"({diverged}); suggesting scale_lr={fallback!r} instead")
+        config, rule = config.replace(scale_lr=fallback), fallback
+    base_lr = start.lr if start.lr is not None else engine.base_lrs[0]
+    base_lr *= start.lr_factor()  # the rate in use now
+    scaled = (start.lr if start.lr is not None else engine.base_lrs[0]) * config.lr_factor()
+    if rule != "none":
+        notes.append(f"apply it: config = config.replace(batch_size={batch}, scale_lr={rule!r}, "
+                     f"base_batch_size={config.base_batch_size}, warmup_steps={config.warmup_steps})")
+    return BatchSearch(batch, trials, max_trials, limit, kind, config, base_lr, scaled, suggested, notes)
+
+
+def _diverges(engine, config: TrainConfig, steps: int = 30) -> str | None:
+    """'loss a -> b' when `steps` steps of `config` (in a trial: the model is put back) end with a
+    non-finite loss or one well above where they started; None when the loss holds or falls."""
+    log = MetricsLog()
+    with engine.trial():
+        trial.measure(engine, config.replace(log_every_n_steps=1), steps=steps, log=log)
+    return worse(list(log.columns["loss"]))
+
+
+def worse(losses: list[float]) -> str | None:
+    """'loss a -> b' when a loss curve ends non-finite or 1.5x above its start, else None."""
+    if not losses:
+        return None
+    window = max(1, len(losses) // 5)
+    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    if not all(math.isfinite(x) for x in losses) or last > 1.5 * first:
+        return f"loss {first:.3g} -> {last:.3g}"
+    return None
+
+
+from .tune_workers import WorkerSearch, find_workers  # noqa: E402,F401  (the worker search is part of this toolbox)
