@@ -19,7 +19,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from checklist_recipes import memory_heavy_recipe  # noqa: E402
 
-from nbtrain import TrainConfig, trial  # noqa: E402
+from nbtrain import TrainConfig
+from nbtrain.tools import trial  # noqa: E402
 from nbtrain.api import engine_for  # noqa: E402
 from nbtrain.engine.memory import current_rss  # noqa: E402
 from nbtrain.tools.tune import find_batch_size  # noqa: E402

@@ -21,7 +21,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from checklist_recipes import data_bound_recipe  # noqa: E402
 
-from nbtrain import TrainConfig, trial  # noqa: E402
+from nbtrain import TrainConfig
+from nbtrain.tools import trial  # noqa: E402
 from nbtrain.tools.checklist import (batch_candidates, checklist, precision_candidates, with_batch,  # noqa: E402
                                with_workers, worker_candidates)
 

@@ -11,14 +11,14 @@ from .flags import add_config_flags, config_from_flags, flag_name
 
 def _demo(args) -> int:
     from .api import fit
-    from .console import ConsoleProgress
+    from .progress import Progress
     from .demo import digits_recipe
     from .metrics import MetricsLog
 
     base = TrainConfig(max_epochs=10, batch_size=64, log_every_n_steps=5)
     config = config_from_flags(args, base)
     log = MetricsLog()
-    log.subscribe(ConsoleProgress(disable=args.quiet))
+    log.subscribe(Progress(disable=args.quiet))
     print(f"nbtrain demo: an MLP on scikit-learn's handwritten digits (1,437 train / 360 held-out), "
           f"{config.device_type}, {config.precision}", flush=True)
     result = fit(recipe=digits_recipe(seed=config.seed or 0), config=config, log=log, name="demo")

@@ -93,26 +93,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         from .distributed.launch import fit_distributed
         result = fit_distributed(recipe, config, log=log, stop=stop)
     else:
-        engine = engine_for(recipe, config)
-        watcher = _relay_stop(stop, engine) if stop is not None else None
-        try:
-            result = engine.run(log=log)
-        finally:
-            if watcher is not None:
-                watcher.set()
+        result = engine_for(recipe, config).run(log=log, stop=stop)
     result.name = name
     return result
 
-
-def _relay_stop(stop, engine):
-    """A thread that turns `stop` being set into engine.stop() (the engine checks its own flag each step)."""
-    import threading
-    done = threading.Event()
-
-    def relay():  # again and again: a stop set before the run starts must outlive run()'s own reset
-        while not done.wait(0.05):
-            if stop.is_set():
-                engine.stop()
-
-    threading.Thread(target=relay, name="nbtrain-stop-relay", daemon=True).start()
-    return done

@@ -21,7 +21,7 @@ import math
 import threading
 import warnings
 from array import array
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 COLUMNS = ("step", "epoch", "samples", "time", "loss", "lr", "step_s",
            "data_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")
@@ -30,7 +30,27 @@ _WHOLE = {"step", "epoch", "samples"}  # counts: 64-bit integers; every other co
 MAX_ROWS = 2**18      # rows kept at full resolution: 262,144 steps, ~25 MB
 MAX_EVENTS = 2**14    # other events kept before the oldest plain epoch events are thinned too
 
-View = Callable[[dict, "MetricsLog"], None]
+@runtime_checkable
+class View(Protocol):
+    """What watches a run: `update` at every event (inside the training loop: keep it cheap), `close`
+    once the front-end is done with it (also after a failed run, which sends no "end" event)."""
+
+    def update(self, event: dict, log: "MetricsLog") -> None: ...
+
+    def close(self) -> None: ...
+
+
+class FunctionView:
+    """A plain function `fn(event, log)` subscribed as a view; closing it does nothing."""
+
+    def __init__(self, fn: Callable[[dict, "MetricsLog"], None]):
+        self.fn = fn
+
+    def update(self, event: dict, log: "MetricsLog") -> None:
+        self.fn(event, log)
+
+    def close(self) -> None:
+        pass
 
 
 class Column(array):
@@ -104,13 +124,14 @@ class MetricsLog:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _views=[], _lock=threading.Lock())
 
-    def subscribe(self, view: View) -> View:
-        self._views.append(view)
+    def subscribe(self, view):
+        """Watch this log with a View, or a plain function `fn(event, log)`; returns what it was given."""
+        self._views.append(view if isinstance(view, View) else FunctionView(view))
         return view
 
-    def unsubscribe(self, view: View) -> None:
-        if view in self._views:
-            self._views.remove(view)
+    def unsubscribe(self, view) -> None:
+        """Stop calling `view` (the View subscribe returned, or the function it was given)."""
+        self._views = [v for v in self._views if v is not view and not (isinstance(v, FunctionView) and v.fn is view)]
 
     def emit(self, event: dict) -> None:
         with self._lock:
@@ -122,9 +143,9 @@ class MetricsLog:
                     self._thin_events()
         for view in list(self._views):
             try:
-                view(event, self)
+                view.update(event, self)
             except Exception as exc:  # a broken view must never stop training
-                self._views.remove(view)
+                self.unsubscribe(view)
                 warnings.warn(f"nbtrain: a view failed and was detached: {exc!r}", stacklevel=2)
 
     def _add_rows(self, event: dict) -> None:

@@ -88,6 +88,19 @@ def _read_bool(value):
     raise _Reject
 
 
+class Interval(str):
+    """A checkpoint interval as a config holds it: its canonical text ('500' optimizer steps, '90s'),
+    typed once here so nothing parses the text again."""
+
+    @property
+    def steps(self) -> int:
+        return 0 if self.endswith("s") else int(self)
+
+    @property
+    def seconds(self) -> float:
+        return float(self[:-1]) if self.endswith("s") else 0.0
+
+
 def _read_every(value):
     """A checkpoint interval: N (optimizer steps) or a duration like 90s / 10m / 1h; None for never."""
     if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none", "never", "off"}):
@@ -101,9 +114,9 @@ def _read_every(value):
                 amount = float(text[:-len(suffix)]) * seconds
                 if amount <= 0:
                     raise _Reject
-                return f"{amount:g}s"
+                return Interval(f"{amount:g}s")
     if text.isdigit() and int(text) >= 1:
-        return text
+        return Interval(int(text))
     raise _Reject
 
 

@@ -160,6 +160,7 @@ def _metric_axis(ax, wanted: bool, crowded: bool):
             metric_ax.spines["right"].set_position(("outward", 62))
     if metric_ax is not None and wanted:
         metric_ax.set_ylabel("held-out metric", fontsize=8)
+        metric_ax.yaxis.set_label_position("right")  # clear() put it on the left, over the loss's own
         metric_ax.tick_params(labelsize=7)
     return metric_ax if wanted else None
 
@@ -218,6 +219,26 @@ def history_axes(figure):
     rate_ax = figure.add_subplot(grid[0, 1])
     lr_ax = figure.add_subplot(grid[1, 1], sharex=rate_ax)
     return loss_ax, rate_ax, lr_ax
+
+
+def live_frame(figures: dict, log, figsize, dpi: int, title=None) -> bytes:
+    """A live-plot frame of `log` as PNG bytes. The figure for each size is made once and kept in
+    `figures`: making one is costly, and the live plot draws many frames."""
+    import io
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    key = (tuple(figsize), dpi)
+    if key not in figures:
+        # A layout engine keeps the twin and stacked axes' labels apart; it is most of a frame's cost,
+        # which the live plot pays in its drawing process, not in the training kernel.
+        figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+        FigureCanvasAgg(figure)
+        figures[key] = (figure, history_axes(figure))
+    figure, axes = figures[key]
+    draw(log, *axes[:2], title=title, lr_ax=axes[2])
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
 
 
 def plot_history(log, path=None, ax=None, title=None):

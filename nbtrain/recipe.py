@@ -120,9 +120,9 @@ class Recipe:
     def __post_init__(self):
         # A DataLoader the user tuned gives its dataset, collate_fn and settings; nbtrain cuts the batches.
         if isinstance(self.train_data, DataLoader):
-            if fixed_reason(self.train_data):
-                self.fixed_loader = self.train_data
-            self.train_data, collate, self.loader_settings = adopt_loader(self.train_data)
+            loader = self.train_data
+            self.train_data, collate, self.loader_settings, fixed = adopt_loader(loader)
+            self.fixed_loader = loader if fixed else None
             self.collate_fn = self.collate_fn or collate
         if isinstance(self.val_data, DataLoader):
             self.val_data = self.val_data.dataset
@@ -243,16 +243,16 @@ def own_loss(output):
     return loss
 
 
-def adopt_loader(loader: DataLoader) -> tuple[Dataset, Callable | None, dict]:
-    """(dataset, collate_fn, settings) of a DataLoader, or a RecipeError saying why it cannot be adopted."""
+def adopt_loader(loader: DataLoader) -> tuple[Dataset, Callable | None, dict, bool]:
+    """(dataset, collate_fn, settings, fixed) of a DataLoader; `fixed`: nbtrain must read it as it is."""
     if isinstance(loader.dataset, IterableDataset):  # a stream: nbtrain shares it out itself (stream.py)
         return loader.dataset, None if loader.collate_fn is default_collate else loader.collate_fn, \
-            {"batch_size": loader.batch_size, "num_workers": loader.num_workers, "drop_last": loader.drop_last}
+            {"batch_size": loader.batch_size, "num_workers": loader.num_workers, "drop_last": loader.drop_last}, False
     sampler = loader.sampler
     if fixed_reason(loader):  # its own order: nbtrain reads the loader as it is (FixedLoader), toggles off
         batch = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
         return loader.dataset, None, {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
-                                      **({"batch_size": batch} if isinstance(batch, int) else {})}
+                                      **({"batch_size": batch} if isinstance(batch, int) else {})}, True
     settings = {"batch_size": loader.batch_size, "num_workers": loader.num_workers,
                 "pin_memory": loader.pin_memory, "drop_last": loader.drop_last,
                 "shuffle": isinstance(sampler, RandomSampler)}
@@ -260,7 +260,7 @@ def adopt_loader(loader: DataLoader) -> tuple[Dataset, Callable | None, dict]:
         settings["persistent_workers"] = loader.persistent_workers
         settings["prefetch_factor"] = loader.prefetch_factor
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
-    return loader.dataset, collate, settings
+    return loader.dataset, collate, settings, False
 
 
 FIXED_OPTIONS = ("batch_size", "shuffle", "drop_last", "num_workers", "persistent_workers", "prefetch_factor",

@@ -13,6 +13,17 @@ def regression_data(n=256, features=8, seed=0):
     return TensorDataset(x, x @ w + 0.1 * torch.randn(n, 1, generator=g))
 
 
+def edge_of_stability_recipe():
+    """Linear regression on wide inputs with SGD at lr 0.02, near its largest stable rate: a rate
+    scaled up 16x or more makes the loss diverge."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 16, generator=g) * 3
+    data = TensorDataset(x, x @ torch.randn(16, 1, generator=g))
+    torch.manual_seed(0)
+    return Recipe(model=nn.Sequential(nn.Linear(16, 1)), train_data=data, loss_fn=nn.MSELoss(),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.02))
+
+
 def regression_recipe(seed=0, optimizer=None, **data):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))

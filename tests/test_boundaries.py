@@ -5,7 +5,7 @@ import sys
 
 def test_engine_modules_import_neither_ipython_nor_ipywidgets():
     code = ("import sys, nbtrain, nbtrain.engine.loop, nbtrain.config, nbtrain.recipe, nbtrain.engine.data, nbtrain.engine.dist, "
-            "nbtrain.engine.precision, nbtrain.demo, nbtrain.api, nbtrain.console, nbtrain.plotting\n"
+            "nbtrain.engine.precision, nbtrain.demo, nbtrain.api, nbtrain.progress, nbtrain.plotting\n"
             "import importlib.util\n"
             "for name in ('nbtrain.distributed.launch', 'nbtrain.distributed.worker', 'nbtrain.slurm', 'nbtrain.tools.diagnose', 'nbtrain.tools.tune',"
             " 'nbtrain.tools.checklist', 'nbtrain.runs.store'):\n"

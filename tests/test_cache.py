@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from nbtrain.tools.cache import CachedDataset, cache
+from nbtrain.tools.registry import ToolOptionError
 
 from checklist_recipes import HeavyTransformData
 
@@ -86,7 +87,7 @@ def test_cache_files_are_private_numpy_memmaps(tmp_path):
 
 
 def test_bad_input_names_the_problem(tmp_path):
-    with pytest.raises(ValueError, match=r"num_workers=-2: a whole number >= 0, or None"):
+    with pytest.raises(ToolOptionError, match=r"num_workers=-2: allowed: a whole number >= 0, or None"):
         cache(HeavyTransformData(n=4), tmp_path, num_workers=-2)
     with pytest.raises(ValueError, match=r"dataset: got list; allowed: a non-empty map-style Dataset"):
         cache([], tmp_path)

@@ -7,10 +7,11 @@ import torch
 
 from nbtrain import TrainConfig
 from nbtrain.api import engine_for
-from nbtrain import checklist_items
+from nbtrain.tools import checklist_items
 from nbtrain.tools.checklist import ITEMS, batch_candidates, checklist
 from nbtrain.tools.checklist_items import ddp_candidate, try_all
 from nbtrain.demo import digits_recipe
+from nbtrain.tools.registry import ToolOptionError, ToolRefusal
 
 from checklist_recipes import same_state, state
 
@@ -93,7 +94,7 @@ def test_a_budget_its_clock_says_is_gone_before_the_start_is_measured_is_refused
     recipe = digits_recipe()
     before = state(recipe.model)
     # 30 s is ample in real time; this clock jumps 30 s per read, so nothing fits.
-    with pytest.raises(RuntimeError, match=r"budget_s=30 left no time to measure the starting config"):
+    with pytest.raises(ToolRefusal, match=r"budget_s=30 left no time to measure the starting config"):
         checklist(recipe, budget_s=30, clock=StepClock(tick=30.0), **WALK)
     assert same_state(before, state(recipe.model))
 
@@ -142,13 +143,13 @@ def test_batch_candidates_double_within_the_data_and_the_target():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"budget_s": 0}, "budget_s=0: a number of seconds > 0"),
-    ({"items": ("workers", "magic")}, "items=['workers', 'magic']: each one of " + ", ".join(ITEMS)),
-    ({"target_global_batch": 0}, "target_global_batch=0: a whole number >= 1, or None"),
-    ({"clock": 5.0}, "clock=5.0: a function returning seconds, like time.monotonic"),
+    ({"budget_s": 0}, "budget_s=0: allowed: a number of seconds > 0"),
+    ({"items": ("workers", "magic")}, "items=('workers', 'magic'): allowed: each one of " + ", ".join(ITEMS)),
+    ({"target_global_batch": 0}, "target_global_batch=0: allowed: a whole number >= 1, or None"),
+    ({"clock": 5.0}, "clock=5.0: allowed: a function returning seconds, like time.monotonic"),
 ])
 def test_bad_input_names_option_value_and_allowed(kwargs, message):
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ToolOptionError) as error:
         checklist(digits_recipe(), **kwargs)
     assert message in str(error.value)
 
@@ -179,7 +180,7 @@ def test_walk_tries_the_gpu_from_a_cpu_config():
 
 
 def test_a_budget_too_small_to_measure_the_start_says_so():
-    with pytest.raises(RuntimeError, match=r"budget_s=0.5 left no time to measure the starting config"):
+    with pytest.raises(ToolRefusal, match=r"budget_s=0.5 left no time to measure the starting config"):
         checklist(digits_recipe(), budget_s=0.5)
 
 
@@ -198,3 +199,27 @@ def test_the_modern_toggles_are_walked_or_skipped_with_a_reason():
     for item in measured.values():
         assert all(t.samples_per_s is None or t.samples_per_s > 0 for t in item.tried)
     assert "compiling does not fit" in walk.table()
+
+
+def test_the_walk_never_hands_over_a_scaled_learning_rate_that_diverges():
+    """Accumulating up to a target global batch scales the rate by the linear rule (64x here, far past
+    this problem's stable rate): the walk checks it in a short trial and keeps a gentler rule, saying why."""
+    from helpers import edge_of_stability_recipe
+    walk = checklist(recipe=edge_of_stability_recipe(), config=TrainConfig(batch_size=4, accelerator="cpu"),
+                     items=("accumulation",),
+                     target_global_batch=256, budget_s=30, clock=lambda: 0.0, trial_s=0.2)
+    assert walk.items[0].kept and walk.best_config.accumulate_grad_batches == 64
+    assert walk.best_config.scale_lr != "linear", walk.table()
+    assert "made the loss diverge" in walk.lr_note and "made the loss diverge" in walk.table()
+
+
+def test_the_walk_table_keeps_its_columns_in_line_for_long_item_names():
+    walk = checklist(digits_recipe(), config=TrainConfig(batch_size=64, accelerator="cpu"),
+                     items=("activation_checkpointing", "matmul_precision"), budget_s=10, clock=lambda: 0.0,
+                     trial_s=0.2)
+    rows = walk.table().splitlines()[1:3 + len(walk.items) + len(walk.skipped)]
+    header = rows[0]
+    column = header.index("head to head")
+    for row in rows[1:]:
+        name = row.split()[0]
+        assert row[column - 1] == " " and row[column] != " ", (name, walk.table())

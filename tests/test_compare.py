@@ -10,7 +10,7 @@ import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.runs.compare import smoothed, time_to_loss
 from nbtrain.demo import DigitsDataset, digits_recipe
-from nbtrain.runs.result import _fmt
+from nbtrain.format import number
 from nbtrain.runs.store import RunStore, StoreError
 
 from helpers import regression_data
@@ -92,7 +92,7 @@ def test_vs_first_states_the_ratio_with_its_interval_or_no_measurable_difference
 def test_compare_rows_carry_each_runs_last_held_out_numbers(runs):
     result = nbtrain.compare(*runs)
     for row, run in zip(result.rows, runs):
-        assert row["held-out"] == f"loss {_fmt(run.summary['val_loss'])}, acc {100 * run.summary['val_acc']:.1f}%"
+        assert row["held-out"] == f"loss {number(run.summary['val_loss'])}, acc {100 * run.summary['val_acc']:.1f}%"
     labels = result.figure.axes[0].get_legend_handles_labels()[1]
     assert "b16 held-out" in labels  # the validation points on the loss-against-time panel
 

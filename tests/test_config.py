@@ -139,3 +139,13 @@ def test_error_can_be_rendered_with_flag_names():
         TrainConfig(batch_size=0)
     assert info.value.render(lambda o: "--" + o.replace("_", "-")).endswith(
         "--batch-size=0: a whole number from 1 to 16777216")
+
+
+def test_a_checkpoint_interval_is_read_once_into_a_typed_value():
+    import json
+    by_time, by_steps = TrainConfig(checkpoint_every="10m"), TrainConfig(checkpoint_every=500)
+    assert (by_time.checkpoint_every.seconds, by_time.checkpoint_every.steps) == (600.0, 0)
+    assert (by_steps.checkpoint_every.steps, by_steps.checkpoint_every.seconds) == (500, 0.0)
+    # Its canonical text is what is printed, stored and read back.
+    assert by_time.checkpoint_every == "600s" and json.loads(json.dumps(by_time.to_dict()))["checkpoint_every"] == "600s"
+    assert TrainConfig.from_dict(by_time.to_dict()).checkpoint_every.seconds == 600.0

@@ -5,6 +5,7 @@ import torch
 
 from nbtrain import TrainConfig
 from nbtrain.tools.diagnose import diagnose, profile, verdict_for
+from nbtrain.tools.registry import ToolOptionError
 
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state
 
@@ -60,7 +61,7 @@ def test_profile_restores_the_model_and_writes_a_perfetto_trace(tmp_path):
 
 
 def test_bad_step_count_names_the_option():
-    with pytest.raises(ValueError, match=r"steps=0: a whole number >= 1"):
+    with pytest.raises(ToolOptionError, match=r"steps=0: allowed: a whole number >= 1"):
         diagnose(compute_bound_recipe(n=64, width=8), steps=0)
 
 

@@ -15,7 +15,8 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 import nbtrain
-from nbtrain import Recipe, TrainConfig, data
+from nbtrain import Recipe, TrainConfig
+from nbtrain.engine import data
 from nbtrain.engine.dist import World
 from nbtrain.engine.loop import Engine
 from helpers import regression_data, regression_recipe

@@ -5,6 +5,7 @@ from torch import nn
 from nbtrain import Recipe, TrainConfig
 from nbtrain.demo import DigitsDataset, DigitsMLP
 from nbtrain.tools.leaks import find_graph_leaks, find_sync_points
+from nbtrain.tools.registry import ToolOptionError
 
 from checklist_recipes import same_state, state
 
@@ -61,7 +62,7 @@ def test_detector_restores_the_model_and_plots(tmp_path):
 
 
 def test_detector_bad_steps_message():
-    with pytest.raises(ValueError, match=r"steps=2: a whole number >= 4"):
+    with pytest.raises(ToolOptionError, match=r"steps=2: allowed: a whole number >= 4"):
         find_graph_leaks(_recipe(clean_step), steps=2)
 
 

@@ -101,7 +101,7 @@ def test_the_drawn_series_have_a_bounded_number_of_points_and_measure_the_right_
 
 
 def test_a_stored_runs_row_stays_bounded_and_its_thinning_is_kept(tmp_path, monkeypatch):
-    from nbtrain import store
+    from nbtrain.runs import store
     monkeypatch.setattr(store, "STORED_ROWS", 2000)
     log = _long_log(60_000)
     store_path = tmp_path / "runs.sqlite"

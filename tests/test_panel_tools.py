@@ -69,7 +69,7 @@ def test_bottleneck_button_shows_the_breakdown_and_its_bar_for_the_controls_sett
 def test_find_batch_size_button_searches_under_the_memory_fraction(make_panel):
     panel = make_panel(config=nbtrain.TrainConfig(accelerator="cpu", batch_size=256))
     before = weights(panel.recipe.model)
-    panel.tools.memory.value = 0.3
+    panel.tools.fields["memory_budget"].value = 0.3
     click_and_wait(panel, "find_batch_size")
     b = panel.tools.results["find_batch_size"]
     assert isinstance(b, BatchSearch) and b.batch_size >= 256 and b.memory_kind == "process RSS"
@@ -81,7 +81,7 @@ def test_find_batch_size_button_searches_under_the_memory_fraction(make_panel):
 
 def test_find_workers_button_measures_worker_counts_on_the_live_model(make_panel):
     panel = make_panel()
-    panel.tools.seconds.value = 0.3
+    panel.tools.fields["seconds"].value = 0.3
     click_and_wait(panel, "find_workers")
     w = panel.tools.results["find_workers"]
     assert isinstance(w, WorkerSearch) and {0, 1} <= {m.config.num_workers for m in w.measurements}
@@ -93,7 +93,7 @@ def test_find_workers_button_measures_worker_counts_on_the_live_model(make_panel
 def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)
-    panel.tools.budget.value = 4
+    panel.tools.fields["budget_s"].value = 4
     panel.controls.processes.value = 2  # the tools measure in this kernel; the walk tries DDP itself
     click_and_wait(panel, "checklist")
     walk = panel.tools.results["checklist"]
@@ -111,7 +111,7 @@ def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_pa
 def test_stop_ends_a_running_tool_and_the_model_is_restored(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)
-    panel.tools.budget.value = 60
+    panel.tools.fields["budget_s"].value = 60
     panel.tools.buttons["checklist"].click()
     deadline = time.monotonic() + 20
     assert panel.running and panel.tools.buttons["profile"].disabled and panel.run_button.disabled
@@ -133,7 +133,7 @@ def test_a_tool_waits_for_a_run_and_a_run_for_a_tool(make_panel):
     assert panel.status_text == "run #1 is still going: Stop it first"
     panel.stop_button.click()
     assert panel.wait(30)
-    panel.tools.budget.value = 60
+    panel.tools.fields["budget_s"].value = 60
     panel.tools.buttons["checklist"].click()
     panel.run_button.click()
     assert panel.status_text == "Checklist walk is still going: Stop it"
@@ -142,16 +142,18 @@ def test_a_tool_waits_for_a_run_and_a_run_for_a_tool(make_panel):
 
 
 @pytest.mark.parametrize("field, value, tool, expected", [
-    ("memory", 3.0, "find_batch_size", "Find batch size: memory fraction 3.0: allowed: a fraction in (0, 1]"),
-    ("budget", -1.0, "checklist", "Checklist walk: walk budget (s) -1.0: allowed: a number of seconds > 0"),
+    ("memory_budget", 3.0, "find_batch_size", "Find batch size: memory fraction 3.0: allowed: a fraction in (0, 1]"),
+    ("budget_s", -1.0, "checklist", "Checklist walk: walk budget (s) -1.0: allowed: a number of seconds > 0"),
     ("seconds", 0.0, "find_workers", "Find workers: s per worker setting 0.0: allowed: a number > 0"),
 ])
 def test_a_value_a_tool_refuses_shows_in_the_status_line_with_the_fields_name(make_panel, field, value, tool,
                                                                               expected):
     panel = make_panel()
-    getattr(panel.tools, field).value = value
-    click_and_wait(panel, tool)
+    panel.tools.fields[field].value = value
+    panel.tools.buttons[tool].click()
     assert panel.status_text.startswith(expected), panel.status_text
+    # refused before anything runs: no thread, the buttons still enabled
+    assert panel._thread is None and not panel.running and not panel.tools.buttons[tool].disabled
     assert tool not in panel.tools.results
 
 

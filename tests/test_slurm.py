@@ -18,7 +18,7 @@ from torch import nn
 
 from nbtrain import TrainConfig
 from nbtrain import slurm
-import nbtrain.slurm.jobs  # noqa: F401  (its private _backend is tested below)
+from nbtrain.distributed.plan import for_batch_job
 from nbtrain.api import fit
 from nbtrain.demo import DigitsDataset, digits_recipe
 from nbtrain.slurm import SlurmError, SlurmJobError, SlurmOptionError
@@ -331,7 +331,7 @@ def test_a_gpu_config_asks_each_node_for_its_gpus_and_runs_one_rank_per_gpu(proj
     script = slurm.submit(digits_recipe(), config, dry_run=True, partition="gpu", time="01:00:00")
     assert "#SBATCH --gpus-per-node=4" in script and "#SBATCH --nodes=3" in script
     assert "nproc=4" in script and "--nnodes=3" in script
-    assert slurm.jobs._backend(config) == "nccl"
+    assert for_batch_job(config).backend == "nccl"  # the accelerator asked for decides, not this login node
 
 
 def test_the_exported_sbatch_file_trains_on_the_cluster(slurm_cluster, project):  # noqa: F811

@@ -43,7 +43,8 @@ def test_record_and_load_round_trip_keeps_config_history_and_summary(tmp_path, r
 
 def test_held_out_numbers_survive_the_round_trip_into_the_runs_table_compare_and_the_plot(tmp_path):
     from nbtrain import plotting
-    from nbtrain.notebook.views import RunsTable
+    from nbtrain.format import number
+    from nbtrain.runs.table import HEADS, Row, RunsTable
     config = TrainConfig(max_steps=8, batch_size=32, val_every_n_steps=4, accelerator="cpu")
     recipe = digits_recipe()
     recipe.metrics = {"half": lambda out, y: 0.5}
@@ -56,11 +57,14 @@ def test_held_out_numbers_survive_the_round_trip_into_the_runs_table_compare_and
     assert loaded.summary["val_metrics"] == {"val_half": 0.5}
     assert plotting.held_out_series(loaded.log) == plotting.held_out_series(validated.log)
     assert [e for e in loaded.log.of_type("epoch")] == [e for e in validated.log.of_type("epoch")]
-    table = RunsTable(store.runs(), store.path)
-    row = dict(zip(RunsTable.HEADS, table.rows[0]))
-    assert row["val loss"] == f"{validated.summary['val_loss']:.4g}"
-    assert row["val acc"] == f"{100 * validated.summary['val_acc']:.1f}%"
-    assert "val loss" in repr(table) and "val loss" in table._repr_html_()
+    table = RunsTable([Row.stored(run) for run in store.runs()], store.path)
+    row = dict(zip(HEADS, table.rows[0]))
+    s = validated.summary
+    assert row["held-out"] == f"{100 * s['val_acc']:.1f}% (loss {number(s['val_loss'])})"
+    assert row["run"] == "#1 held" and row["differs from the first run"] == "(first run)"
+    assert row["held-out"] in repr(table) and "held-out" in table._repr_html_()
+    # The folded details say the rest: the model, the global batch and the warm-up-inclusive rate.
+    assert "global batch 32 = batch 32 × accumulate 1 × 1 device" in repr(table)
     assert nbtrain.compare("held", store=store).rows[0]["held-out"].endswith(", half 0.5")
 
 

@@ -7,6 +7,7 @@ from nbtrain.demo import digits_recipe
 from nbtrain import TrainConfig
 from nbtrain.engine.memory import current_rss
 from nbtrain.tools.tune import find_batch_size, find_lr, find_workers
+from nbtrain.tools.registry import ToolOptionError
 
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, memory_heavy_recipe, same_state, state
 
@@ -71,15 +72,15 @@ def test_batch_search_that_keeps_the_starting_batch_has_no_speed_to_compare():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"memory_budget": -1}, "memory_budget=-1: a fraction in (0, 1]"),
-    ({"memory_budget": 1.5}, "memory_budget=1.5: a fraction in (0, 1]"),
-    ({"max_batch": 0}, "max_batch=0: a whole number >= 1"),
-    ({"max_batch": 10_000}, "max_batch=10000: at most 64 (samples per process in train_data)"),
-    ({"rule": "cubic"}, "rule='cubic': one of linear, sqrt, none"),
-    ({"speed_s": -1}, "speed_s=-1: seconds >= 0"),
+    ({"memory_budget": -1}, "memory_budget=-1: allowed: a fraction in (0, 1]"),
+    ({"memory_budget": 1.5}, "memory_budget=1.5: allowed: a fraction in (0, 1]"),
+    ({"max_batch": 0}, "max_batch=0: allowed: a whole number >= 1"),
+    ({"max_batch": 10_000}, "max_batch=10000: allowed: at most 64 (samples per process in train_data)"),
+    ({"rule": "cubic"}, "rule='cubic': allowed: one of linear, sqrt, none"),
+    ({"speed_s": -1}, "speed_s=-1: allowed: seconds >= 0"),
 ])
 def test_batch_search_bad_input_names_option_value_and_allowed(kwargs, message):
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ToolOptionError) as error:
         find_batch_size(compute_bound_recipe(n=64, width=8), **kwargs)
     assert message in str(error.value)
 
@@ -111,7 +112,7 @@ def test_worker_search_moves_off_the_start_only_when_head_to_head_says_it_is_fas
 
 
 def test_worker_search_bad_candidates_message():
-    with pytest.raises(ValueError, match=r"candidates=\[-1\]: a list of whole numbers >= 0"):
+    with pytest.raises(ToolOptionError, match=r"candidates=\[-1\]: allowed: a list of whole numbers >= 0"):
         find_workers(compute_bound_recipe(n=64, width=8), candidates=[-1])
 
 
@@ -130,7 +131,7 @@ def test_lr_finder_sweeps_exponentially_suggests_before_divergence_and_restores(
 
 
 def test_lr_finder_bad_range_message():
-    with pytest.raises(ValueError, match=r"start_lr=1.0, end_lr=0.1: numbers with 0 < start_lr < end_lr"):
+    with pytest.raises(ToolOptionError, match=r"start_lr=1.0, end_lr=0.1: allowed: numbers with 0 < start_lr < end_lr"):
         find_lr(compute_bound_recipe(n=64, width=8), start_lr=1.0, end_lr=0.1)
 
 
@@ -148,20 +149,12 @@ def test_batch_search_on_cuda_catches_out_of_memory_and_restores():
 def test_a_scaled_learning_rate_that_diverges_is_not_handed_to_the_user():
     """The linear rule on a rate already near the edge: the short check sees the loss blow up and the
     search suggests a gentler rule, saying why."""
-    import torch
-    from torch import nn
-    from torch.utils.data import TensorDataset
+    from helpers import edge_of_stability_recipe
     from nbtrain.tools.tune import find_batch_size, worse
     assert worse([1.0, 1.0, 1.0, 1.0, 1.0]) is None and worse([1.0, 0.5, float("nan")]).startswith("loss")
     assert worse([1.0, 1.1, 2.0, 3.0, 4.0]) == "loss 1 -> 4"
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(512, 16, generator=g) * 3
-    data = TensorDataset(x, x @ torch.randn(16, 1, generator=g))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 1))
-    search = find_batch_size(model, data, loss_fn=nn.MSELoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.02),
-                             config=TrainConfig(batch_size=4, accelerator="cpu"), rule="linear",
-                             max_batch=256, speed_s=0)
+    search = find_batch_size(recipe=edge_of_stability_recipe(), config=TrainConfig(batch_size=4, accelerator="cpu"),
+                             rule="linear", max_batch=256, speed_s=0)
     if search.batch_size >= 64:  # linear: 0.02 x 16 or more, far past this problem's stable rate
         assert any("made the loss diverge" in note for note in search.notes), search.table()
         assert search.config.scale_lr != "linear"

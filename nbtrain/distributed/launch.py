@@ -4,9 +4,11 @@
     launch(fn, nprocs=2, args=())     any function under DDP; rank 0's return value
 
 Never fork the kernel: it may hold CUDA. A notebook's classes travel by cloudpickle in
-the run directory (rundir.py). On one machine the ranks are forked from a warm zygote, a
-fresh interpreter that imported torch and never touched CUDA (pool.py, zygote.py), and
-join through a TCPStore the launcher binds to 127.0.0.1 on a free port, so two runs
+the run directory (rundir.py), beside the run's launch plan (plan.py): every decision about
+how the ranks start is made once, there, and the ranks read nothing else about it. On one
+machine the ranks are forked from a warm zygote, a fresh interpreter that imported torch
+and never touched CUDA (pool.py, zygote.py), and join through a TCPStore the launcher
+binds to 127.0.0.1 on a free port (the plan names it), so two runs
 never collide. Across machines each node runs torch.distributed.run with a c10d
 rendezvous. The launcher replays rank 0's events into the kernel's MetricsLog as they
 are written, prints every rank's output with a `[rank N]` prefix, and owns the workers'
@@ -14,8 +16,6 @@ lifetime: a failing rank, an interrupt or a collective timeout stops all of them
 """
 from __future__ import annotations
 
-import math
-import os
 import re
 import signal
 import socket
@@ -24,8 +24,10 @@ import time
 from datetime import timedelta
 
 from ..engine import fsdp
-from ..config import DEFAULT_TIMEOUT_S, TrainConfig
+from ..config import TrainConfig
 from ..metrics import MetricsLog
+from . import plan as plans
+from .plan import LaunchPlan
 from .pool import ZYGOTE, FileTail, Relay, start, terminate, worker_env
 from ..recipe import Recipe
 from ..runs.result import RunResult, summarize
@@ -63,18 +65,11 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
     __tracebackhide__ = True
     if config.strategy == "fsdp":
         fsdp.check_shardable(recipe.model)  # before any process starts
-    timeout = config.timeout if timeout is None else timeout
-    node_rank = config.node_rank if node_rank is None else node_rank
-    rdzv_endpoint = config.rdzv_endpoint if rdzv_endpoint is None else rdzv_endpoint
-    host = config.rdzv_host if host is None else host
+    plan = plans.for_fit(config, timeout=timeout, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, host=host)
     log = log if log is not None else MetricsLog()
-    backend = "nccl" if config.device_type == "cuda" else "gloo"
-    run = RunDir.create(backend=backend, config=config, recipe=recipe, timeout_s=_timeout(timeout))
+    run = RunDir.create(plan, config=config, recipe=recipe)
     try:
-        if config.num_nodes > 1:
-            job = _start_torchrun(run, config.devices, config.num_nodes, node_rank, rdzv_endpoint, host)
-        else:
-            job = _start_local(run, config.devices, host or "127.0.0.1")
+        job = _start_torchrun(run, plan) if plan.nodes > 1 else _start_local(run, plan)
         job.shipped = (recipe,)
         status, error = job.supervise(log, echo, stop)
         if error is not None:
@@ -99,14 +94,12 @@ def launch(fn, nprocs: int = 2, args=(), *, timeout: float | None = None, backen
         raise TypeError(f"launch: fn must be a function, got {type(fn).__name__}")
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"launch: nprocs={nprocs!r}: allowed: a whole number >= 1")
-    if backend not in (None, "gloo", "nccl"):
+    if backend is not None and backend not in plans.BACKENDS:
         raise ValueError(f"launch: backend={backend!r}: allowed: gloo, nccl or None (nccl with CUDA, else gloo)")
-    if backend is None:
-        import torch
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo"
-    run = RunDir.create(backend=backend, function=fn, args=args, timeout_s=_timeout(timeout))
+    plan = plans.for_function(nprocs, timeout=timeout, backend=backend, host=host)
+    run = RunDir.create(plan, function=fn, args=args)
     try:
-        job = _start_local(run, nprocs, host)
+        job = _start_local(run, plan)
         job.shipped = (fn, args)
         status, error = job.supervise(MetricsLog(), echo)
         if error is not None:
@@ -118,20 +111,12 @@ def launch(fn, nprocs: int = 2, args=(), *, timeout: float | None = None, backen
         run.remove()
 
 
-def _timeout(timeout) -> float:
-    if timeout is None:
-        return DEFAULT_TIMEOUT_S
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-        raise ValueError(f"timeout={timeout!r}: allowed: a number of seconds > 0 (how long a rank may "
-                         "wait in one collective)")
-    return float(timeout)
-
-
 # --- starting ------------------------------------------------------------------------------
 
-def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
-    """`nprocs` ranks forked by the warm zygote, joined by a store bound to `host` on a free port."""
+def _start_local(run: RunDir, plan: LaunchPlan) -> "_Job":
+    """The plan's ranks forked by the warm zygote, joined by a store bound to its host on a free port."""
     import torch.distributed as torch_dist
+    host, nprocs = plan.host, plan.procs_per_node
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.bind((host, 0))
@@ -140,57 +125,41 @@ def _start_local(run: RunDir, nprocs: int, host: str) -> "_Job":
         raise ValueError(f"host={host!r}: allowed: an address of this machine for the ranks to meet at (default "
                          f"127.0.0.1); binding to it failed: {error}") from None
     listener.listen(128)
-    port = listener.getsockname()[1]
-    timeout = timedelta(seconds=run.launch_info()["timeout_s"])
-    store = torch_dist.TCPStore(host, port, nprocs, True, timeout, wait_for_workers=False,
-                                master_listen_fd=listener.detach())
-    threads = max(1, (os.cpu_count() or 1) // nprocs)
+    # The port is known once bound: the plan says it before any rank starts (no port race).
+    plan = plan.replace(store_port=listener.getsockname()[1])
+    run.write_plan(plan)
+    store = torch_dist.TCPStore(host, plan.store_port, nprocs, True, timedelta(seconds=plan.timeout_s),
+                                wait_for_workers=False, master_listen_fd=listener.detach())
     ranks, outputs = [], []
     try:
         for rank in range(nprocs):
-            env = worker_env(threads, {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
-                                       "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
-                                       "MASTER_PORT": str(port), "NBTRAIN_STORE_PORT": str(port)})
+            # Each rank's place in the world, as torchrun would set it; everything else is in the plan.
+            env = worker_env(plan.threads_per_rank, {
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs),
+                "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
+                "MASTER_PORT": str(plan.store_port)})
             out, err = str(run.path / f"rank{rank}.out"), str(run.path / f"rank{rank}.err")
             ranks.append(ZYGOTE.fork(str(run.path), rank, env, out, err))
             outputs += [(FileTail(out), f"[rank {rank}] ", False), (FileTail(err), f"[rank {rank}] ", True)]
     except BaseException:  # an interrupt while starting: no rank may outlive this call
         terminate(ranks)
         raise
-    return _Job(run, ranks, Relay(), ranks=list(range(nprocs)), keep=store, outputs=outputs)
+    return _Job(run, plan, ranks, Relay(), ranks=list(range(nprocs)), keep=store, outputs=outputs)
 
 
-def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint, local_addr=None) -> "_Job":
+def _start_torchrun(run: RunDir, plan: LaunchPlan) -> "_Job":
     """This node's part of a multi-node job: torch.distributed.run with a c10d rendezvous."""
-    endpoint = endpoint or os.environ.get("NBTRAIN_RDZV_ENDPOINT")
-    node_rank = node_rank if node_rank is not None else os.environ.get("NBTRAIN_NODE_RANK")
-    if not endpoint or not re.fullmatch(r"[\w.\-\[\]:]+:\d+", str(endpoint)):
-        raise ValueError(f"rdzv_endpoint={endpoint!r}: allowed: 'host:port' of the c10d rendezvous that every "
-                         "node reaches (e.g. '10.0.0.1:29400'), needed with num_nodes > 1")
-    try:
-        valid = 0 <= int(node_rank) < nodes
-    except (TypeError, ValueError):
-        valid = False
-    if not valid:
-        raise ValueError(f"node_rank={node_rank!r}: allowed: a whole number from 0 to {nodes - 1} "
-                         "(this machine's place among num_nodes)")
-    node_rank = int(node_rank)
-    host = endpoint.rsplit(":", 1)[0].strip("[]")
-    argv = ["-m", "nbtrain.distributed.worker", "--agent", f"--nnodes={nodes}", f"--nproc-per-node={nprocs}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={os.environ.get('NBTRAIN_RDZV_ID', 'nbtrain')}", "--max-restarts=0",
-            f"--rdzv-conf=join_timeout={max(1, int(run.launch_info()['timeout_s']))}",
-            "--monitor-interval=0.2"]
-    if local_addr:
-        argv.append(f"--local-addr={local_addr}")
-    elif host in ("127.0.0.1", "localhost"):
-        argv.append("--local-addr=127.0.0.1")
+    argv = ["-m", "nbtrain.distributed.worker", "--agent", str(run.path), f"--nnodes={plan.nodes}",
+            f"--nproc-per-node={plan.procs_per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={plan.rdzv_endpoint}", f"--rdzv-id={plan.rdzv_id}", "--max-restarts=0",
+            f"--rdzv-conf=join_timeout={max(1, int(plan.timeout_s))}", "--monitor-interval=0.2"]
+    if plan.host:
+        argv.append(f"--local-addr={plan.host}")
     argv += ["-m", "nbtrain.distributed.worker", str(run.path)]
-    threads = max(1, (os.cpu_count() or 1) // nprocs)
-    agent = start(argv, worker_env(threads, {"NBTRAIN_PREFIX_OUTPUT": "1"}))
+    agent = start(argv, worker_env(plan.threads_per_rank))
     relay = Relay()
-    relay.follow(agent, "agent", f"[node {node_rank}] ")
-    return _Job(run, [agent], relay, ranks=None)
+    relay.follow(agent, "agent", f"[node {plan.node_rank}] ")
+    return _Job(run, plan, [agent], relay, ranks=None)
 
 
 # --- supervising ---------------------------------------------------------------------------
@@ -198,8 +167,8 @@ def _start_torchrun(run: RunDir, nprocs: int, nodes: int, node_rank, endpoint, l
 class _Job:
     """Running workers: replay events, print output, notice the first failure, stop everyone."""
 
-    def __init__(self, run, procs, relay, ranks, keep=None, outputs=()):
-        self.run, self.procs, self.relay, self.ranks = run, procs, relay, ranks
+    def __init__(self, run, plan, procs, relay, ranks, keep=None, outputs=()):
+        self.run, self.plan, self.procs, self.relay, self.ranks = run, plan, procs, relay, ranks
         self.shipped = ()  # what the kernel sent, to find the source of the workers' frames
         self._keep = keep  # the store lives as long as the job
         self._outputs = list(outputs)  # (FileTail, prefix, is_err) of each rank's output file
@@ -260,7 +229,7 @@ class _Job:
         errors = sorted(self.run.errors(), key=lambda found: bool(_PEER_SYMPTOM.search(found[1])))
         if errors:
             rank, text = errors[0]
-            return _raised_error(rank, text, self.run.launch_info()["timeout_s"], self.shipped)
+            return _raised_error(rank, text, self.plan.timeout_s, self.shipped)
         tail = "".join(self._err_tail + [line for lines in self.relay.tails.values() for line in lines])
         found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", tail, re.S)
         if found and int(found.group(2)) < 0:
@@ -307,7 +276,3 @@ def _result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: st
                "comes back into the model only when the run completes)")
     return RunResult(config, log, summarize(log, info), status, message)
 
-
-def _json(value) -> str:
-    import json
-    return json.dumps(value)

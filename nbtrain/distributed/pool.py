@@ -27,10 +27,11 @@ _HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def worker_env(threads: int, extra: dict | None = None) -> dict:
+    """The kernel's environment for a child interpreter: the same nbtrain, unbuffered output, and OpenMP's
+    thread count (read when a fresh interpreter loads it; a rank also sets torch's from its plan)."""
     env = dict(os.environ)
     path = os.pathsep.join(p for p in (_HOME, env.get("PYTHONPATH")) if p)
-    env.update({"NBTRAIN_OWNER_PID": str(os.getpid()), "OMP_NUM_THREADS": str(threads),
-                "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
+    env.update({"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
     env.update(extra or {})
     return env
 
@@ -60,7 +61,8 @@ class Zygote:
                 return
             self._ready.clear()
             # An NVML device count never initialises the CUDA driver, so the zygote stays fork-safe.
-            env = worker_env(1, {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+            # The zygote outlives any one run, so it has no plan: the kernel's pid comes in its environment.
+            env = worker_env(1, {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "NBTRAIN_OWNER_PID": str(os.getpid())})
             self._proc = start(["-m", "nbtrain.distributed.zygote"], env, stdin=subprocess.PIPE)
             proc = self._proc
         threading.Thread(target=self._read, args=(proc,), daemon=True).start()

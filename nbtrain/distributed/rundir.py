@@ -11,9 +11,9 @@ Inputs, written by the launcher before any worker starts:
     recipe.pkl      cloudpickle of the Recipe; classes and functions     (fit runs)
                     defined in a notebook (__main__) travel by value
     function.pkl    cloudpickle of (fn, args) for `nbtrain.launch`       (launch runs)
-    launch.json     {"backend": "gloo" | "nccl", "timeout_s": collective timeout,
-                    "owner_pid": the process whose death ends the workers,
-                    "owner_started": its create time}
+    launch.json     the run's LaunchPlan (plan.py): backend, world, threads, timeout,
+                    rendezvous, output policy, owner, store port; the only thing the
+                    workers read about how they were launched
 
 Outputs:
 
@@ -40,6 +40,8 @@ from pathlib import Path
 
 import cloudpickle
 
+from .plan import LaunchPlan
+
 CONFIG, RECIPE, FUNCTION, LAUNCH = "config.json", "recipe.pkl", "function.pkl", "launch.json"
 EVENTS, MODEL, RETURN, RESULT = "events.jsonl", "model.pt", "return.pkl", "result.json"
 
@@ -51,16 +53,14 @@ class RunDir:
     # --- creating (launcher side) ---------------------------------------------------------
 
     @classmethod
-    def create(cls, *, backend: str, config=None, recipe=None, function=None, args=(), timeout_s: float = 1800.0,
-               owner_pid: int | None = None, parent: str | None = None) -> "RunDir":
-        """A new private run directory holding a fit run (config + recipe) or a function run."""
-        import psutil
+    def create(cls, plan: LaunchPlan | None = None, *, config=None, recipe=None, function=None, args=(),
+               parent: str | None = None, **plan_fields) -> "RunDir":
+        """A new private run directory holding a fit run (config + recipe) or a function run, and its
+        launch plan (`plan`, or one made of `plan_fields` where a caller needs only the files)."""
         path = tempfile.mkdtemp(prefix="nbtrain-run-", dir=parent)  # mkdtemp makes it 0700
         run = cls(path)
         try:
-            owner = psutil.Process(owner_pid or os.getpid())
-            run._write_json(LAUNCH, {"backend": backend, "timeout_s": float(timeout_s), "owner_pid": owner.pid,
-                                     "owner_started": owner.create_time()})
+            run.write_plan(plan if plan is not None else LaunchPlan(**plan_fields))
             if recipe is not None:
                 run._write_json(CONFIG, config.to_dict())
                 run._write_bytes(RECIPE, _pickled(recipe, "the recipe (model, data, loss, optimizer)"))
@@ -80,8 +80,12 @@ class RunDir:
     def is_function_run(self) -> bool:
         return (self.path / FUNCTION).exists()
 
-    def launch_info(self) -> dict:
-        return json.loads((self.path / LAUNCH).read_text())
+    def plan(self) -> LaunchPlan:
+        return LaunchPlan.from_json((self.path / LAUNCH).read_text())
+
+    def write_plan(self, plan: LaunchPlan) -> None:
+        """Written before any worker starts; rewritten only before then (the store port, once bound)."""
+        self._write_bytes(LAUNCH, plan.to_json().encode())
 
     def config(self):
         from ..config import TrainConfig

@@ -1,7 +1,8 @@
 """One DDP rank: `python -m nbtrain.distributed.worker RUN_DIR`, run under torch.distributed.run.
 
-The worker reads its run directory (see rundir.py), joins the process group from the
-environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), builds
+The worker reads its run directory (see rundir.py) — how it was launched only from the
+run's plan (launch.json, plan.py), its own place in the world from what torchrun sets
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) — joins the process group, builds
 an Engine on the shipped recipe and config — the engine wraps the model in DDP (or shards
 it with FSDP), shards the data and skips the gradient reduction on accumulation
 micro-steps — trains, and writes the events, the full weights, every rank's peak memory
@@ -11,7 +12,7 @@ error-rank{N}.txt and exits 1, so the launcher can report that rank's own error.
 On one machine the kernel's warm zygote (zygote.py) forks the ranks and calls `run_job`
 with the same environment, skipping the interpreter start and the torch import.
 
-Either way a watchdog thread ends the process when the run's owner (the kernel) is gone.
+Either way a watchdog thread ends the process when the plan's owner (the kernel) is gone.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from ..engine import fsdp
 from . import requeue
 from ..engine.loop import Engine
 from ..metrics import MetricsLog
+from .plan import LaunchPlan
 from .rundir import RunDir
 from .tracebacks import user_traceback
 
@@ -80,16 +82,15 @@ class _PrefixedStream:
         return getattr(self._stream, name)
 
 
-def _join_group(backend: str, timeout_s: float) -> None:
-    timeout = datetime.timedelta(seconds=timeout_s)
+def _join_group(plan: LaunchPlan) -> None:
+    backend, timeout = plan.backend, datetime.timedelta(seconds=plan.timeout_s)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    port = os.environ.get("NBTRAIN_STORE_PORT")
-    if port:  # the launcher hosts the store on a port it bound itself: no port race
-        store = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(port), size, is_master=False, timeout=timeout)
+    if plan.store_port is not None:  # the launcher hosts the store on a port it bound itself: no port race
+        store = torch_dist.TCPStore(plan.host, plan.store_port, size, is_master=False, timeout=timeout)
         torch_dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
-    else:
+    else:  # torchrun's rendezvous set MASTER_ADDR / MASTER_PORT
         torch_dist.init_process_group(backend, timeout=timeout)
     # init_process_group returns on a rank once its own side of the mesh is up (torch has no join
     # barrier): a rank with a quick job would finish and close its sockets while a slower peer is
@@ -131,27 +132,33 @@ def _train(run: RunDir, local_main: bool) -> None:
         writer.close()
 
 
+def _threads(plan: LaunchPlan) -> int | None:
+    # A batch job's plan leaves it to the script, which sets OMP_NUM_THREADS from the node's allocation.
+    if plan.threads_per_rank is not None:
+        return plan.threads_per_rank
+    return int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS") else None
+
+
 def run_job(run: RunDir) -> int:
-    info = run.launch_info()
-    if info.get("owner_pid") is not None:  # a SLURM job has no owner: it outlives the kernel
-        watch_owner(info["owner_pid"], info.get("owner_started"), run_dir=str(run.path))
+    plan = run.plan()
+    if plan.owner_pid is not None:  # a SLURM job has no owner: it outlives the kernel
+        watch_owner(plan.owner_pid, plan.owner_started, run_dir=str(run.path))
     rank = int(os.environ.get("RANK", 0))
-    if os.environ.get("NBTRAIN_PREFIX_OUTPUT"):
+    if plan.prefix_output:  # torchrun merges the ranks' output into one stream
         sys.stdout = _PrefixedStream(sys.stdout, f"[rank {rank}] ")
         sys.stderr = _PrefixedStream(sys.stderr, f"[rank {rank}] ")
-    if os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    threads = _threads(plan)
+    if threads:
+        torch.set_num_threads(threads)
     try:
-        _join_group(info["backend"], info["timeout_s"])
+        _join_group(plan)
         if run.is_function_run:
             fn, args = run.function()
             value = fn(*args)
             if rank == 0:
                 run.save_return(value)
         else:
-            # One writer per run directory: per node when each node has its own, rank 0 when shared.
-            writer_rank = "RANK" if os.environ.get("NBTRAIN_SHARED_RUN_DIR") else "LOCAL_RANK"
-            _train(run, local_main=int(os.environ.get(writer_rank, 0)) == 0)
+            _train(run, local_main=plan.writes_outputs(rank, int(os.environ.get("LOCAL_RANK", 0))))
         torch_dist.destroy_process_group()
         return 0
     except BaseException as exc:  # every failure, KeyboardInterrupt included, is reported as this rank's
@@ -164,11 +171,12 @@ def run_job(run: RunDir) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--agent"]:  # torch.distributed.run for one node, ended with the kernel
-        if os.environ.get("NBTRAIN_OWNER_PID"):
-            watch_owner(int(os.environ["NBTRAIN_OWNER_PID"]), None)
+    if argv[:1] == ["--agent"]:  # `--agent RUN_DIR ARGS`: torch.distributed.run for one node, ended with the kernel
+        plan = RunDir(argv[1]).plan()
+        if plan.owner_pid is not None:
+            watch_owner(plan.owner_pid, plan.owner_started)
         from torch.distributed.run import main as torchrun
-        torchrun(argv[1:])
+        torchrun(argv[2:])
         return 0
     if len(argv) != 1:
         sys.stderr.write("usage: python -m nbtrain.distributed.worker RUN_DIR  (under torch.distributed.run)\n")

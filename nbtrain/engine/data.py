@@ -67,6 +67,18 @@ def build_loader(dataset, config: TrainConfig, world: World, seed: int, collate_
                       drop_last=config.drop_last, collate_fn=collate_fn, **extra)
 
 
+def stop_workers(loader) -> None:
+    """End a loader's persistent worker processes now; the next run starts its own. Left alive, they
+    would go only when the collector frees the engine, and their shutdown (up to seconds a worker)
+    would stall whichever later cell happens to run that collection. torch offers no public call for
+    it: dropping the loader's iterator after shutting it down is what DataLoader itself does."""
+    loader = getattr(loader, "_loader", loader)  # FixedLoader / StreamLoader wrap a DataLoader
+    iterator = getattr(loader, "_iterator", None) if isinstance(loader, DataLoader) else None
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
 def batch_sizes(samples: int, batch_size: int, drop_last: bool) -> list[int]:
     """How many samples each batch of `samples` indices holds."""
     full, rest = divmod(samples, batch_size)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError, Problem
+from ..measure.steady import WindowRate
 
 DEFAULT_DIR = Path(".nbtrain") / "logs"
 
@@ -34,22 +35,20 @@ class Logger:
     def __init__(self, writer):
         self.writer = writer
         self.log = None
-        self._previous = None  # (time, samples) at the end of the last window, for samples/s
+        self.rate = WindowRate()
 
-    def __call__(self, event: dict, log) -> None:
+    def update(self, event: dict, log) -> None:
         kind = event["type"]
         if kind == "start":
-            self._previous = (0.0, event["info"].get("samples_start", 0))
+            self.rate.start(event["info"])
         elif kind == "steps" and event["rows"]["step"]:
             rows = event["rows"]
             for step, loss, lr in zip(rows["step"], rows["loss"], rows["lr"]):
                 self.writer.scalar("train/loss", loss, step)
                 self.writer.scalar("train/lr", lr, step)
-            t, samples = rows["time"][-1], rows["samples"][-1]
-            if self._previous is not None and t > self._previous[0]:
-                self.writer.scalar("train/samples_per_s", (samples - self._previous[1]) / (t - self._previous[0]),
-                                   rows["step"][-1])
-            self._previous = (t, samples)
+            rate = self.rate.of(rows)
+            if rate is not None:
+                self.writer.scalar("train/samples_per_s", rate, rows["step"][-1])
         elif kind == "epoch":
             for name, value in event.items():
                 if name.startswith("val") and isinstance(value, (int, float)):

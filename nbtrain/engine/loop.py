@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import threading
 import time
@@ -50,6 +51,8 @@ from .split import device_map, input_device
 from .stream import FixedLoader, StreamLoader
 
 
+_NEVER = threading.Event()  # the stop event of a run whose caller gave none: never set
+
 class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
     def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None):
         self.recipe = recipe
@@ -66,6 +69,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         self._pending: TrainConfig | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._caller_stop = _NEVER  # during a run: the event its caller may set to end it
         self._stop_reason = ""
         self.running = False
         self._rows: list[tuple] = []  # one tuple per optimizer step, columns as in _ROW
@@ -142,7 +146,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
     @property
     def stopping(self) -> bool:
         """A stop was asked for and the run has not reached its step boundary yet."""
-        return self._stop.is_set()
+        return self._stop.is_set() or self._caller_stop.is_set()
 
     def stop(self, reason: str = "stopped") -> None:
         """Stop at the next optimizer-step boundary (safe from any thread)."""
@@ -151,10 +155,12 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
 
     # --- the run -----------------------------------------------------------------------
 
-    def run(self, log: MetricsLog | None = None) -> RunResult:
+    def run(self, log: MetricsLog | None = None, stop: threading.Event | None = None) -> RunResult:
         """Train for the config's budget (max_epochs / max_steps) from where the model is now.
 
-        Each run records into a fresh MetricsLog (or `log`, where views already listen).
+        Each run records into a fresh MetricsLog (or `log`, where views already listen). `stop`, an
+        event set from any thread, ends the run at the next optimizer step as stop() does (one set
+        before the run starts ends it before its first step); the engine never sets it itself.
         """
         self.log = log if log is not None else MetricsLog()
         c = self.config
@@ -180,16 +186,19 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         self._logged = {}
         logger = loggers.attach(self.log, c) if c.logger != "none" and self.world.is_main else None
         self._stop.clear()
+        self._caller_stop = stop if stop is not None else _NEVER
         self._stop_reason = ""
         self._nonfinite = None
         self.running = True
         peak = PeakMemory(self.device)
         peak.start()
-        start_step, start_samples = self._run_start["step"], self._run_start["samples"]
+        # The budget counts from the run's start (a resumed run's: the interrupted one's); what this
+        # call trains, and every figure of it, counts from where it begins training.
+        start_step, from_step, from_samples = self._run_start["step"], self.step, self.samples
         self._clock = Clock()
         self.log.emit({"type": "start", "config": plain(c.to_dict()),
                        "info": {**self._info(), "samples_start": self.samples, "step_start": self.step,
-                                "planned_steps": self._planned_steps(),
+                                "planned_steps": self._planned_steps() - (from_step - start_step),
                                 **({"resumed_from": str(resumed_from)} if resumed_from else {})}})
         status, message = "completed", ""
         try:
@@ -200,7 +209,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
                         break
                     if c.epochs_budget is not None and self._run_start["epochs_done"] >= c.epochs_budget:
                         break
-                    if self._stop.is_set():
+                    if self.stopping:
                         status = self._stop_reason or "stopped"
                         break
                     steps_left = None if c.max_steps is None else c.max_steps - (self.step - start_step)
@@ -214,6 +223,8 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
             raise
         finally:
             self.running = False
+            self._caller_stop = _NEVER
+            data.stop_workers(self.loader)
             self._flush()
         if status != "completed" and status != "early_stopped":
             message = f"stopped at step {self.step} (epoch {self.epoch}, {self.epoch_offset} samples into it)"
@@ -230,14 +241,16 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
             status, message = "completed", self._monitor.stop_message(self.step)
         best = self._monitor.put_best_back(self.model) if self._monitor is not None and c.restore_best else None
         per_epoch = (self.loader.sampler.per_epoch or 0) * self.world.size
-        epochs = (self.samples - start_samples) / per_epoch if per_epoch else self._run_start["epochs_done"]
+        epochs = (self.samples - from_samples) / per_epoch if per_epoch else self._run_start["epochs_done"]
         extra = {"epochs_trained": epochs, "status": status,
-                 "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - start_step}
+                 "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - from_step}
         extra.update(self._info())
         # preload_data left on auto and not applying is the engine's business, not this summary's
         quiet = {"preload_data"} if self.config.preload_data is None and self._held is None else set()
         extra["notes"] = [n for k, n in self.notes.items() if k not in quiet] + self._compile_accounting(extra) \
-            + ([best] if best else []) + (self.schedule.notes if self.schedule is not None else [])
+            + ([best] if best else []) + (self.schedule.notes if self.schedule is not None else []) \
+            + ([f"resumed from {os.path.basename(resumed_from)}: this run trained steps {from_step + 1:,} to "
+                f"{self.step:,} of the interrupted run's budget"] if resumed_from else [])
         if self._logged:
             extra["logged"] = dict(self._logged)
         if self.log.thinning:  # rows were dropped to bound memory: the count of steps is the log's, not its rows'
@@ -275,11 +288,10 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         clip, warm_until, log_every = c.gradient_clip_val, c.warmup_steps, c.log_every_n_steps
         step_schedule = self.schedule.step if self.schedule is not None and self.schedule.interval == "step" else None
         rows, losses, group = self._rows, self._losses, optimizer.param_groups[0]
-        stop, step_loss = self._stop, recipe.step_loss
+        stop, caller_stop, step_loss = self._stop, self._caller_stop, recipe.step_loss
         val_every = c.val_every_n_steps if self.recipe.val_data is not None else None
-        every = c.checkpoint_every
-        save_steps = int(every) if every and not every.endswith("s") else 0
-        save_seconds = float(every[:-1]) if every and every.endswith("s") else 0.0
+        every = c.checkpoint_every  # an options.Interval: steps or seconds, read once by the config
+        save_steps, save_seconds = (every.steps, every.seconds) if every else (0, 0.0)
         sync = functools.partial(torch.cuda.synchronize, self.device) \
             if self.sync_phases and self.device.type == "cuda" else no_device_sync
         iterator = iter(self.loader)
@@ -350,7 +362,8 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
             data_s = h2d_s = forward_s = backward_s = 0.0
             if steps_left is not None:
                 steps_left -= 1
-            if i + 1 < n and (steps_left == 0 or stop.is_set() or self._pending is not None):
+            if i + 1 < n and (steps_left == 0 or stop.is_set() or caller_stop.is_set()
+                              or self._pending is not None):
                 self._after_boundary()
                 return False
             t_step = perf()

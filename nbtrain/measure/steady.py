@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..format import duration
+
 WIDE_SPREAD = 0.10  # IQR / median of block rates above this: too noisy to trust (torch.utils.benchmark's rule)
 _RESAMPLES = 400
 
@@ -46,7 +48,7 @@ class SteadyRate:
         return out
 
     def warmup_text(self) -> str:
-        return f"warm-up {self.warmup_steps} steps, {duration_text(self.warmup_s)}" if self.warmup_steps else "no warm-up"
+        return f"warm-up {self.warmup_steps} steps, {duration(self.warmup_s)}" if self.warmup_steps else "no warm-up"
 
     def as_dict(self) -> dict:
         return {"rate": self.rate, "low": self.low, "high": self.high, "spread": self.spread,
@@ -54,15 +56,6 @@ class SteadyRate:
                 "total_s": self.total_s}
 
 
-def duration_text(value) -> str:
-    """A duration as people read it: 58.5 ms, 4.2 s, 3 min 20 s."""
-    if value is None or not math.isfinite(value):
-        return "-"
-    if value < 1:
-        return f"{1000 * value:.3g} ms"
-    if value < 120:
-        return f"{value:.3g} s"
-    return f"{int(value // 60)} min {value % 60:.0f} s"
 
 
 NOTHING = SteadyRate(float("nan"), float("nan"), float("nan"), float("nan"), 0, 0.0, 0, 0.0)
@@ -149,3 +142,22 @@ def columns_series(columns: dict, samples_start: int = 0) -> tuple[list[float], 
     """(durations, samples) per step from a MetricsLog's columns."""
     totals = list(columns.get("samples", []))
     return step_durations(columns.get("time", [])), [b - a for a, b in zip([samples_start] + totals, totals)]
+
+
+class WindowRate:
+    """Samples/s over each log window while a run goes, measured from the end of the window before
+    (so a slow start fades out): what the progress bar and the loggers show, over the spans the
+    live plot draws."""
+
+    def __init__(self):
+        self.mark: tuple[float, int] | None = None
+
+    def start(self, info: dict) -> None:
+        self.mark = (0.0, info.get("samples_start", 0))
+
+    def of(self, rows: dict) -> float | None:
+        """The rate of the window whose rows end here; None when no time has passed (a restarted clock)."""
+        t1, s1 = rows["time"][-1], rows["samples"][-1]
+        t0, s0 = self.mark if self.mark is not None else (t1, s1)
+        self.mark = (t1, s1)
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None

@@ -13,6 +13,7 @@ them), and `nbtrain.fit` trains with live views subscribed to the run's MetricsL
 from __future__ import annotations
 
 import argparse
+import functools
 import difflib
 import keyword
 
@@ -21,7 +22,6 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_arguments
 from IPython.display import display
 
-from ..api import fit
 from ..runs.compare import compare, resolve as compare_resolve
 from ..config import ConfigError, TrainConfig, options
 from ..flags import add_config_flags
@@ -30,8 +30,12 @@ from ..adapters import recipe_from_namespace
 from ..recipe import NAMES, Recipe, RecipeError
 from ..runs.result import RunResult
 from ..runs.store import RunStore, StoreError
+from ..runs.table import Row, RunsTable
+from .. import places
+from ..progress import Progress
+from ..session import Session, namespace_lr
 from . import arguments, errors, slurm_cell, tools
-from .views import LivePlot, LiveProgress, RunsTable, Summary
+from .views import LivePlot, Summary
 
 CONVENTIONS = "\n".join(
     [f"  {part:<14} {' or '.join(names)}" for part, names in NAMES.items()]
@@ -168,11 +172,10 @@ class NbtrainMagics(Magics):
             recipe = recipe_from_namespace(namespace)
         except RecipeError as error:
             raise UsageError(f"%%nbtrain: {error}") from None
-        if "lr" not in given and isinstance(namespace.get("lr"), (int, float)) and not isinstance(namespace["lr"], bool):
-            try:
-                config = config.replace(lr=namespace["lr"])
-            except ConfigError as error:
-                raise UsageError(f"%%nbtrain: {error.render(lambda o: 'lr (in the namespace)')}") from None
+        try:
+            config = namespace_lr(namespace, config, given="lr" in given)
+        except ConfigError as error:
+            raise UsageError(f"%%nbtrain: {error.render(lambda o: 'lr (in the namespace)')}") from None
         if batch_job:
             result = slurm_cell.run(self, recipe, config, args)
             return None if result is None else self._keep(result, recipe, args)
@@ -247,7 +250,7 @@ class NbtrainMagics(Magics):
 
     def _views(self, log: MetricsLog, args) -> list:
         """The live progress bar and plot, subscribed to `log`, unless the flags turned them off."""
-        progress = None if self._option(args, "no_progress") else log.subscribe(LiveProgress(args.name or ""))
+        progress = None if self._option(args, "no_progress") else log.subscribe(Progress(args.name or ""))
         plot = None if self._option(args, "no_plot") else LivePlot(title=args.name).follow(log)
         return [view for view in (progress, plot) if view is not None]
 
@@ -255,7 +258,7 @@ class NbtrainMagics(Magics):
         log = MetricsLog()
         views = self._views(log, args)
         try:
-            result = fit(recipe=recipe, config=config, log=log, name=args.name)
+            result = Session(self._option(args, "store")).train(recipe, config, log, name=args.name)
             # What the live views cost inside the loop, measured, so the benchmark (and a user) can check it.
             result.extras["views_s"] = sum(view.cost_s for view in views)
             return result
@@ -268,27 +271,11 @@ class NbtrainMagics(Magics):
             raise errors.training_failure(self.shell, error) from None
         finally:
             for view in views:
-                getattr(view, "close", lambda: None)()
+                view.close()
 
     def _keep(self, result: RunResult, recipe: Recipe, args) -> None:
         namespace = self.shell.user_ns
-        notes = []
-        if result.status != "completed":
-            planned = (result.log.last("start") or {}).get("info", {}).get("planned_steps", "?")
-            # An in-kernel run's model holds its steps so far; a DDP run that did not complete loaded
-            # nothing back, and its message says so: one statement about the model, never two.
-            model = "" if result.extras.get("weights_loaded") is False else " and the model keeps its training so far"
-            notes.append(f"{result.status} after {result.summary.get('run_steps', result.summary['steps'])} of "
-                         f"{planned} planned steps: {result.message}. The partial history is kept{model}.")
-        params = sum(p.numel() for p in recipe.model.parameters())
-        model = f"{type(recipe.model).__name__} ({params:,} parameters)"
-        store = RunStore(self._option(args, "store"))
-        run_id = store.record(result, model=model)
-        result.extras.update(run_id=run_id, model=model, store=str(store.path))
-        if result.name is None and run_id is not None:
-            result.name = f"#{run_id}"
-        notes.append(f"recorded as run #{run_id} in {store.path}" if run_id is not None
-                     else "not recorded: the run store is unusable (see the warning)")
+        notes = Session(self._option(args, "store")).record(result, recipe.model)
         namespace["_nbtrain"] = result
         if args.name:
             namespace[args.name] = result
@@ -304,7 +291,7 @@ class NbtrainMagics(Magics):
         args = arguments.parse(self.nbtrain_runs, line)
         store = RunStore(args.store or self.run_defaults.get("store"))
         try:
-            display(RunsTable(store.runs(last=args.last), store.path))
+            display(RunsTable([Row.stored(run) for run in store.runs(last=args.last)], store.path))
         except StoreError as error:
             raise UsageError(f"%nbtrain_runs: {error}") from None
 
@@ -353,3 +340,11 @@ NbtrainMagics.nbtrain.__doc__ = build_parser().format_help()
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(NbtrainMagics)
+    places.register(functools.partial(cell_place, ipython))
+
+
+def cell_place(ipython, file: str, line: int) -> str | None:
+    """'cell [3], line 4' for code a cell of this kernel defined: its file is the kernel's temporary one.
+    IPython keeps which execution each such file holds (its tracebacks name cells the same way)."""
+    number = getattr(ipython.compile, "_filename_map", {}).get(file)
+    return None if number is None else f"cell [{number}], line {line}"

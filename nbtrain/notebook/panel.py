@@ -33,7 +33,7 @@ from .. import api
 from ..config import ConfigError, TrainConfig, check_runnable
 from ..adapters import recipe_from_namespace
 from ..recipe import FIXED_OPTIONS, Recipe, fixed_reason
-from ..runs.store import RunStore
+from ..session import Session, namespace_lr
 from .panel_controls import Controls
 from .panel_help import BUTTONS
 from .panel_layout import button, descendants, html_line, layout, status_html
@@ -66,7 +66,7 @@ def _reported(method):
 class Panel:
     def __init__(self, recipe: Recipe, config: TrainConfig | None = None, store=None):
         self.recipe = recipe
-        self.store = RunStore(store)  # finished runs are recorded, as the magic's are
+        self.session = Session(store)  # runs train, are recorded and named as the magic's are
         self.base = recipe.adopt_settings(config or TrainConfig())  # a given DataLoader's settings start it
         # The kernel's engine is always one process; more processes are separate runs.
         self.engine = api.engine_for(recipe, self.base.replace(devices=1, num_nodes=1))
@@ -221,10 +221,7 @@ class Panel:
         if self.tools.running_tool:
             threading.Thread(target=self.tools.stop, name="nbtrain-panel-stop", daemon=True).start()
             return
-        if self._current.config.world_size > 1:
-            self._current.stop.set()  # every rank stops after the same step; the weights come back
-        else:
-            self.engine.stop()
+        self._current.stop.set()  # at the next step boundary; with several devices every rank at the same one
 
     def _set_running(self, running: bool) -> None:
         self.run_button.disabled = running
@@ -268,7 +265,9 @@ class Panel:
 def panel(recipe_or_namespace: Recipe | Mapping | None = None, config: TrainConfig | None = None,
           display: bool = True, store=None) -> Panel:
     """A control panel over the live model of `recipe_or_namespace` (default: the notebook's names)."""
-    recipe = _as_recipe(recipe_or_namespace)
+    recipe, namespace = _as_recipe(recipe_or_namespace)
+    if namespace is not None:  # the notebook's `lr`, as %%nbtrain reads it, unless a config is given
+        config = namespace_lr(namespace, config or TrainConfig(), given=config is not None)
     previous = _panels.get(recipe.model)
     if previous is not None and previous() is not None:
         previous().close()
@@ -277,9 +276,10 @@ def panel(recipe_or_namespace: Recipe | Mapping | None = None, config: TrainConf
     return made.show() if display else made
 
 
-def _as_recipe(source) -> Recipe:
+def _as_recipe(source) -> tuple[Recipe, Mapping | None]:
+    """The recipe, and the namespace it was read from (None for a Recipe given as it is)."""
     if isinstance(source, Recipe):
-        return source
+        return source, None
     if source is None:
         from IPython import get_ipython
         shell = get_ipython()
@@ -287,7 +287,7 @@ def _as_recipe(source) -> Recipe:
             raise TypeError("nbtrain.panel(): outside a notebook, pass a Recipe or a namespace such as globals()")
         source = shell.user_ns
     if isinstance(source, Mapping):
-        return recipe_from_namespace(source)
+        return recipe_from_namespace(source), source
     raise TypeError(f"nbtrain.panel(): got {type(source).__name__}; allowed: a nbtrain.Recipe, "
                     "a namespace dict (e.g. globals()) or nothing (the notebook's names)")
 

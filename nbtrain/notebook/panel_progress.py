@@ -12,16 +12,12 @@ import time
 
 import ipywidgets as widgets
 
+from ..format import clock
+
 MIN_INTERVAL_S = 0.2  # widget updates a second at most 5: a fast run would otherwise flood the browser
 BAR_STYLES = {"completed": "success", "stopped": "warning", "interrupted": "warning", "failed": "danger"}
 
 
-def clock(seconds: float) -> str:
-    """Seconds as a clock reads: 0:07, 12:34, 1:02:03."""
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 class RunProgress:

@@ -4,12 +4,16 @@ A tool runs in the panel's background thread (the same one Run uses, so Run, Sto
 treat it like a run) on the panel's live model, with the settings the controls show. The
 tool measures and restores the model; its table and plot then appear under the buttons.
 Like the rest of the panel, it only assigns widget values from that thread.
+
+The buttons and the fields are generated from the tool registry: a button for each tool with a
+panel label, a field for each option a tool declares with one (shared by the tools that declare
+the same keyword). Field values are read by the tool's declaration before the thread starts, and
+refusals name the field (`memory fraction 3.0: allowed: ...`).
 """
 from __future__ import annotations
 
 import ctypes
 import html
-import re
 import threading
 import time
 import traceback
@@ -18,11 +22,26 @@ import ipywidgets as widgets
 
 from .. import api
 from ..config import TrainConfig
-from .errors import is_nbtrain_frame
-from .tools import last_frame, tool_function, figure_png
+from ..tools.registry import NO_VALUE, TOOLS, Tool, ToolOptionError, ToolRefusal
+from .tools import figure_png
 
-LABELS = {"profile": "Bottleneck breakdown", "find_batch_size": "Find batch size", "find_workers": "Find workers",
-          "checklist": "Checklist walk"}
+PANEL_TOOLS = {name: tool for name, tool in TOOLS.items() if tool.label}
+LABELS = {name: tool.label for name, tool in PANEL_TOOLS.items()}
+# An option's kind picks its field; a kind without one here is a text field.
+_FIELDS = {"number": widgets.FloatText, "memory": widgets.FloatText, "whole": widgets.IntText,
+           "switch": widgets.Checkbox}
+
+
+def panel_spelling(tool: Tool):
+    """How the panel names `tool`'s options in its messages: by the field's label."""
+    return tool.spelling(lambda option: option.panel)
+
+
+def _field(tool: Tool, option):
+    start = tool.defaults[option.keyword] if option.panel_value is NO_VALUE else option.panel_value
+    return _FIELDS.get(option.kind, widgets.Text)(
+        value=start, description=option.panel, tooltip=f"{option.help} ({option.keyword}): {option.allowed}",
+        style={"description_width": "initial"}, layout=widgets.Layout(width="200px"))
 
 
 class ToolButtons:
@@ -31,25 +50,22 @@ class ToolButtons:
         self.results: dict = {}           # tool -> its last result (Diagnosis, BatchSearch, ...)
         self.running_tool: str | None = None
         self.buttons = {}
-        for tool, label in LABELS.items():
-            button = widgets.Button(description=label, layout=widgets.Layout(width="auto"))
-            button.add_class(f"nbtrain-tool-{tool.replace('_', '-')}")
-            button.on_click(lambda _b, t=tool: self.panel._run_tool(t))
-            self.buttons[tool] = button
-        # Raw values go to the tools, which check them (their message lands in the status line).
-        self.budget = widgets.FloatText(value=60.0, description="walk budget (s)",
-                                        style={"description_width": "initial"}, layout=widgets.Layout(width="180px"))
-        self.memory = widgets.FloatText(value=0.5, description="memory fraction",
-                                        style={"description_width": "initial"}, layout=widgets.Layout(width="180px"))
-        self.seconds = widgets.FloatText(value=2.0, description="s per worker setting",
-                                         style={"description_width": "initial"}, layout=widgets.Layout(width="200px"))
+        self.fields: dict = {}            # option keyword -> its field
+        for name, tool in PANEL_TOOLS.items():
+            button = widgets.Button(description=tool.label, layout=widgets.Layout(width="auto"))
+            button.add_class(f"nbtrain-tool-{name.replace('_', '-')}")
+            button.on_click(lambda _b, t=name: self.panel._run_tool(t))
+            self.buttons[name] = button
+            for option in tool.options:
+                if option.panel and option.keyword not in self.fields:
+                    self.fields[option.keyword] = _field(tool, option)
         self.text = widgets.HTML()
         self.text.add_class("nbtrain-tool-text")
         self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
         self.image.add_class("nbtrain-tool-plot")
         self.widget = widgets.VBox([
             widgets.HBox([widgets.HTML("<b>checklist tools</b>&nbsp;")] + list(self.buttons.values())),
-            widgets.HBox([self.budget, self.memory, self.seconds]), self.text, self.image])
+            widgets.HBox(list(self.fields.values())), self.text, self.image])
         self.widget.add_class("nbtrain-tools")
 
     def set_running(self, running: bool) -> None:
@@ -57,31 +73,24 @@ class ToolButtons:
             button.disabled = running
 
     def keywords(self, tool: str) -> dict:
-        if tool == "checklist":
-            return {"budget_s": self.budget.value, "memory_budget": self.memory.value}
-        if tool == "find_batch_size":
-            return {"memory_budget": self.memory.value}
-        if tool == "find_workers":
-            return {"seconds": self.seconds.value}
-        return {}
-
-    def in_field_names(self, message: str) -> str:
-        """'memory_budget=3.0: a fraction ...' -> 'memory fraction 3.0: allowed: a fraction ...'."""
-        message = re.sub(r"^nbtrain\.\w+: ", "", message)
-        for keyword, widget in (("memory_budget", self.memory), ("budget_s", self.budget), ("seconds", self.seconds)):
-            message = re.sub(rf"\b{keyword}=([^:;]+): ", rf"{widget.description} \1: allowed: ", message)
-        return message
+        """The values of the fields `tool` declares, as the fields hold them (the tool's declaration reads them)."""
+        return {o.keyword: self.fields[o.keyword].value for o in TOOLS[tool].options if o.panel}
 
     def run(self, tool: str) -> None:
         """Start `tool` in the panel's background thread, on its live engine, with the controls' settings."""
         panel = self.panel
         config = panel.base.replace(**panel.controls.changes())  # a ConfigError lands in the status line
+        try:
+            kwargs = TOOLS[tool].read(self.keywords(tool))
+        except ToolOptionError as error:  # refused before anything runs, in the fields' words
+            panel.say(f"{LABELS[tool]}: {error.text(panel_spelling(TOOLS[tool]))}", error=True)
+            return
         note = ""
         if config.world_size > 1:  # the tools measure in this kernel; the walk tries 2 processes itself
             config, note = config.replace(devices=1, num_nodes=1), " (in this kernel: 1 process)"
         panel.engine = api.engine_for(panel.recipe, config)  # the engine the tool's trials run on
         self.running_tool = tool
-        panel._thread = threading.Thread(target=self._work, args=(tool, config, self.keywords(tool)),
+        panel._thread = threading.Thread(target=self._work, args=(tool, config, kwargs),
                                          name=f"nbtrain-panel-{tool}", daemon=True)
         panel._set_running(True)
         panel.say(f"{LABELS[tool]}: measuring on the live model{note}…")
@@ -107,18 +116,18 @@ class ToolButtons:
         panel, label = self.panel, LABELS[tool]
         message, error = "", False
         try:
-            result = tool_function(tool)(recipe=panel.recipe, config=config, **kwargs)
+            result = TOOLS[tool].function(recipe=panel.recipe, config=config, **kwargs)
             self.results[tool] = result
             self.text.value = f"<pre style='font-size:11px'>{html.escape(result.table())}</pre>"
             self.image.value = figure_png(result, tool) or b""
             message = f"{label} done: {_headline(tool, result)}"
         except KeyboardInterrupt:
             message = f"{label} stopped; the model and its optimizer are restored as they were"
+        except (ToolOptionError, ToolRefusal) as exc:  # a value only the recipe could judge, or the tool's verdict
+            message, error = f"{label}: {exc.text(panel_spelling(TOOLS[tool]))}", True
         except BaseException as exc:  # shown in the status line, never lost in the thread
             panel.errors.append(traceback.format_exc())
             message, error = f"{label} failed: {type(exc).__name__}: {exc}", True
-            if isinstance(exc, ValueError) and is_nbtrain_frame(last_frame(exc)):
-                message = f"{label}: {self.in_field_names(str(exc))}"  # a value the tool refused, in its words
         finally:
             self.running_tool = None
             try:

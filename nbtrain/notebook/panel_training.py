@@ -7,24 +7,23 @@ it does per event small.
 from __future__ import annotations
 
 import traceback
-from pathlib import Path
 
-from .. import api
 from ..runs.result import RunResult
-from .panel_runs import RunRecord, _number
+from ..format import number
+from .panel_runs import RunRecord
 
 
 def train(panel, record: RunRecord) -> None:
     """Run `record` on the panel's live model; the status line says how it ended, whatever happens."""
     message, error = "", False
     try:
-        if record.config.world_size > 1:
-            result = api.fit(recipe=panel.recipe, config=record.config, log=record.log, stop=record.stop)
-        else:
-            result = panel.engine.run(log=record.log)
+        # The live engine of one device is the panel's own (engine_for gives fit the same one), so
+        # "Apply now" reaches this run; more devices are DDP workers.
+        result = panel.session.train(panel.recipe, record.config, record.log, stop=record.stop)
         record.result, record.status = result, result.status
         panel.progress.end(result.status, record.steps)
-        _record(panel, result)
+        # The status line says how the run ended; the progress line where it was recorded.
+        panel.progress.add_note(" · " + panel.session.record(result, panel.recipe.model)[-1])
         message = outcome_text(record, result, panel.engine if record.config.world_size == 1 else None)
     except BaseException as exc:  # KeyboardInterrupt included (a kernel interrupt)
         panel.errors.append(traceback.format_exc())
@@ -43,27 +42,6 @@ def train(panel, record: RunRecord) -> None:
             panel.errors.append(traceback.format_exc())
             message, error = f"{message}; updating the panel failed: {exc!r}", True
         panel.say(message, error=error)
-
-
-def _record(panel, result: RunResult) -> None:
-    """Into the run store, so %nbtrain_runs and compare see panel runs too (an unusable store only warns)."""
-    model = panel.recipe.model
-    params = sum(p.numel() for p in model.parameters())
-    run_id = panel.store.record(result, model=f"{type(model).__name__} ({params:,} parameters)")
-    result.extras.update(run_id=run_id, store=str(panel.store.path))
-    if result.name is None and run_id is not None:
-        result.name = f"#{run_id}"
-    panel.progress.add_note(f" · recorded as run #{run_id} in {_shown(panel.store.path)}" if run_id is not None
-                            else " · not recorded: the run store is unusable (see the warning)")
-
-
-def _shown(path) -> str:
-    """A store under the notebook's folder as a relative path (.nbtrain/runs.sqlite), others in full."""
-    path = Path(path).resolve()
-    try:
-        return str(path.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def on_event(panel, record: RunRecord, event: dict, log) -> None:
@@ -96,7 +74,7 @@ def outcome_text(record: RunRecord, result: RunResult, engine=None) -> str:
                 f" (epoch {engine.epoch}, {engine.epoch_offset} samples into it{overall})")
     elif result.message:
         head += f": {result.message}"
-    return (f"{head} — {result.steady().text()}, final loss {_number(s.get('last_loss'))}"
+    return (f"{head} — {result.steady().text()}, final loss {number(s.get('last_loss'))}"
             + "".join(f"\nnote: {note}" for note in s.get("notes", [])))
 
 

@@ -16,6 +16,7 @@ import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..runs import table
 from ..runs.compare import versus
 from ..config import TrainConfig
 from ..measure.ab import describe_change
@@ -61,14 +62,6 @@ def readout_html(c: TrainConfig, lr_note: str) -> str:
             f"<b>learning rate {html.escape(lr_note)}</b> · {c.precision} on {c.device_type} · {budget}</div>")
 
 
-SUMMARY_COLUMNS = (("run", ""), ("differs from the first run", "the options this run changed"),
-                   ("status", ""), ("steps", "optimizer steps of this run"),
-                   ("samples/s (95% interval)", "steady samples/s after the warm-up, with its 95% interval; "
-                                                "the compare view below says whether two runs differ"),
-                   ("held-out", "accuracy (and loss) on the held-out data at the run's end"),
-                   ("peak memory", "peak memory of the training device (process RSS on the CPU)"))
-
-
 class RunsTable:
     """The columns that matter first; every other setting and measurement folded under a toggle."""
 
@@ -87,25 +80,9 @@ class RunsTable:
         if not runs:
             self.html.value = "<i>no runs yet: press Run</i>"
             return
-        head = "".join(f"<th title='{html.escape(tip)}'>{name}</th>" for name, tip in SUMMARY_COLUMNS)
-        rows = []
-        for run in runs:
-            rows.append(f"<tr class='nbtrain-run-row' data-run='{run.number}' data-status='{html.escape(run.status)}'>"
-                        + "".join(f"<td>{html.escape(v)}</td>" for v in run.summary_cells(runs[0])) + "</tr>")
-            if self.details.value:
-                rows.append(f"<tr class='nbtrain-run-details' data-run='{run.number}'><td></td>"
-                            f"<td colspan='{len(SUMMARY_COLUMNS) - 1}'>{html.escape(run.details())}</td></tr>")
-        self.html.value = (f"{TABLE_STYLE}<table class='nbtrain-runs-table'><thead><tr>{head}</tr></thead>"
-                           f"<tbody>{''.join(rows)}</tbody></table>")
+        self.html.value = table.RunsTable([run.row() for run in runs]).html(details=self.details.value)
 
 
-# JupyterLab's theme colours (light or dark), with plain fallbacks; long values wrap inside their cell.
-TABLE_STYLE = """<style>
-.nbtrain-runs-table {border-collapse:collapse; font-size:12px; line-height:1.35; width:100%}
-.nbtrain-runs-table th, .nbtrain-runs-table td {border:1px solid var(--jp-border-color2, #ccc); padding:2px 5px;
-  text-align:left; vertical-align:top; overflow-wrap:break-word}
-.nbtrain-runs-table .nbtrain-run-details td {color:var(--jp-content-font-color2, #555)}
-</style>"""
 CODE_STYLE = ("margin:2px 0;padding:4px 6px;background:var(--jp-layout-color2,#f5f5f5);"
               "border:1px solid var(--jp-border-color2,#ddd);font-size:12px;line-height:1.4;white-space:pre-wrap;"
               "overflow-wrap:anywhere;user-select:all")

@@ -100,7 +100,7 @@ def run(magics, recipe, config, args):
         raise errors.training_failure(magics.shell, error) from None
     finally:
         for view in views:
-            getattr(view, "close", lambda: None)()
+            view.close()
     result.name = args.name
     return result
 

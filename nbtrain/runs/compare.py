@@ -17,7 +17,8 @@ import numpy as np
 from ..measure.steady import block_rates, columns_series
 from ..measure.verdict import Verdict, unpaired
 from ..plotting import held_out_series
-from .result import RunResult, _fmt
+from ..format import number
+from .result import RunResult
 
 
 def smoothed(losses: list[float], window: int) -> list[float]:
@@ -117,8 +118,8 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
         rows.append({"run": label, "status": run.status, "steps": s["steps"],
                      "samples/s": run.steady().text(""),
                      "vs first": "-" if run is base else versus(base, run).short(),
-                     f"time to loss {target:.3g}": "not reached" if t is None else _fmt(t, " s"),
-                     "peak memory": _fmt(s.get("peak_mem_mb"), " MB"), "last loss": _fmt(s["last_loss"]),
+                     f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
+                     "peak memory": number(s.get("peak_mem_mb"), " MB"), "last loss": number(s["last_loss"]),
                      "held-out": held_out_text(s), "changed from first": changes or "-"})
     if all(row["held-out"] == "-" for row in rows):  # no run validated: no column of dashes
         for row in rows:
@@ -134,10 +135,10 @@ def held_out_text(summary: dict) -> str:
     """The last validation's numbers, compact: "loss 0.31, acc 91.2%, f1 0.88" ("-" without one)."""
     if summary.get("val_loss") is None:
         return "-"
-    parts = [f"loss {_fmt(summary['val_loss'])}"]
+    parts = [f"loss {number(summary['val_loss'])}"]
     if summary.get("val_acc") is not None:
         parts.append(f"acc {100 * summary['val_acc']:.1f}%")
-    parts += [f"{k[4:] if k.startswith('val_') else k} {_fmt(v)}" for k, v in summary.get("val_metrics", {}).items()]
+    parts += [f"{k[4:] if k.startswith('val_') else k} {number(v)}" for k, v in summary.get("val_metrics", {}).items()]
     return ", ".join(parts)
 
 

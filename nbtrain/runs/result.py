@@ -5,7 +5,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..config import TrainConfig
-from ..measure.steady import SteadyRate, duration_text as _seconds, of_columns
+from ..format import duration, number
+from ..measure.steady import SteadyRate, of_columns
 from ..metrics import PHASES, MetricsLog
 
 
@@ -53,19 +54,12 @@ def held_out(log: MetricsLog) -> dict:
     return {}
 
 
-def _fmt(value, unit="") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        text = f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
-        return text + unit
-    return f"{value:,}{unit}"
 
 
 def _per_rank(peaks) -> str:
     if not peaks or len(peaks) < 2:
         return ""
-    return "; per rank " + ", ".join(f"{rank}: {_fmt(mb, ' MB')}" for rank, mb in enumerate(peaks))
+    return "; per rank " + ", ".join(f"{rank}: {number(mb, ' MB')}" for rank, mb in enumerate(peaks))
 
 
 @dataclass
@@ -91,21 +85,21 @@ class RunResult:
             ("status", self.status + (f" — {self.message}" if self.message else "")),
             ("device", f"{s.get('device', '-')} x{s.get('world_size', 1)}, {self.config.precision}"
                        + (f", {s['strategy']}" if s.get("world_size", 1) > 1 and "strategy" in s else "")),
-            ("global batch", f"{_fmt(s.get('global_batch'))} (batch {self.config.batch_size} x accumulate "
+            ("global batch", f"{number(s.get('global_batch'))} (batch {self.config.batch_size} x accumulate "
                              f"{self.config.accumulate_grad_batches} x {s.get('world_size', 1)} processes)"),
             ("learning rate", s.get("lr_note", "-")),
-            ("steps / epochs", f"{s['steps']} / {_fmt(s.get('epochs_trained'))}"),
+            ("steps / epochs", f"{s['steps']} / {number(s.get('epochs_trained'))}"),
             ("samples/s", self.steady().text("") + (f"; {self.steady().warmup_text()}" if s["steps"] else "")),
-            ("total time", f"{_seconds(s.get('train_time_s'))} for {s['steps']} steps"
-                           + (f", {_seconds(s['time_per_epoch_s'])} per epoch"
+            ("total time", f"{duration(s.get('train_time_s'))} for {s['steps']} steps"
+                           + (f", {duration(s['time_per_epoch_s'])} per epoch"
                               if s.get("epochs_trained", 0) and s["epochs_trained"] >= 1 else "")),
-            ("peak memory", f"{_fmt(s.get('peak_mem_mb'), ' MB')} ({s.get('mem_kind', '-')})"
+            ("peak memory", f"{number(s.get('peak_mem_mb'), ' MB')} ({s.get('mem_kind', '-')})"
                             + _per_rank(s.get("peak_mem_mb_per_rank"))),
             ("step time by phase", phases or "-"),
-            ("loss first -> last", f"{_fmt(s['first_loss'])} -> {_fmt(s['last_loss'])}"),
-        ] + ([("held-out loss / accuracy", f"{_fmt(s['val_loss'])} / "
-                                           f"{_fmt(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}"
-                                           + "".join(f", {k} {_fmt(v)}" for k, v in s.get("val_metrics", {}).items()))]
+            ("loss first -> last", f"{number(s['first_loss'])} -> {number(s['last_loss'])}"),
+        ] + ([("held-out loss / accuracy", f"{number(s['val_loss'])} / "
+                                           f"{number(None if s['val_acc'] is None else 100 * s['val_acc'], '%')}"
+                                           + "".join(f", {k} {number(v)}" for k, v in s.get("val_metrics", {}).items()))]
              if s.get("val_loss") is not None else []) \
           + [("note", note) for note in s.get("notes", [])]
 
@@ -127,7 +121,7 @@ class RunResult:
     def __repr__(self) -> str:
         s = self.summary
         return (f"RunResult({self.name or 'unnamed'}: {self.status}, {s['steps']} steps, "
-                f"{_fmt(s['samples_per_s'])} samples/s, loss {_fmt(s['last_loss'])})")
+                f"{number(s['samples_per_s'])} samples/s, loss {number(s['last_loss'])})")
 
     def plot(self, path=None, ax=None):
         """Loss against step (and samples/s on a twin axis); saved to `path` when given."""

@@ -26,11 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import DEFAULT_TIMEOUT_S, TrainConfig, check_runnable
+from ..config import TrainConfig, check_runnable
 from ..hardware import Inventory
 from ..metrics import MetricsLog
 from ..runs.result import RunResult
-from ..distributed.rundir import LAUNCH, RunDir
+from ..distributed.plan import for_batch_job
+from ..distributed.rundir import RunDir
 from .script import SIGNAL_DEFAULT, SlurmOptionError, sbatch_script
 from .state import NEVER_STARTS, JobState, parse_job
 from .standalone import export  # noqa: F401  (part of this module's interface)
@@ -73,11 +74,12 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     """
     python = python or sys.executable
     root = Path(run_root) if run_root is not None else Path.cwd() / ".nbtrain" / "runs"
+    plan = for_batch_job(config)
     if dry_run:
-        return sbatch_script(config, str(root / "nbtrain-run-XXXXXXXX"), python=python, job_name=job_name,
+        return sbatch_script(plan, str(root / "nbtrain-run-XXXXXXXX"), python=python, job_name=job_name,
                              options=sbatch_options, requeue_signal=requeue_signal, socket_ifname=socket_ifname)
     # Refuse bad options before touching SLURM or the disk.
-    sbatch_script(config, str(root), python=python, job_name=job_name, options=sbatch_options,
+    sbatch_script(plan, str(root), python=python, job_name=job_name, options=sbatch_options,
                   requeue_signal=requeue_signal, socket_ifname=socket_ifname)
     sbatch = _require("sbatch")
     target = partition_inventory(sbatch_options.get("partition"))
@@ -86,11 +88,9 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     if run_root is None:
         project_dir()  # private .nbtrain/ first, so runs/ inherits nothing looser
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    run = RunDir.create(backend=_backend(config), config=config, recipe=recipe, parent=str(root),
-                        timeout_s=config.timeout or DEFAULT_TIMEOUT_S)
-    _without_owner(run)
+    run = RunDir.create(plan, config=config, recipe=recipe, parent=str(root))
     script = run.path / "job.sbatch"
-    script.write_text(sbatch_script(config, str(run.path), python=python, job_name=job_name,
+    script.write_text(sbatch_script(plan, str(run.path), python=python, job_name=job_name,
                                     options=sbatch_options, requeue_signal=requeue_signal,
                                     socket_ifname=socket_ifname))
     try:
@@ -287,18 +287,6 @@ def _require(binary: str) -> str:
         raise SlurmError(f"SLURM was not found: `{binary}` is not on PATH on this machine. Run this where SLURM's "
                          f"client commands are installed (a login node); {_DRY_RUN_HINT}")
     return path
-
-
-def _backend(config: TrainConfig) -> str:
-    # The login node may have no GPU: the accelerator asked for decides, not this machine.
-    return "nccl" if config.accelerator == "cuda" else "gloo"
-
-
-def _without_owner(run: RunDir) -> None:
-    """A batch job must outlive the kernel that submitted it: no owner for the workers to watch."""
-    info = run.launch_info()
-    info.update(owner_pid=None, owner_started=None)
-    run._write_json(LAUNCH, info)
 
 
 def _records_path() -> Path:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from ..config import TrainConfig
+from ..distributed.plan import LaunchPlan
 
 SIGNAL_DEFAULT = "USR1@90"
 # Options nbtrain derives from the config or the run directory; a user value would contradict them.
@@ -69,17 +69,18 @@ def check_signal(spec: str | None) -> str | None:
     return spec
 
 
-def sbatch_script(config: TrainConfig, run_dir: str, *, python: str, job_name: str = "nbtrain",
+def sbatch_script(plan: LaunchPlan, run_dir: str, *, python: str, job_name: str = "nbtrain",
                   options: dict | None = None, requeue_signal: str | None = SIGNAL_DEFAULT,
                   socket_ifname: str | None = "auto", target: list[str] | None = None) -> str:
-    """The batch script text. `target` is what torchrun runs (default `-m nbtrain.distributed.worker RUN_DIR`)."""
+    """The batch script text for a batch job's plan (plan.for_batch_job), whose launch.json in `run_dir`
+    tells the workers the rest. `target` is what torchrun runs (default `-m nbtrain.distributed.worker RUN_DIR`)."""
     q = shlex.quote
     if not isinstance(job_name, str) or not job_name or any(c in job_name for c in "\n\r\0"):
         raise SlurmOptionError(f"job_name={job_name!r}: allowed: a non-empty name on one line")
     extra = sbatch_options(options or {})
     requeue_signal = check_signal(requeue_signal)
-    gpus = config.accelerator == "cuda"
-    nodes, nproc = config.num_nodes, config.devices
+    gpus = plan.backend == "nccl"  # backend_for chose nccl: the ranks run on CUDA, one GPU each
+    nodes, nproc = plan.nodes, plan.procs_per_node
     header = [f"--job-name={job_name}", f"--nodes={nodes}", "--ntasks-per-node=1",
               f"--output={run_dir}/slurm-%j.out", "--open-mode=append"]
     if gpus:
@@ -102,9 +103,8 @@ def sbatch_script(config: TrainConfig, run_dir: str, *, python: str, job_name: s
         "port=$((20000 + SLURM_JOB_ID % 20000))",
         'cpus=${SLURM_CPUS_ON_NODE:-$nproc}',
         'threads=$((cpus / nproc)); [ "$threads" -ge 1 ] || threads=1',
+        "# The plan leaves each rank's threads to this script, which knows the node's allocation.",
         'export OMP_NUM_THREADS="$threads"',
-        "export NBTRAIN_SHARED_RUN_DIR=1  # every node sees this run directory: rank 0 alone writes the outputs",
-        "export NBTRAIN_PREFIX_OUTPUT=1  # every rank's lines start with [rank N] in the one output file",
     ]
     if socket_ifname == "auto":
         lines.append('case "$head_addr" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo ;; esac')

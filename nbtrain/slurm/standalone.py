@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..config import TrainConfig
+from ..distributed.plan import for_batch_job
 from ..distributed.rundir import CONFIG, LAUNCH, RECIPE, RunDir
 from .script import SIGNAL_DEFAULT, sbatch_script
 
@@ -34,14 +35,14 @@ HERE = Path(__file__).resolve().parent
 
 def train_here() -> int:
     from nbtrain import Engine, MetricsLog
-    from nbtrain.console import ConsoleProgress
+    from nbtrain.progress import Progress
     from nbtrain.distributed.rundir import RunDir
 
     run = RunDir(HERE)
     config = run.config().replace(devices=1, num_nodes=1)  # one process: DDP runs go through torchrun
     engine = Engine(run.recipe(), config)
     log = MetricsLog()
-    log.subscribe(ConsoleProgress())
+    log.subscribe(Progress())
     result = engine.run(log=log)
     print(result.table())
     run.save_model({{k: v.detach().cpu() for k, v in engine.model.state_dict().items()}})
@@ -72,19 +73,15 @@ def export(recipe, config: TrainConfig, folder, *, job_name: str = "nbtrain", py
     if folder.exists() and any((folder / name).exists() for name in (CONFIG, RECIPE, "train.py")):
         raise FileExistsError(f"export folder {folder} already holds an exported recipe; choose a new folder")
     script_py = folder / "train.py"
-    batch = sbatch_script(config, str(folder), python=python or sys.executable, job_name=job_name,
+    plan = for_batch_job(config)  # runs on its own, owned by nobody's kernel
+    batch = sbatch_script(plan, str(folder), python=python or sys.executable, job_name=job_name,
                           options=sbatch_options, requeue_signal=requeue_signal, socket_ifname=socket_ifname,
                           target=[str(script_py)])
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    backend = "nccl" if config.accelerator == "cuda" else "gloo"
-    tmp = RunDir.create(backend=backend, config=config, recipe=recipe, parent=str(folder))
+    tmp = RunDir.create(plan, config=config, recipe=recipe, parent=str(folder))
     for name in (CONFIG, RECIPE, LAUNCH):
         os.replace(tmp.path / name, folder / name)
     tmp.remove()
-    run = RunDir(folder)
-    info = run.launch_info()
-    info.update(owner_pid=None, owner_started=None)  # runs on its own, owned by nobody's kernel
-    run._write_json(LAUNCH, info)
     script_py.write_text(TRAIN_PY.format(title=job_name.replace("\\", "/").replace('"', "'"), nodes=config.num_nodes,
                                          devices=config.devices))
     script_py.chmod(0o700)

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .tool_options import declare, option
+
 _SAMPLE_PROBES = 8
 
 
@@ -133,13 +135,17 @@ class CachedDataset(Dataset):
         return {**self.__dict__, "_arrays": None}
 
 
+@declare("cache", "nbtrain.cache", "offline preprocessing cache: a dataset's deterministic per-sample work done once", (
+    option("num_workers", "whole", "a whole number >= 0, or None (one per core)", "DataLoader workers filling the "
+           "cache", low=0, nullable=True),
+    option("batch_size", "whole", "a whole number >= 1", "samples each worker computes at a time", low=1),
+    option("transform", "function", "a function sample -> sample, or None", "applied after reading (random "
+           "augmentation)", nullable=True)), magic=False)
 def cache(dataset, path, num_workers: int | None = None, batch_size: int = 64, transform=None) -> CachedDataset:
     """Compute every sample of `dataset` once (in parallel) into memory-mapped files under `path`."""
+    # The dataset is the data, not an option: its problems are about what it holds.
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
         raise ValueError(f"dataset: got {type(dataset).__name__}; allowed: a non-empty map-style Dataset")
-    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
-                                    or num_workers < 0):
-        raise ValueError(f"num_workers={num_workers!r}: a whole number >= 0, or None (one per core)")
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     folder = root / f"{type(dataset).__name__}-{fingerprint(dataset)}"

@@ -31,7 +31,8 @@ from ..config import TrainConfig
 from ..measure.ab import compare_on, steps_lasting, trial_rate
 from ..measure.steady import NOTHING
 from ..measure.verdict import UNMEASURED, Verdict
-from .tune import _is_oom, memory_limit
+from .tool_options import ToolRefusal, declare, option
+from .tune import MEMORY_BUDGET, _is_oom, checked_lr, memory_limit
 
 _AB_PAIRS = (3, 8)  # fewest and most pairs of blocks per head-to-head comparison
 
@@ -93,20 +94,21 @@ class ChecklistResult:
 
     def table(self) -> str:
         total = self.overall()
+        w = max([len("start")] + [len(i.name) for i in self.items] + [len(n) for n, _ in self.skipped])  # names fit
         interval = f", 95% interval {total.interval_text()}" if math.isfinite(total.low) and total.pairs else ""
         lines = [f"nbtrain checklist walk on {self.device}: {self.baseline:,.0f} -> {self.final:,.0f} samples/s "
                  f"(x{self.final / self.baseline:.2f}{interval}), {self.trials} trials and {self.blocks} "
                  f"head-to-head blocks in {self.elapsed_s:.1f} s of a {self.budget_s:.0f} s budget",
-                 f"  {'item':<13} {'head to head vs current (95% interval)':<42} {'kept':<4}  "
+                 f"  {'item':<{w}} {'head to head vs current (95% interval)':<42} {'kept':<4}  "
                  f"screened (samples/s, 95% interval)",
-                 f"  {'start':<13} {(self.start.text() if self.start else ''):<42} {'':<4}  "
+                 f"  {'start':<{w}} {(self.start.text() if self.start else ''):<42} {'':<4}  "
                  f"{_describe(self.start_config)}"]
         for item in self.items:
             tried = "; ".join(t.text() for t in item.tried)
-            lines.append(f"  {item.name:<13} {item.verdict_text():<42} {'yes' if item.kept else 'no':<4}  {tried}"
+            lines.append(f"  {item.name:<{w}} {item.verdict_text():<42} {'yes' if item.kept else 'no':<4}  {tried}"
                          + (f" -> {item.chosen}" if item.kept else ""))
         for name, reason in self.skipped:
-            lines.append(f"  {name:<13} {'skipped':<42} {'':<4}  {reason}")
+            lines.append(f"  {name:<{w}} {'skipped':<42} {'':<4}  {reason}")
         changes = self.changes()
         lines.append("best config: " + (", ".join(f"{k}={v!r}" for k, v in changes.items()) or "the starting one"))
         if self.lr_note:
@@ -200,40 +202,43 @@ class _Walk:
         return result.verdict, ""
 
 
+@declare("checklist", "nbtrain.checklist", "the automated checklist walk: each item kept only when its head-to-head "
+         "interval lies above the keep threshold; table and waterfall", (
+             option("budget_s", "number", "a number of seconds > 0", "seconds the walk may take", above=0,
+                    flag="budget", metavar="S", panel="walk budget (s)"),
+             option("keep_best", "switch", "true or false", "leave the live model on the best config, and use it in "
+                    "later cells", flag="keep_best"),
+             option("target_global_batch", "whole", "a whole number >= 1, or None", "global batch the walk "
+                    "accumulates up to", low=1, nullable=True, flag="target_global_batch"),
+             option("items", "names", "each one of " + ", ".join(ITEMS), "checklist items to try (default all): "
+                    + ", ".join(ITEMS), choices=ITEMS, flag="items"),
+             option("trial_s", "number", "a number of seconds > 0, or None (from the budget)",
+                    "seconds per screening trial", above=0, nullable=True),
+             option("min_gain", "number", "a fraction in [0, 1) (smallest speed-up worth keeping)",
+                    "smallest speed-up worth keeping", low=0, below=1),
+             MEMORY_BUDGET,
+             option("clock", "function", "a function returning seconds, like time.monotonic", "the walk's clock")),
+         label="Checklist walk", figsize=(9, 3.8))
 def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
               budget_s: float = 60.0, keep_best: bool = False, target_global_batch: int | None = None,
               items=ITEMS, trial_s: float | None = None, min_gain: float = 0.03, memory_budget=None,
               clock=time.monotonic, **parts) -> ChecklistResult:
     """Walk the checklist on the live model within `budget_s` seconds of `clock`; see the module docstring."""
-    problems = []
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
-        problems.append(f"budget_s={budget_s!r}: a number of seconds > 0")
-    unknown = [i for i in items if i not in ITEMS]
-    if unknown:
-        problems.append(f"items={list(items)!r}: each one of {', '.join(ITEMS)}")
-    if target_global_batch is not None and (isinstance(target_global_batch, bool)
-                                            or not isinstance(target_global_batch, int) or target_global_batch < 1):
-        problems.append(f"target_global_batch={target_global_batch!r}: a whole number >= 1, or None")
-    if not 0 <= min_gain < 1:
-        problems.append(f"min_gain={min_gain!r}: a fraction in [0, 1) (smallest speed-up worth keeping)")
-    if not callable(clock):
-        problems.append(f"clock={clock!r}: a function returning seconds, like time.monotonic")
-    if problems:
-        raise ValueError("nbtrain.tools.checklist: " + "; ".join(problems))
     t0 = clock()  # the budget counts from here: finding the engine is part of the walk
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     start = trial.plain_config(engine.config)
     # Screening trials are short: the head-to-head comparison, not one trial, decides what is kept.
     trial_s = trial_s or min(max(budget_s / 20, 0.5), 3.0)
     walk = _Walk(engine, float(budget_s), trial_s, memory_budget, min_gain, clock, t0)
-    skipped, results = [], []
+    skipped, results, lr_checks = [], [], []
     current, finished = start, False
     try:
         base = walk.measure(start, reserve=False)
-        if base is None or base.samples_per_s is None:
-            raise RuntimeError(f"nbtrain.tools.checklist: budget_s={budget_s:g} left no time to measure the starting "
-                               f"config; allow more (e.g. budget_s=30)" if base is None else
-                               f"nbtrain.tools.checklist: the starting config could not be measured ({base.note})")
+        if base is None:
+            raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
+                                            f"config; allow more (e.g. {spell('budget_s', 30)})")
+        if base.samples_per_s is None:
+            raise ToolRefusal(lambda spell: f"the starting config could not be measured ({base.note})")
         base.label = "steady rate"
         current, walk.rate = start, base.samples_per_s
         for name in items:
@@ -251,7 +256,11 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
             item = _decide(walk, name, current, tried)
             results.append(item)
             if item.kept:
-                current = next(t.config for t in tried if t.label == item.chosen)
+                chosen = next(t.config for t in tried if t.label == item.chosen)
+                if chosen.scale_lr != "none" and chosen.lr_factor() != current.lr_factor():
+                    chosen, notes = checked_lr(engine, chosen)  # the walk never hands over a diverging rate
+                    lr_checks += notes
+                current = chosen
                 walk.rate = item.after
         finished = True
     finally:
@@ -262,6 +271,7 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
                    f"vs {current.base_batch_size}" + (f", linear warm-up over {current.warmup_steps} steps"
                                                       if current.warmup_steps else
                                                       "; add warmup_steps (linear warm-up) for large scale-ups"))
+    lr_note = "; ".join(filter(None, [lr_note] + lr_checks))
     return ChecklistResult(start, current, base.samples_per_s, results, skipped, float(budget_s), clock() - t0,
                            walk.trials, str(engine.device), lr_note, keep_best, walk.blocks, base)
 

@@ -165,12 +165,12 @@ def ddp(walk, engine, start, current, target):
     processes, so the comparison cannot alternate blocks on the live engine: the current config
     is measured right after them, and the verdict is unpaired (it says so).
     """
-    if importlib.util.find_spec(f"{__package__}.launch") is None:
-        return "the DDP launcher (nbtrain.launch) is not part of this install"
+    if importlib.util.find_spec("nbtrain.distributed.launch") is None:
+        return "the DDP launcher (nbtrain.distributed) is not part of this install"
     try:
         from ..distributed import launch  # noqa: F401
     except ImportError as error:
-        return f"the DDP launcher (nbtrain.launch) does not import: {error}"
+        return f"the DDP launcher (nbtrain.distributed) does not import: {error}"
     try:
         label, c = ddp_candidate(current)
     except ConfigError as error:

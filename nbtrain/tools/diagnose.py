@@ -28,6 +28,7 @@ from ..config import TrainConfig
 from ..measure.ceilings import Ceilings, measure_ceilings
 from ..measure.steady import NOTHING, SteadyRate, of_columns
 from ..metrics import MetricsLog
+from .tool_options import ToolRefusal, declare, option
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward", "backward": "backward",
                 "optimizer": "optimizer", "grad_sync": "gradient sync", "other": "other (loop, logging)"}
@@ -209,15 +210,22 @@ class GradSyncClock:
         return total
 
 
+@declare("profile", "nbtrain.profile", "bottleneck breakdown: per-phase step time as a stacked bar, the machine's "
+         "ceilings (loader alone, model alone, FLOPs utilisation), and a verdict in words", (
+             option("steps", "whole", "a whole number >= 1 (optimizer steps to measure)", "optimizer steps to measure",
+                    low=1, flag="steps"),
+             option("warmup_steps", "whole", "a whole number >= 0 (steps not counted)", "steps not counted", low=0),
+             option("seconds", "number", "a number of seconds > 0, or None (steps alone)",
+                    "stop measuring after this many seconds", above=0, nullable=True),
+             option("trace", "path", "a file path, or None", "also write a torch.profiler trace (open in Perfetto)",
+                    flag="trace"),
+             option("ceilings", "switch", "true or false", "also measure the machine's ceilings")),
+         label="Bottleneck breakdown", figsize=(8, 2.6))
 def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 20,
              warmup_steps: int = 3, seconds: float | None = None, trace: str | os.PathLike | None = None,
              ceilings: bool = True, **parts) -> Diagnosis:
     """Measure where the step time goes for the current config, and (`ceilings`) the machine's ceilings
     for it; the model is restored afterwards."""
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: a whole number >= 1 (optimizer steps to measure)")
-    if not isinstance(warmup_steps, int) or warmup_steps < 0:
-        raise ValueError(f"warmup_steps={warmup_steps!r}: a whole number >= 0 (steps not counted)")
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     config = trial.plain_config(engine.config)
     snapshot = trial.Snapshot(engine)
@@ -239,7 +247,7 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     finally:
         snapshot.restore()
     if not m.ok:
-        raise RuntimeError(f"nbtrain.profile: {m.error}")
+        raise ToolRefusal(lambda spell: f"the step could not be measured: {m.error}")
     phases = dict(m.phase_ms)
     phases["other"] = max(m.step_ms - sum(phases.values()), 0.0)
     sync_ms = 1000 * clock.seconds() / max(m.steps, 1) if clock is not None else None

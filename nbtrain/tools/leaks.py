@@ -31,6 +31,8 @@ from .. import plotting
 from . import trial
 from ..config import TrainConfig
 from ..metrics import MetricsLog
+from ..places import place
+from .tool_options import declare, option
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _NBTRAIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -98,7 +100,7 @@ class LeakReport:
             growth = (self.memory_per_step[-1] - self.memory_per_step[0]) / 2**20
             lines.append(f"  memory after each step grew by {growth:+.2f} MB over {len(self.memory_per_step)} steps")
         for file, line, text, count in self.sites:
-            lines.append(f"  made at {file}:{line}  {text}  ({count} alive)")
+            lines.append(f"  made at {place(file, line)}  {text}  ({count} alive)")
         lines += [f"  held by {h}" for h in self.holders]
         if self.fix:
             lines.append(f"  fix: {self.fix}")
@@ -114,11 +116,13 @@ class LeakReport:
         return ax.figure
 
 
+@declare("find_leaks", "nbtrain.leaks.find_graph_leaks", "graph-retention detector: loss tensors kept across "
+         "steps, and the line to change", (
+             option("steps", "whole", "a whole number >= 4 (steps to watch)", "steps to watch", low=4, flag="steps"),),
+         figsize=(5, 3))
 def find_graph_leaks(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                      steps: int = 10, **parts) -> LeakReport:
     """Train `steps` steps and report tensors that keep autograd graphs alive across steps."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 4:
-        raise ValueError(f"steps={steps!r}: a whole number >= 4 (steps to watch)")
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     start = trial.plain_config(engine.config)
     tracker = _GraphTracker()
@@ -199,11 +203,11 @@ def _fix_line(recipe, names, sites) -> str:
             continue
         for offset, text in enumerate(lines):
             if any(re.search(rf"\b{re.escape(n)}\b", text) for n in names):
-                return (f"{file}:{first + offset}  `{text.strip()}` stores a tensor that holds its graph; "
+                return (f"{place(file, first + offset)}  `{text.strip()}` stores a tensor that holds its graph; "
                         "store `.item()` (a number) or `.detach()` instead")
     if sites:
         file, line, text, _ = sites[0]
-        return f"{file}:{line}  `{text}` makes the tensors that are kept; keep `.item()` or `.detach()` of them"
+        return f"{place(file, line)}  `{text}` makes the tensors that are kept; keep `.item()` or `.detach()` of them"
     return "keep `.item()` or `.detach()` of losses you log, never the loss tensor itself"
 
 
@@ -225,11 +229,13 @@ class SyncReport:
                          "host/device syncs per site", "syncs", path, ax)
 
 
+@declare("find_sync", "nbtrain.leaks.find_sync_points", "sync-point detector (CUDA): where the step forces "
+         "host/device synchronisation", (
+             option("steps", "whole", "a whole number >= 1 (steps to watch)", "steps to watch", low=1, flag="steps"),),
+         figsize=(7, 3))
 def find_sync_points(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                      steps: int = 5, **parts) -> SyncReport:
     """On CUDA: where the step forces host/device synchronisations (torch's sync debug mode)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}: a whole number >= 1 (steps to watch)")
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     if engine.device.type != "cuda":
         return SyncReport(False, f"needs CUDA: this model trains on {engine.device.type}, and "
@@ -242,7 +248,7 @@ def find_sync_points(model=None, train_data=None, *, recipe=None, config: TrainC
             return
         frames = [(f.filename, f.lineno) for f in reversed(traceback.extract_stack())]
         site = _user_frame(frames)
-        key = f"{site[0]}:{site[1]}" if site else "nbtrain/torch internals (e.g. the log-window read-back)"
+        key = place(*site) if site else "nbtrain/torch internals (e.g. the log-window read-back)"
         text = linecache.getline(*site).strip() if site else ""
         counts[(key, text)] = counts.get((key, text), 0) + 1
 

@@ -14,6 +14,7 @@ import numpy as np
 from .. import plotting
 from . import trial
 from ..config import TrainConfig
+from .tool_options import JointProblem, ToolRefusal, declare, option
 
 
 @dataclass
@@ -43,16 +44,26 @@ class LRFind:
         return ax.figure
 
 
+def _rates_in_order(values: dict) -> list:
+    if values["start_lr"] < values["end_lr"]:
+        return []
+    return [JointProblem("start_lr", values["start_lr"], "numbers with 0 < start_lr < end_lr",
+                         others=(("end_lr", values["end_lr"]),))]
+
+
+@declare("find_lr", "nbtrain.tune.find_lr", "LR finder: exponential sweep, suggestion at the steepest descent", (
+    option("start_lr", "number", "a number > 0 (the sweep's first rate)", "first rate of the sweep", above=0,
+           flag="start_lr", metavar="LR"),
+    option("end_lr", "number", "a number > 0 (the sweep's last rate)", "last rate of the sweep", above=0,
+           flag="end_lr", metavar="LR"),
+    option("steps", "whole", "a whole number >= 5 (rates to try)", "rates to try", low=5, flag="steps"),
+    option("beta", "number", "a number in [0, 1) (loss smoothing)", "loss smoothing", low=0, below=1),
+    option("diverge", "number", "a number > 1 (the smoothed loss this many times its lowest ends the sweep)",
+           "the smoothed loss this many times its lowest ends the sweep", above=1)), joint=_rates_in_order)
 def find_lr(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
             start_lr: float = 1e-7, end_lr: float = 10.0, steps: int = 100, beta: float = 0.9,
             diverge: float = 4.0, **parts) -> LRFind:
     """Sweep the rate exponentially over `steps` batches; suggest the rate where the loss falls fastest."""
-    if not (isinstance(start_lr, (int, float)) and isinstance(end_lr, (int, float)) and 0 < start_lr < end_lr):
-        raise ValueError(f"start_lr={start_lr!r}, end_lr={end_lr!r}: numbers with 0 < start_lr < end_lr")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 5:
-        raise ValueError(f"steps={steps!r}: a whole number >= 5 (rates to try)")
-    if not 0 <= beta < 1:
-        raise ValueError(f"beta={beta!r}: a number in [0, 1) (loss smoothing)")
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     start = trial.plain_config(engine.config)
     ratio = (end_lr / start_lr) ** (1 / (steps - 1))
@@ -94,7 +105,7 @@ def find_lr(model=None, train_data=None, *, recipe=None, config: TrainConfig | N
     finally:
         snapshot.restore()
     if len(lrs) < 5:
-        raise RuntimeError(f"nbtrain.find_lr: the loss diverged after {len(lrs)} rates; lower start_lr")
+        raise ToolRefusal(lambda spell: f"the loss diverged after {len(lrs)} rates; lower {spell('start_lr')}")
     return LRFind(lrs, losses, smoothed, _steepest(lrs, smoothed), state["diverged"])
 
 

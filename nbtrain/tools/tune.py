@@ -24,6 +24,8 @@ from .. import plotting
 from . import trial
 from ..config import TrainConfig
 from ..metrics import MetricsLog
+from ..options import Problem
+from .tool_options import ToolOptionError, ToolRefusal, declare, option
 from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
 from ..measure.ab import ABResult, compare_on
 
@@ -113,13 +115,17 @@ def _agree(fits: bool, peak: int, device) -> tuple[bool, int]:
     return t[0].item() == 0, int(t[1].item())
 
 
+# One declaration for both tools that take it (the batch search and the checklist walk).
+MEMORY_BUDGET = option(
+    "memory_budget", "memory", "a fraction in (0, 1] of the free memory (e.g. 0.3), a size such as 512MB or 2GB, a "
+    "whole number of bytes, or None (CPU: 0.5; CUDA: out-of-memory only)", "peak memory a trial may reach: a "
+    "fraction of free memory (0.3) or a size (512MB, 2GB); CPU default 0.5", flag="memory_budget",
+    panel="memory fraction", panel_value=0.5)
+
+
 def memory_limit(memory_budget, device) -> tuple[int | None, str]:
-    """Peak bytes a trial may reach: a fraction (0, 1] of free memory above what is held now, or bytes."""
-    if isinstance(memory_budget, bool) or not (memory_budget is None or isinstance(memory_budget, (int, float))) \
-            or (memory_budget is not None and (memory_budget <= 0 or (isinstance(memory_budget, float)
-                                                                      and memory_budget > 1))):
-        raise ValueError(f"memory_budget={memory_budget!r}: a fraction in (0, 1] of the free memory, "
-                         "a whole number of bytes, or None (CPU: 0.5; CUDA: out-of-memory only)")
+    """Peak bytes a trial may reach (`memory_budget` as MEMORY_BUDGET reads it): a fraction (0, 1] of free
+    memory above what is held now, or bytes."""
     if device.type == "cuda":
         if memory_budget is None:
             return None, "CUDA allocated"
@@ -134,6 +140,22 @@ def memory_limit(memory_budget, device) -> tuple[int | None, str]:
     return int(budget), "process RSS"
 
 
+@declare("find_batch_size", "nbtrain.tune.find_batch_size", "largest batch that fits the memory budget, with the "
+         "learning rate scaled, and its speed against the starting batch (head to head, 95% interval)", (
+             option("max_batch", "whole", "a whole number >= 1 (largest batch to try), or None (the samples per "
+                    "process)", "largest batch to try (default: the samples per process)", low=1, nullable=True,
+                    flag="max_batch"),
+             MEMORY_BUDGET,
+             option("rule", "choice", "one of linear, sqrt, none (how the learning rate follows the batch)",
+                    "how the learning rate follows the batch found", choices=("linear", "sqrt", "none"),
+                    flag="lr_rule", metavar="linear|sqrt|none"),
+             option("steps", "whole", "a whole number >= 1 (steps per trial)", "steps per trial", low=1),
+             option("tolerance", "number", "a number in (0, 0.1] (relative gap at which the search stops)",
+                    "relative gap at which the search stops", above=0, high=0.1),
+             option("speed_s", "number", "seconds >= 0 (0: the speed is not compared)",
+                    "seconds comparing the batch found with the starting one", low=0),
+             option("clock", "function", "a function returning seconds, like time.monotonic", "the clock")),
+         label="Find batch size", figsize=(6, 3.2))
 def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                     max_batch: int | None = None, memory_budget=None, rule: str = "linear", steps: int = 1,
                     tolerance: float = 0.05, speed_s: float = 6.0, clock=time.monotonic, **parts) -> BatchSearch:
@@ -148,16 +170,9 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
     start = trial.plain_config(engine.config)
     per_rank = math.ceil(len(engine.recipe.train_data) / engine.world.size)
     max_batch = per_rank if max_batch is None else max_batch
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch={max_batch!r}: a whole number >= 1 (largest batch to try)")
-    if max_batch > per_rank:
-        raise ValueError(f"max_batch={max_batch}: at most {per_rank} (samples per process in train_data)")
-    if rule not in ("linear", "sqrt", "none"):
-        raise ValueError(f"rule={rule!r}: one of linear, sqrt, none (how the learning rate follows the batch)")
-    if not 0 < tolerance <= 0.1:
-        raise ValueError(f"tolerance={tolerance!r}: a number in (0, 0.1] (relative gap at which the search stops)")
-    if isinstance(speed_s, bool) or not isinstance(speed_s, (int, float)) or speed_s < 0:
-        raise ValueError(f"speed_s={speed_s!r}: seconds >= 0 (0: the speed is not compared)")
+    if max_batch > per_rank:  # the one bound that needs the data
+        raise ToolOptionError([Problem("max_batch", max_batch, f"at most {per_rank} (samples per process in "
+                                                               "train_data)")])
     limit, kind = memory_limit(memory_budget, engine.device)
     max_trials = math.ceil(math.log2(max_batch)) + 4 if max_batch > 1 else 1
     trials: list[BatchTrial] = []
@@ -212,8 +227,8 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
         snapshot.restore()
     found = lo.batch_size if lo is not None else 0
     if not found:
-        raise RuntimeError(f"nbtrain.find_batch_size: even batch_size=1 does not fit ({hi.reason}); "
-                           "raise memory_budget or make the model smaller")
+        raise ToolRefusal(lambda spell: f"even batch_size=1 does not fit ({hi.reason}); raise "
+                                        f"{spell('memory_budget')} or make the model smaller")
     search = _with_lr(engine, start, found, rule, trials, max_trials, limit, kind)
     search.speed, search.speed_note = _speed(engine, snapshot, start, search.config, speed_s, clock)
     return search
@@ -263,17 +278,8 @@ def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_tria
         per_epoch = math.ceil(math.ceil(len(engine.recipe.train_data) / engine.world.size) / batch
                               / start.accumulate_grad_batches)
         changes["warmup_steps"], suggested = max(per_epoch, 1), True
-    config = start.replace(**changes)
-    notes = []
-    # A scaled rate is advice the user will follow: a short check that it does not make the loss
-    # diverge, falling back to the gentler sqrt rule, then to the unscaled rate, and saying so.
-    for fallback in (("sqrt", "none") if rule == "linear" else ("none",) if rule == "sqrt" else ()):
-        diverged = _diverges(engine, config)
-        if not diverged:
-            break
-        notes.append(f"the {config.scale_lr} rule's learning rate made the loss diverge in a short check "
-                     f"({diverged}); suggesting scale_lr={fallback!r} instead")
-        config, rule = config.replace(scale_lr=fallback), fallback
+    config, notes = checked_lr(engine, start.replace(**changes))
+    rule = config.scale_lr
     base_lr = start.lr if start.lr is not None else engine.base_lrs[0]
     base_lr *= start.lr_factor()  # the rate in use now
     scaled = (start.lr if start.lr is not None else engine.base_lrs[0]) * config.lr_factor()
@@ -281,6 +287,21 @@ def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_tria
         notes.append(f"apply it: config = config.replace(batch_size={batch}, scale_lr={rule!r}, "
                      f"base_batch_size={config.base_batch_size}, warmup_steps={config.warmup_steps})")
     return BatchSearch(batch, trials, max_trials, limit, kind, config, base_lr, scaled, suggested, notes)
+
+
+def checked_lr(engine, config: TrainConfig) -> tuple[TrainConfig, list[str]]:
+    """`config` with a scaled learning rate it can train with, and what was changed. A scaled rate is
+    advice the user will follow (the batch search's, the checklist walk's): a short check that it does
+    not make the loss diverge, falling back to the gentler sqrt rule, then to the unscaled rate."""
+    notes, rule = [], config.scale_lr
+    for fallback in (("sqrt", "none") if rule == "linear" else ("none",) if rule == "sqrt" else ()):
+        diverged = _diverges(engine, config)
+        if not diverged:
+            break
+        notes.append(f"the {config.scale_lr} rule's learning rate made the loss diverge in a short check "
+                     f"({diverged}); suggesting scale_lr={fallback!r} instead")
+        config = config.replace(scale_lr=fallback)
+    return config, notes
 
 
 def _diverges(engine, config: TrainConfig, steps: int = 30) -> str | None:

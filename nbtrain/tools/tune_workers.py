@@ -20,6 +20,7 @@ from ..config import TrainConfig
 from .diagnose import usable_cores
 from ..measure.ab import ABResult, compare_on, steps_lasting, trial_rate
 from ..measure.verdict import unpaired
+from .tool_options import declare, option
 
 
 @dataclass
@@ -64,6 +65,16 @@ class WorkerSearch:
                          "samples/s", path, ax, best)
 
 
+@declare("find_workers", "nbtrain.tune.find_workers", "DataLoader worker counts measured (steady rate, 95% "
+         "interval); the fastest kept only when measurably faster than the start head to head", (
+             option("candidates", "whole_list", "a list of whole numbers >= 0 (worker counts to try, e.g. 0,1,2)",
+                    "worker counts to try (default 0,1,2,4,... up to the cores)", flag="workers", nullable=True),
+             option("seconds", "number", "a number > 0 (measuring time per setting)",
+                    "measuring time per worker setting", above=0, flag="seconds", metavar="S",
+                    panel="s per worker setting"),
+             option("warmup_steps", "whole", "a whole number >= 0 (steps not counted)", "steps not counted", low=0),
+             option("clock", "function", "a function returning seconds, like time.monotonic", "the clock")),
+         label="Find workers", figsize=(7, 3))
 def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                  candidates=None, seconds: float = 2.0, warmup_steps: int = 2, clock=time.monotonic,
                  **parts) -> WorkerSearch:
@@ -74,11 +85,6 @@ def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfi
     start = trial.plain_config(engine.config)
     if candidates is None:
         candidates = [n for n in (0, 1, 2, 4, 8, 16) if n <= usable_cores()]
-    bad = [c for c in candidates if not isinstance(c, int) or isinstance(c, bool) or c < 0]
-    if not candidates or bad:
-        raise ValueError(f"candidates={candidates!r}: a list of whole numbers >= 0 (worker counts to try)")
-    if not seconds > 0:
-        raise ValueError(f"seconds={seconds!r}: a number > 0 (measuring time per setting)")
     snapshot = trial.Snapshot(engine)
     measured, rates, blocks = [], [], []
 

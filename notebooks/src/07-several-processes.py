@@ -15,6 +15,7 @@
 # In nbtrain: `--devices N` (`devices=N`) runs the cell's recipe as DDP in N fresh worker processes
 # started from the kernel. Their metrics stream back live, and the trained weights come back into the
 # kernel's model. On a CPU the processes share the cores — good for learning and testing DDP anywhere.
+# For a model too big for one device, `--strategy fsdp` shards it across the processes (the last section).
 
 # %%
 %load_ext nbtrain
@@ -156,9 +157,104 @@ plt.show()
 # links making the all-reduce cheap and overlapped with backward — that is why DDP scales where
 # DataParallel does not.
 #
+# ## When the model does not fit one device: FSDP
+#
+# DDP keeps a whole copy of the model in every process: its weights, their gradients and the optimizer's
+# state (momentum here; Adam keeps two numbers per weight). When that no longer fits one GPU, **FSDP**
+# (Fully Sharded Data Parallel) shards all three across the processes: with N processes each holds 1/N
+# of every parameter, gradient and optimizer state, and a block's full weights are gathered only for the
+# moment of its forward and its backward, then freed. The price is communication: every step gathers the
+# weights for the forward and again for the backward, and scatters the gradients — more traffic than
+# DDP's one all-reduce of the gradients.
+#
+# In nbtrain: `--strategy fsdp --devices N` (torch's FSDP2, `fully_shard`; gloo on the CPU, NCCL on
+# GPUs). The same model, seed and batches as the DDP run at the top (`--no-plot`: its curves are that
+# run's):
+
+# %%
+%%nbtrain --devices 2 --strategy fsdp --accelerator cpu --batch-size 32 --max-epochs 4 --no-plot --name fsdp_run
+torch.manual_seed(0)
+model = DigitsMLP()
+
+# %% [markdown]
+# The workers trained a sharded model; what came back into the kernel is the whole model, gathered from
+# the shards — plain tensors of their full shapes, holding the weights DDP trained (the second line is the
+# largest difference from them):
+
+# %%
+fsdp_model = model
+fsdp_difference = max((a - b).abs().max().item() for a, b in zip(fsdp_model.parameters(), ddp_model.parameters()))
+print(f"the kernel's model after the FSDP run: {type(next(fsdp_model.parameters())).__name__}s of shapes "
+      f"{[tuple(p.shape) for p in fsdp_model.parameters()]}")
+print(f"largest weight difference from the DDP run: {fsdp_difference:.1e}")
+per_rank = lambda run: ", ".join(f"{mb:.0f} MB" for mb in run.summary["peak_mem_mb_per_rank"])
+print(f"peak memory per rank ({fsdp_run.summary['mem_kind']}): FSDP {per_rank(fsdp_run)}; DDP {per_rank(ddp_run)}")
+
+# %% [markdown]
+# To see the shards themselves, the same sharding by hand: `nbtrain.launch(fn, nprocs=2)` runs a function
+# of this notebook in 2 fresh processes joined in one process group and returns rank 0's value; the
+# function shards the model with torch's `fully_shard` and asks each rank what it holds:
+
+# %%
+def what_each_rank_holds():
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    sharded = DigitsMLP()
+    whole = sum(p.numel() for p in sharded.parameters())
+    fully_shard(sharded.net)   # one unit, gathered for its forward and backward
+    fully_shard(sharded)
+    here = sum(p.to_local().numel() for p in sharded.parameters())  # each parameter is now a DTensor shard
+    held = [None] * dist.get_world_size()
+    dist.all_gather_object(held, here)
+    return whole, held, type(next(sharded.parameters())).__name__
+
+
+whole, held, shard_type = nbtrain.launch(what_each_rank_holds, nprocs=2)
+state_mb = 3 * 4 * whole / 2**20   # weights, gradients and momentum, 4 bytes each
+print(f"the model: {whole:,} parameters; as {shard_type}s, rank 0 holds {held[0]:,} and rank 1 {held[1]:,}")
+print(f"its weights, gradients and momentum in float32: {state_mb:.2f} MB in all")
+
+# %% [markdown]
+# Each rank holds half of every parameter — and so half of its gradient and its momentum. The per-rank
+# peaks above do not show that saving (FSDP's are, if anything, a little higher than DDP's), and cannot:
+# on the CPU a peak is the process's resident memory, hundreds of MB of it PyTorch itself, next to which
+# this model's weights, gradients and momentum (the last line) vanish. FSDP is for a model whose
+# weights, gradients and optimizer state run to gigabytes on a GPU, where the peak counts tensors only:
+# shard them over N GPUs and each holds about 1/N, plus one block gathered at a time.
+#
+# What the sharding costs in speed, DDP and FSDP alternating (four pairs of runs, as for the scaling
+# above):
+
+# %%
+def steady_rate_with(strategy):
+    torch.manual_seed(0)
+    result = nbtrain.fit(DigitsMLP(), train_data, loss_fn=loss_fn, optimizer=optimizer, accelerator="cpu",
+                         devices=2, strategy=strategy, batch_size=32, max_epochs=4)
+    return result.steady().rate
+
+
+strategy_rates = {"ddp": [], "fsdp": []}
+for _ in range(4):
+    for strategy in ("ddp", "fsdp"):
+        strategy_rates[strategy].append(steady_rate_with(strategy))
+fsdp_vs_ddp = paired(strategy_rates["ddp"], strategy_rates["fsdp"])
+print(f"samples/s, DDP: {', '.join(f'{r:,.0f}' for r in strategy_rates['ddp'])}; "
+      f"FSDP: {', '.join(f'{r:,.0f}' for r in strategy_rates['fsdp'])}")
+print(f"2 processes, FSDP against DDP: {fsdp_vs_ddp.text()}")
+
+# %% [markdown]
+# On this tiny model FSDP is several times slower than DDP: each step gathers every weight twice and
+# scatters the gradients, for a model with far too little arithmetic to hide those messages behind. It
+# trades speed for memory, so reach for it when the model, its gradients and optimizer state do not fit
+# one device, not to go faster; on GPUs with fast links the gathering of the next block overlaps the
+# compute of the current one, which hides much of that cost. (Checkpoints, `--checkpoint-every`, are
+# refused with `--strategy fsdp`: they hold one process's full weights; use DDP to checkpoint.)
+#
 # **Takeaway:** `--devices N` runs your notebook's model as DDP without leaving the notebook; the result
 # equals a single process with the whole global batch, so scale the learning rate as for any larger
-# batch (notebook 2), and measure whether the extra processes pay for their communication.
+# batch (notebook 2), and measure whether the extra processes pay for their communication. When the model
+# does not fit one device, `--strategy fsdp` shards it and still hands the whole trained model back.
 #
 # ## Checks
 
@@ -172,4 +268,13 @@ assert difference < 1e-4               # DDP with 2 x 32 equals one process with
 assert ddp_run.summary["val_acc"] == single_run.summary["val_acc"]  # ... and so do the held-out numbers
 assert scaling["small MLP"].high < 1.0, scaling["small MLP"]              # the small MLP: 2 processes are slower
 assert scaling["CNN"].low > scaling["small MLP"].high, scaling          # the CNN scales measurably better
+assert fsdp_run.status == "completed" and fsdp_run.summary["strategy"] == "fsdp"
+assert fsdp_run.summary["world_size"] == 2 and fsdp_run.summary["global_batch"] == 64
+assert all(type(p) is nn.Parameter for p in fsdp_model.parameters())   # the whole model came back, not shards
+assert [p.shape for p in fsdp_model.parameters()] == [p.shape for p in ddp_model.parameters()]
+assert fsdp_difference < 1e-4                                           # FSDP trained as DDP did
+assert "per rank 0: " in fsdp_run.table() and len(fsdp_run.summary["peak_mem_mb_per_rank"]) == 2
+assert shard_type == "DTensor" and held == [whole // 2, whole - whole // 2]  # each rank held half the model
+assert state_mb < 1.0                                                   # ... invisible in a process's RSS
+assert fsdp_vs_ddp.high < 1.0, fsdp_vs_ddp.text()                       # on this tiny model FSDP is slower
 print("all checks passed")

@@ -9,8 +9,10 @@
 # phase by phase — data, host→device copy, forward, backward, optimizer — and says which one bounds the
 # step and what to try. `%nbtrain_checklist` (or `nbtrain.checklist(...)`) then walks the whole checklist
 # on the same model within a time budget, measuring every candidate, and draws the gains as a waterfall.
+# Last, `--compile`: a fix for the compute side of a step, measured with what it costs.
 
 # %%
+import statistics
 import time
 import warnings
 
@@ -124,9 +126,90 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # keeps a larger batch, its learning-rate note says how the rate was scaled — check the accuracy
 # consequence as in notebook 2 before keeping it.
 #
+# ## torch.compile, by hand
+#
+# The walk had no time left for `compile`; its row says why, and what to do instead. `torch.compile`
+# traces the model's forward and backward into a graph and generates fused kernels for it: fewer, larger
+# kernels and less Python per step. It can only speed up the compute, so it is worth trying once the
+# step is compute-bound — here, with the digits held in memory as the walk found. It costs time up front:
+# the first step compiles, and so does the first batch of a new shape (an epoch's last, shorter batch;
+# `--drop-last true` avoids that one). First, whether it works here at all (on a CPU it needs a C++
+# compiler):
+
+# %%
+import logging
+
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # "no CUDA runtime": not news on a CPU
+walked_model = model  # the walk's model, for the checks at the end
+started = time.perf_counter()
+try:
+    torch.compile(lambda x: torch.relu(x) * 2)(torch.ones(4))
+    compile_mode = "default"
+    print(f"torch.compile works here: loading the compiler and compiling a two-operation function took "
+          f"{time.perf_counter() - started:.1f} s (once per kernel)")
+except Exception as error:  # no compiler, an unsupported Python, ...: say so, train without it
+    compile_mode = "none"
+    print(f"torch.compile is not available here ({type(error).__name__}: {str(error).splitlines()[0][:150]}); "
+          "the cells below train without it and skip the comparison")
+
+# %% [markdown]
+# A fresh model on the digits held in memory, 60 steps as it is, then 60 more with `--compile default`.
+# IPython fills in `{compile_mode}` from the notebook: the probe's answer, `default` here, or `none`
+# where compile cannot run. On the same live model, the summary's note sets the compile cost apart from
+# the step time and compares the compiled step with the eager step just measured:
+
+# %%
+%%nbtrain --max-steps 60 --batch-size 32 --accelerator cpu --no-plot --name eager
+torch.manual_seed(0)
+model = DigitsMLP()
+train_data = DigitsDataset(train=True)  # a TensorDataset: held in memory, no wait for data
+
+# %%
+%%nbtrain --compile {compile_mode} --max-steps 60 --batch-size 32 --accelerator cpu --no-plot --name compiled
+# the same model and data, trained on through torch.compile
+
+# %%
+slow_steps = {}
+for run in (eager, compiled):
+    typical = statistics.median(run.history["step_s"])
+    steps_and_times = zip(run.history["step"], run.history["step_s"])
+    slow_steps[run.name] = [(step, t) for step, t in steps_and_times if t > 50 * typical]
+    slow = ", ".join(f"step {step} {1000 * t:.0f} ms" for step, t in slow_steps[run.name]) or "none"
+    print(f"{run.name:>8} (compile={run.config.compile}): steps {run.history['step'][0]}-{run.history['step'][-1]}, "
+          f"median step {1000 * typical:.2f} ms; over 50x that: {slow}")
+
+# %% [markdown]
+# The first compiled step (61) is the compile, and step 90 a second one, for the epoch's last, shorter
+# batch (29 samples). The compiled run's samples/s and phase shares include both — its forward phase is
+# most of its time — which is why nbtrain puts compiling in a note of its own: the compile cost, the
+# steady compiled step against the eager step measured on this model just before, and after how many
+# steps the cost is paid back. The cost is small here: the probe had loaded the compiler, and torch keeps
+# compiled kernels in a cache on disk between kernels; a model's first compile on a fresh machine takes
+# seconds. Two runs one after the other are no speed claim; head to head:
+
+# %%
+if compile_mode == "none":
+    compile_verdict = None
+    print("skipped: torch.compile is not available here")
+else:
+    compile_verdict = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 32, "compile": "none"},
+                                 b={"batch_size": 32, "compile": compile_mode}, budget_s=8, min_pairs=6)
+    print(compile_verdict.text())
+
+# %% [markdown]
+# On this CPU compile does not pay for this small network: the head-to-head finds no gain (on the
+# machine that rendered this page the compiled step was measurably slower), and the note says it never
+# pays off at this size. A step this small is mostly fixed costs — calling the compiled graph and checking
+# its guards, the optimizer's own step — which compiling the model does not remove. On a GPU it is more
+# often worth it: there each small operation is a kernel launch and a round trip through memory, and
+# fusing them saves both, most for models with many element-wise operations (normalisations,
+# activations). Measure it on your model and device the same way; the note says after how many steps the
+# compile cost is paid back.
+#
 # **Takeaway:** measure first (`--profile`), fix the phase that bounds the step, measure again; let
 # `%nbtrain_checklist` try the rest on your own model rather than guessing. From Python, the same tools are
-# `nbtrain.profile(model, train_data, loss_fn=...)` and `nbtrain.checklist(...)`.
+# `nbtrain.profile(model, train_data, loss_fn=...)` and `nbtrain.checklist(...)`. Try `--compile` once the
+# step is compute-bound, and keep it only where the head-to-head says it pays.
 #
 # ## Checks
 
@@ -140,5 +223,10 @@ assert items["preload_data"].verdict.above(1.0), items["preload_data"].verdict  
 assert not items["workers"].kept                                     # ... and then workers only lose
 assert walk.overall().above(0.3), walk.overall()                     # a real speed-up on a data-bound recipe
 assert walk.elapsed_s < 30 * 1.5                                     # within its budget (slack for a busy machine)
-assert all(torch.equal(a, b) for a, b in zip(weights_before, model.parameters()))  # trials left the model as it was
+assert all(torch.equal(a, b) for a, b in zip(weights_before, walked_model.parameters()))  # trials left the model
+assert not items["compile"].kept if "compile" in items else any(n == "compile" for n, _ in walk.skipped)
+if compile_mode != "none":
+    assert compiled.summary["compile_s"] > 0 and any("compile cost" in n for n in compiled.summary["notes"])
+    assert {61, 90} <= {step for step, _ in slow_steps["compiled"]} and not slow_steps["eager"]  # compile, recompile
+    assert not compile_verdict.verdict.above(0.05), compile_verdict.text()  # no real gain from compile here
 print("all checks passed")

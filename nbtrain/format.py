@@ -1,0 +1,51 @@
+"""Numbers as people read them, one way for every table, summary, progress and status line."""
+from __future__ import annotations
+
+import math
+
+
+def number(value, unit: str = "") -> str:
+    """12,345 / 0.001235 / 3.142 with `unit`; "-" for a missing value (None, NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return (f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}") + unit
+    return f"{value:,}{unit}"
+
+
+def duration(seconds) -> str:
+    """A duration as people read it: 58.5 ms, 4.2 s, 3 min 20 s."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds < 1:
+        return f"{1000 * seconds:.3g} ms"
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def clock(seconds: float) -> str:
+    """Seconds as a clock reads: 0:07, 12:34, 1:02:03."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def rate_with_interval(rate, low=None, high=None, wide: bool = False) -> str:
+    """Steady samples/s with its 95% interval, short enough for a table cell: '41,419 (40,100–42,700)',
+    marked 'noisy' when the spread is too wide to trust."""
+    if rate is None or not math.isfinite(rate):
+        return "-"
+    text = f"{rate:,.0f}"
+    if low is not None and high is not None and math.isfinite(low) and math.isfinite(high):
+        text += f" ({low:,.0f}–{high:,.0f})"
+    return text + (" noisy" if wide else "")
+
+
+def held_out(summary: dict) -> str:
+    """'97.2% (loss 0.1023)' or 'loss 0.1023', from a run summary; '-' without held-out data."""
+    acc, loss = summary.get("val_acc"), summary.get("val_loss")
+    if acc is not None:
+        return f"{100 * acc:.1f}% (loss {number(loss)})"
+    return "-" if loss is None else f"loss {number(loss)}"

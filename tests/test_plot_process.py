@@ -1,0 +1,90 @@
+"""The live plot draws in a process of its own: the kernel only copies the log, never holds the GIL
+for a frame; that process loads no torch, ends with its kernel, and a frame survives it dying."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import nbtrain
+from nbtrain.demo import digits_recipe
+from nbtrain.notebook.plot_process import FrameProcess
+from nbtrain.notebook.views import LivePlot
+
+PNG = b"\x89PNG"
+
+
+@pytest.fixture(scope="module")
+def trained_log():
+    log = nbtrain.MetricsLog()
+    nbtrain.fit(recipe=digits_recipe(), max_steps=60, accelerator="cpu", log=log, log_every_n_steps=5)
+    return log.snapshot()
+
+
+def test_frames_are_drawn_in_another_process_that_loads_no_torch(trained_log):
+    frames = FrameProcess()
+    try:
+        png = frames.png(trained_log, (8.5, 2.8), 120, "a run")
+        assert png.startswith(PNG)
+        child = psutil.Process(frames.pid)
+        assert child.pid != os.getpid() and child.ppid() == os.getpid()
+        libraries = {m.path for m in child.memory_maps()}
+        assert not [p for p in libraries if "libtorch" in p], "the drawing process loaded torch"
+        # The kernel's share of a frame is the copy into the pipe: far below the frame's own cost.
+        assert frames.held_s < 0.05
+        assert frames.png(trained_log, (8.5, 2.8), 120, "again").startswith(PNG)  # the same process, again
+        assert frames.pid == child.pid
+    finally:
+        frames.close()
+    assert frames.pid is None and not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_killed_drawing_process_is_replaced_at_the_next_frame(trained_log):
+    from nbtrain.notebook import views
+    plot = LivePlot(title="t")
+    plot._log = trained_log
+    plot._show = lambda png, log: setattr(plot, "last_png", png)
+    plot.redraw()
+    first = views.FRAMES.pid
+    assert plot.last_png.startswith(PNG) and plot.fallback is None and first is not None
+    os.kill(first, signal.SIGKILL)
+    psutil.Process(first).wait(10)
+    plot.last_png = b""
+    plot.redraw()
+    assert plot.last_png.startswith(PNG) and plot.error is None and plot.fallback is None
+    assert views.FRAMES.pid not in (None, first)
+
+
+def test_where_no_drawing_process_can_start_the_plot_draws_its_frames_itself(trained_log, monkeypatch):
+    from nbtrain.notebook import views
+    monkeypatch.setattr(views, "FRAMES", FrameProcess())
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # as where starting processes fails
+    plot = LivePlot(title="t")
+    plot._log = trained_log
+    plot._show = lambda png, log: setattr(plot, "last_png", png)
+    held = plot.redraw()
+    assert plot.last_png.startswith(PNG) and plot.error is None
+    assert "drawing process" in plot.fallback and held > 0  # drawn here: the time counts against the budget
+
+
+def test_the_drawing_process_ends_with_the_kernel_that_started_it(trained_log, tmp_path, cpu_load):
+    script = tmp_path / "kernel.py"
+    script.write_text(
+        "import os, pickle, sys\n"
+        "from nbtrain.notebook.plot_process import FrameProcess\n"
+        f"log = pickle.load(open({str(tmp_path / 'log.pkl')!r}, 'rb'))\n"
+        "frames = FrameProcess()\n"
+        "frames.png(log, (6, 2), 72, None)\n"
+        "print(frames.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n")
+    import pickle
+    (tmp_path / "log.pkl").write_bytes(pickle.dumps(trained_log))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    drawing_pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(drawing_pid) and psutil.Process(drawing_pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the drawing process outlived its kernel"
+        time.sleep(0.1)
