@@ -75,11 +75,15 @@ def test_cuda_memory_returns_when_the_model_is_dropped():
 def test_a_run_with_persistent_workers_ends_them_when_it_ends():
     """Left to the garbage collector, a dropped engine's persistent workers took ~5 s each to shut down,
     in whichever later cell ran that collection; they end with their run instead."""
+    def children():  # (other tests of the session may have left a DDP zygote or the plot's drawing process)
+        return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}
+
+    before = children()
     model = net()
     result = nbtrain.fit(model, regression_data(), loss_fn=nn.MSELoss(), max_epochs=2, batch_size=32,
                          num_workers=2, persistent_workers=True)
     assert result.status == "completed" and result.summary["epochs_trained"] == 2
-    assert [p for p in psutil.Process().children(recursive=True) if p.is_running()] == []
+    assert children() - before == set()
     # The next run on the same live engine starts workers of its own and trains on.
     assert nbtrain.fit(model, regression_data(), loss_fn=nn.MSELoss(), max_steps=3, batch_size=32, num_workers=2,
                        persistent_workers=True).status == "completed"

@@ -65,7 +65,7 @@ def test_quoted_text_is_one_value_in_the_checklist_magic(ip, capsys):
     result = ip.run_cell('%nbtrain_checklist --items "batch_size, nope"' + "\n")
     text = "".join(capsys.readouterr())
     assert isinstance(result.error_in_exec, UsageError), text
-    assert "['batch_size', 'nope']" in text and "allowed" in text, text
+    assert "--items batch_size, nope: allowed: each one of preload_data" in text, text
 
 
 @pytest.mark.parametrize("magic, line", [

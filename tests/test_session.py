@@ -113,6 +113,7 @@ def notebook(shell, tmp_path, monkeypatch):
     shell.run_line_magic("nbtrain", "--reset")
     yield shell, store
     shell.run_line_magic("nbtrain", "--reset")
+    shell.reset(new_session=False)  # the shell is the session's: leave no `lr` or model to later tests
 
 
 def test_the_magic_and_the_panel_record_number_and_name_runs_the_same_way(notebook):
