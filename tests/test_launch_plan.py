@@ -192,3 +192,17 @@ def test_launch_checks_its_keywords_with_the_configs_readers_before_any_process_
         launch(_say_hello, nprocs=1, timeout=1e12)  # the config's own bound
     with pytest.raises(ValueError, match=r"host='a;b': allowed: an address of this machine"):
         launch(_say_hello, nprocs=1, host="a;b")
+
+
+def test_the_owner_is_known_by_its_start_since_boot_so_a_clock_step_cannot_end_a_run():
+    import psutil
+    from nbtrain.distributed.plan import started_since_boot
+    from nbtrain.distributed.worker import owner_alive
+    me = psutil.Process()
+    started = started_since_boot(me)
+    assert 0 <= started and started == pytest.approx(me.create_time() - psutil.boot_time())
+    assert owner_alive(me.pid, started) and owner_alive(me.pid)
+    assert not owner_alive(me.pid, started - 5)  # the same pid started at another time: a reused pid
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not owner_alive(gone.pid, started)

@@ -164,7 +164,15 @@ def _threads(procs: int) -> int:
     return max(1, (os.cpu_count() or 1) // procs)
 
 
+def started_since_boot(process) -> float:
+    """When `process` started, in seconds since the machine booted: unlike its wall-clock start
+    time this does not move when the system clock is set (NTP, a laptop waking), so it tells a
+    running owner from a later process that reused its pid."""
+    import psutil
+    return process.create_time() - psutil.boot_time()
+
+
 def _owner() -> dict:
     import psutil
     owner = psutil.Process(os.getpid())
-    return {"owner_pid": owner.pid, "owner_started": owner.create_time()}
+    return {"owner_pid": owner.pid, "owner_started": started_since_boot(owner)}

@@ -32,19 +32,24 @@ from ..engine import fsdp
 from . import requeue
 from ..engine.loop import Engine
 from ..metrics import MetricsLog
-from .plan import LaunchPlan
+from .plan import LaunchPlan, started_since_boot
 from .rundir import RunDir
 from .tracebacks import user_traceback
 
 OWNER_GONE_EXIT = 70
 
 
+# A pid reused within half a second of its owner's start is not a real risk; a tolerance this wide
+# keeps a clock step between the two reads inside started_since_boot from ending a healthy run.
+_SAME_START_S = 0.5
+
+
 def owner_alive(pid: int, started: float | None = None) -> bool:
-    """Whether `pid` (with that create time, when given) still runs."""
+    """Whether `pid` (started at `started` seconds since boot, when given) still runs."""
     try:
         owner = psutil.Process(pid)
-        return owner.is_running() and (started is None or abs(owner.create_time() - started) < 1e-3) \
-            and owner.status() != psutil.STATUS_ZOMBIE
+        return owner.is_running() and owner.status() != psutil.STATUS_ZOMBIE and (
+            started is None or abs(started_since_boot(owner) - started) < _SAME_START_S)
     except psutil.Error:
         return False
 
