@@ -26,7 +26,7 @@ from nbtrain.tools import trial  # noqa: E402
 from nbtrain.tools.checklist import (batch_candidates, checklist, precision_candidates, with_batch,  # noqa: E402
                                with_workers, worker_candidates)
 
-ITEMS = ("workers", "batch_size", "precision")
+ITEMS = ("batch_size", "workers", "precision")
 
 
 def main(argv=None) -> dict:

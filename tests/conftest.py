@@ -43,3 +43,16 @@ def cpu_load():
             burner.kill()
         for burner in burners:
             burner.wait()
+
+
+@pytest.fixture(autouse=True)
+def sigint_handler_kept():
+    """Every test leaves Ctrl-C as it found it: a handler left behind by a run (the engine's
+    stop-at-the-next-step handler) would swallow the kernel's next interrupt."""
+    import signal
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)  # the next tests run with the usual Ctrl-C
+        pytest.fail(f"the test left SIGINT handled by {after!r} (was {before!r})", pytrace=False)

@@ -204,3 +204,31 @@ def test_switching_a_custom_dataset_back_to_auto_returns_it_to_the_dataloader():
     engine.request(preload_data=None)
     assert isinstance(engine.loader, torch.utils.data.DataLoader)
     assert "preload_data=auto holds only a TensorDataset" in engine.notes["preload_data"]
+
+
+class CountedReads(DictSamples):
+    reads = 0
+
+    def __getitem__(self, i):
+        type(self).reads += 1
+        return super().__getitem__(i)
+
+
+def test_a_tool_alternating_held_and_loader_configs_reads_the_data_set_once_while_its_snapshot_lives():
+    from nbtrain.tools import trial
+    engine = Engine(Recipe(model=nn.Linear(5, 1), train_data=CountedReads(), training_step=_scripted(nn.MSELoss(), {})),
+                    TrainConfig(batch_size=4))  # auto: a custom Dataset stays on the DataLoader
+    snapshot = trial.Snapshot(engine)
+    reads = []
+    for _ in range(3):  # A B A B ...: what a head-to-head comparison does
+        before = CountedReads.reads
+        engine.reconfigure(engine.config.replace(preload_data=True))
+        assert isinstance(engine.loader, data.HeldBatches)
+        reads.append(CountedReads.reads - before)
+        snapshot.restore()
+        assert isinstance(engine.loader, torch.utils.data.DataLoader)
+    assert reads[0] >= len(engine.recipe.train_data) and reads[1:] == [0, 0]
+    del snapshot  # the spare copy goes with the tool's snapshot: a later hold reads the data again
+    before = CountedReads.reads
+    engine.reconfigure(engine.config.replace(preload_data=True))
+    assert CountedReads.reads - before >= len(engine.recipe.train_data)

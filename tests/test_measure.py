@@ -109,3 +109,13 @@ def test_ab_stops_when_its_own_clock_says_the_budget_is_spent():
                         min_pairs=10, max_pairs=30, budget_s=50, clock=lambda: float(next(ticks)))
     assert result.stopped_by == "budget" and len(result.rates_a) == 2
     assert result.label == "batch_size=16"
+
+
+def test_an_interval_too_wide_to_rule_anything_out_says_too_noisy_not_no_difference():
+    from nbtrain.measure.verdict import Verdict
+    wide, narrow = Verdict(1.9, 0.62, 11.2, 2), Verdict(1.01, 0.97, 1.04, 8)
+    assert wide.too_noisy and not wide.measurable and not wide.above(0.03)
+    assert wide.short() == "too noisy to tell (0.62-11.20)"
+    assert wide.text("batch 64") == "batch 64: too noisy to tell (95% interval 0.62-11.20)"
+    assert not narrow.too_noisy and narrow.short() == "no measurable difference (0.97-1.04)"
+    assert not Verdict(1.6, 1.2, 2.1, 5).too_noisy  # wide, but it excludes 1: a measured difference

@@ -58,7 +58,9 @@ def watch_owner(pid: int, started: float | None, every_s: float = 0.5, run_dir: 
     """Exit this process soon after `pid` stops existing (a thread polls it), removing `run_dir`,
     which the dead owner can no longer remove."""
     def watch():
-        while owner_alive(pid, started):
+        misses = 0
+        while misses < 2:  # gone on two reads in a row: one odd read of /proc must not end a healthy run
+            misses = 0 if owner_alive(pid, started) else misses + 1
             time.sleep(every_s)
         if run_dir is not None:
             shutil.rmtree(run_dir, ignore_errors=True)  # files only: safe even mid-collective

@@ -27,6 +27,7 @@ import os
 import random
 import threading
 import time
+import weakref
 
 import torch
 from torch.utils.data import IterableDataset
@@ -92,6 +93,9 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         self._train_model = self._wrap(self.model)
         self.precision = Precision(self.config.precision, self.device.type)
         self._held: data.Held | None = None  # the training data held for preload_data, kept across loaders
+        # Live Snapshots (state.py) keep the held data a restore dropped, so a tool alternating a holding
+        # config with one that does not hold reads the data set once, not once a block.
+        self._snapshots = weakref.WeakSet()
         self.loader = self._build_loader()
         self.replace_optimizer()
         self._apply_toggles(TOGGLE_OPTIONS)
@@ -102,8 +106,9 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         config = self.config
         if config.strategy == "dp":  # DataParallel splits each loaded batch across the devices
             config = config.replace(batch_size=config.batch_size * config.devices)
+        spare = next((s.spare_held for s in list(self._snapshots) if s.spare_held is not None), None)
         self._held, note = data.hold(self.recipe.train_data, config, self.world, self.device, self.recipe.collate_fn,
-                                     previous=self._held)
+                                     previous=self._held or spare)
         self._note("preload_data", note)
         if self._held is not None:  # the same batches in the same order, without the per-sample path
             return data.HeldBatches(self._held, config, self.world, self.seed)

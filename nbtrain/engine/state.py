@@ -109,11 +109,16 @@ class Snapshot:
         self.config = engine.config
         self.state = capture(engine, detached=True)
         self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
+        self.spare_held = None  # held training data a restore dropped, reused while this snapshot lives
+        engine._snapshots.add(self)
 
     def restore(self, config=None) -> None:
         """Put the state back; the engine ends configured with `config` (default: the one taken)."""
         engine = self.engine
+        held = engine.held_data
         engine.reconfigure(config or self.config)
+        if held is not None and engine.held_data is None:
+            self.spare_held = held  # the next trial that holds this data set again takes this copy
         engine.load_state_dict(self.state)
         for p, g in zip(engine.model.parameters(), self.grads):
             p.grad = None if g is None else g.clone().to(p.device)

@@ -17,6 +17,7 @@ from scipy import stats
 # A ratio within 2% of 1 is not called a difference even when its interval excludes 1: below
 # that, a shared machine's systematic wobble (cache state, frequency) is as large as the effect.
 MIN_EFFECT = 0.02
+TOO_WIDE = 1.5  # an interval wider than this factor (e.g. 0.82-1.25) that holds 1 is "too noisy to tell"
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,13 @@ class Verdict:
         """B is faster than A by more than `threshold` (0.03 = 3%), beyond doubt at 95%."""
         return math.isfinite(self.low) and self.low > 1.0 + threshold
 
+    @property
+    def too_noisy(self) -> bool:
+        """An interval holding 1 but so wide (high/low > TOO_WIDE) that it rules out nothing a user cares
+        about: "no measurable difference" would read as "the same", which it cannot show."""
+        return (not self.measurable and math.isfinite(self.low) and math.isfinite(self.high)
+                and self.high / self.low > TOO_WIDE)
+
     def interval_text(self) -> str:
         return f"{self.low:.2f}-{self.high:.2f}" if math.isfinite(self.low) else "too few measurements"
 
@@ -50,6 +58,8 @@ class Verdict:
             return head + "not measured"
         if not math.isfinite(self.low):
             return head + f"x{self.ratio:.2f}, too few measurements to tell"
+        if self.too_noisy:
+            return head + f"too noisy to tell (95% interval {self.interval_text()})"
         if not self.measurable:
             return head + f"no measurable difference ({self.interval_text()})"
         word = "faster" if self.ratio > 1 else "slower"
@@ -63,6 +73,8 @@ class Verdict:
             return "-"
         if not math.isfinite(self.low):
             return f"x{self.ratio:.2f}, too few steps to tell"
+        if self.too_noisy:
+            return f"too noisy to tell ({self.interval_text()})"
         if not self.measurable:
             return f"no measurable difference ({self.interval_text()})"
         return f"x{self.ratio:.2f} ({self.interval_text()})"

@@ -5,13 +5,15 @@
     walk.plot("walk.png")     # waterfall of the measured speed-ups
     cfg = walk.best_config    # or checklist(..., keep_best=True) leaves the live engine on it
 
-Starting from the current config, items are tried in order — DataLoader workers, batch size
-(learning rate scaled by the linear rule), accumulation to a target global batch, device,
+Starting from the current config, items are tried in order — the data held in memory, batch size
+(learning rate scaled by the linear rule), DataLoader workers (after the batch: workers pay only once
+a batch keeps them busy), accumulation to a target global batch, device,
 precision, optimizer kernels, channels_last, TF32 matmuls, torch.compile, activation
 checkpointing, DDP processes — each item either measured or skipped with the reason
 (checklist_items.py). An item's candidates are screened by short trials on the user's own
 engine; the fastest is then measured head to head against the current config in alternating
-blocks (measure/ab.py), and kept only when the 95% interval of its speed-up lies above
+blocks (measure/ab.py) — unless its screen, set against the current config's, already lies wholly
+below a worthwhile gain — and kept only when the 95% interval of its speed-up lies above
 `min_gain`: one short trial on a shared machine moves by tens of percent, an interval says
 whether the gain is real. The next item starts from what was kept. Trials never keep their
 weights (each is undone by a Snapshot); the walk stops starting trials and comparisons when
@@ -30,7 +32,7 @@ from .checklist_items import (FUNCTIONS as _ITEM_FUNCTIONS, ITEMS, Tried, batch_
 from ..config import TrainConfig
 from ..measure.ab import compare_on, steps_lasting, trial_rate
 from ..measure.steady import NOTHING
-from ..measure.verdict import UNMEASURED, Verdict
+from ..measure.verdict import UNMEASURED, Verdict, unpaired
 from .tool_options import ToolRefusal, declare, option
 from .tune import MEMORY_BUDGET, _is_oom, checked_lr, memory_limit
 
@@ -139,6 +141,7 @@ class _Walk:
         self.block_overhead_s = 0.25  # the same per head-to-head block (no memory release); re-estimated too
         self.trials = self.blocks = 0
         self.rate = float("nan")  # samples/s of the config the walk has kept so far
+        self.rate_blocks: list = []  # that config's screened block rates, to screen candidates against
         self.snapshot = trial.Snapshot(engine)
         self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" \
             else (None, "")
@@ -240,7 +243,7 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
         if base.samples_per_s is None:
             raise ToolRefusal(lambda spell: f"the starting config could not be measured ({base.note})")
         base.label = "steady rate"
-        current, walk.rate = start, base.samples_per_s
+        current, walk.rate, walk.rate_blocks = start, base.samples_per_s, base.blocks
         for name in items:
             outcome = _ITEM_FUNCTIONS[name](walk, engine, start, current, target_global_batch)
             if isinstance(outcome, str):
@@ -262,6 +265,7 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
                     lr_checks += notes
                 current = chosen
                 walk.rate = item.after
+                walk.rate_blocks = next(t.blocks for t in tried if t.label == item.chosen)
         finished = True
     finally:
         walk.snapshot.restore(current if keep_best and finished else None)
@@ -283,12 +287,17 @@ def _decide(walk, name: str, current: TrainConfig, tried: list) -> ItemResult:
     best = max((t for t in tried if t.samples_per_s), key=lambda t: t.samples_per_s, default=None)
     if best is None:
         return ItemResult(name, tried, rate, rate, False, "", note="no candidate ran")
+    required = name == "accumulation"
+    screened = unpaired(walk.rate_blocks, best.blocks)
     if best.verdict is not None:  # compared as it was measured (DDP, in processes of its own)
         verdict = best.verdict
         note = "" if math.isfinite(verdict.ratio) else "no time left to measure the current config beside it"
+    elif not required and math.isfinite(screened.high) and screened.high < 1 + walk.min_gain:
+        # Its screen lies wholly below a gain worth keeping: a comparison would not keep it, so the time
+        # goes to the items after it. Screens measured apart only ever drop a candidate, never keep one.
+        verdict, note = screened, ""
     else:
         verdict, note = walk.head_to_head(current, best)
-    required = name == "accumulation"
     keep = required or verdict.above(walk.min_gain)
     # The head-to-head ratio carries the speed-up; without one (a required item out of time) the screens do.
     ratio = verdict.ratio if math.isfinite(verdict.ratio) else best.samples_per_s / rate

@@ -18,7 +18,9 @@ from .diagnose import usable_cores
 from ..measure.steady import NOTHING, SteadyRate, block_rates, columns_series
 from ..measure.verdict import UNMEASURED, Verdict, unpaired
 
-ITEMS = ("preload_data", "workers", "batch_size", "accumulation", "device", "precision", "optimizer_impl",
+# Batch before workers: more workers only pay once a batch is big enough to keep them busy, and a
+# larger batch is the cheaper change; a coordinate search that tries workers first keeps too few.
+ITEMS = ("preload_data", "batch_size", "workers", "accumulation", "device", "precision", "optimizer_impl",
          "channels_last", "matmul_precision", "compile", "activation_checkpointing", "ddp")
 _COMPILE_MIN_LEFT_S = 120  # compiling alone takes longer than a short walk has; below this it is only explained
 _DDP_START_S = 8.0  # first guess at starting worker interpreters, before any is measured
@@ -81,7 +83,9 @@ def with_workers(start: TrainConfig, n: int) -> TrainConfig:
 
 def try_all(walk, configs_and_labels, stop_when_worse: bool = False) -> list[Tried]:
     """Screen candidates in order; stop at one that does not fit, or (when asked) past the peak:
-    two candidates in a row slower than the best so far by more than min_gain."""
+    two candidates in a row slower than the best of them by more than min_gain. The series' own best,
+    not the current config's rate: a batch series that starts below the current rate (a busy moment,
+    or a slower first step up) may still climb past it."""
     tried = []
     for label, config in configs_and_labels:
         t = walk.measure(config)
@@ -91,7 +95,7 @@ def try_all(walk, configs_and_labels, stop_when_worse: bool = False) -> list[Tri
         tried.append(t)
         if t.samples_per_s is None:
             break  # too big / out of memory: larger candidates will not fit either
-        best = max([walk.rate] + [x.samples_per_s for x in tried if x.samples_per_s])
+        best = max(x.samples_per_s for x in tried if x.samples_per_s)
         behind = best * (1 - walk.min_gain)
         if stop_when_worse and len(tried) >= 2 and all(x.samples_per_s < behind for x in tried[-2:]):
             break  # two in a row behind the best: one slow trial on a busy machine is not enough

@@ -21,7 +21,7 @@ def waterfall(walk, path=None, ax=None):
             else:
                 ax.plot([x - 0.4, x + 0.4], [level, level], color="tab:grey", lw=1.5)
                 # "no measurable difference (0.97-1.04)" in two lines, so neighbouring labels do not overlap
-                words = item.verdict_text().replace(" (", "\n(", 1)
+                words = item.verdict_text().replace(" (", "\n(", 1).replace(", measured apart", "\nmeasured apart")
                 text = "not kept\n" + words.replace("measurable d", "measurable\nd")
             ax.annotate(text, (x, level), ha="center", va="bottom", fontsize=7)
         last = len(labels) - 1

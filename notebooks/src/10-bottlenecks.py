@@ -97,7 +97,7 @@ print(workers_verdict.text())
 # ## The whole checklist, walked automatically
 #
 # `%nbtrain_checklist` starts from the current settings and tries each item in turn — the data held in
-# memory, workers, batch size (with the learning rate scaled), accumulation, device, precision, optimizer
+# memory, batch size (with the learning rate scaled), workers, accumulation, device, precision, optimizer
 # kernels, channels_last, compile, DDP processes — with short trials on this model. It keeps an item only
 # when the head-to-head interval of its speed-up lies above 3%, and says why it skipped the rest, within
 # the time budget. Trials never keep their weights; the model ends as it started.
@@ -106,19 +106,27 @@ print(workers_verdict.text())
 weights_before = [p.detach().clone() for p in model.parameters()]
 
 # %%
-%nbtrain_checklist --budget 30 --batch-size 32 --accelerator cpu --name walk
+%nbtrain_checklist --budget 45 --batch-size 32 --accelerator cpu --name walk
 
 # %% [markdown]
 # The walk's first item is `preload_data`: hold the training data in memory and cut each batch by index,
 # in the DataLoader's order. This data set is not a `TensorDataset`, so nbtrain holds it only when asked
 # (`preload_data=True`); the walk asks, after checking that a sample read twice comes back the same (no
 # random augmentation) and that the data fits in memory — here it is 0.4 MB. Read once, held, the batches
-# wait for nothing, and that beats any number of workers: the workers item that follows, measured against
-# the data held in memory, only loses. The breakdown looked at one config's phases and pointed to workers;
-# the walk compared the fixes head to head and found a better one for this data set. (A data set too large
-# to hold, or one that augments at random, gets the reason in the preload row instead, and workers come
-# next.) The two items used most of the 30 s budget; the table says which items it had no time for — on
-# your own model give the walk minutes (`--budget 120`), not seconds.
+# wait for nothing: tens of times faster, head to head. With the wait gone, each step is mostly fixed
+# costs (a Python call per layer, the optimizer's loop over parameters), so the next item, a larger batch
+# (learning rate scaled by the linear rule), spreads them over more samples; in the run stored here it was
+# kept with its interval. Workers come after the batch — they only pay once a batch keeps them busy — and
+# here they would mean going back to the DataLoader's per-sample reads: their screening trial alone sits
+# far below the held rate, so the walk drops them without spending time on a head-to-head ("measured
+# apart" in the table: a screen is only ever used to drop a candidate, never to keep one). The breakdown
+# looked at one config's phases and pointed to workers; the walk compared the fixes and found a better one
+# for this data set. (A data set too large to hold, or one that augments at random, gets the reason in the
+# preload row instead, and then workers are worth trying.) Later rows show what this CPU makes of the
+# remaining items — bf16 is slower here; the optimizer kernels are measured one against the other (a
+# fused kernel does the same update in one pass, its last bits of rounding may differ) — and
+# the table says which items the 45 s budget had no time for: on your own model give the walk minutes
+# (`--budget 120`), not seconds.
 #
 # Each bar of the waterfall is one kept item's measured change in samples/s, from the starting
 # configuration on the left to the best one found on the right. `walk.best_config` is that configuration,
@@ -220,9 +228,9 @@ assert after.fractions["data"] < before.fractions["data"]           # workers sh
 assert workers_verdict.verdict.faster, workers_verdict.text()        # ... and speed the step up, head to head
 assert walk.changes().get("preload_data") is True and items["preload_data"].kept  # the walk holds the data...
 assert items["preload_data"].verdict.above(1.0), items["preload_data"].verdict   # ... more than twice as fast
-assert not items["workers"].kept                                     # ... and then workers only lose
+assert not (items["workers"].kept if "workers" in items else False)  # ... and then workers only lose (if reached)
 assert walk.overall().above(0.3), walk.overall()                     # a real speed-up on a data-bound recipe
-assert walk.elapsed_s < 30 * 1.5                                     # within its budget (slack for a busy machine)
+assert walk.elapsed_s < 45 * 1.5                                     # within its budget (slack for a busy machine)
 assert all(torch.equal(a, b) for a, b in zip(weights_before, walked_model.parameters()))  # trials left the model
 assert not items["compile"].kept if "compile" in items else any(n == "compile" for n, _ in walk.skipped)
 if compile_mode != "none":
