@@ -19,8 +19,14 @@ def median(values) -> float:
 
 
 def ratio_line(label: str, ours: list[float], theirs: list[float], target: str) -> str:
+    """Medians of interleaved timings, their ratio, and the paired 95% interval of the time ratio
+    (each repeat's two timings are one pair), so a reader sees whether the ratio is noise."""
+    from nbtrain.measure import paired
     r = median(ours) / median(theirs)
-    return f"{label}: median {median(ours):.4f} s vs {median(theirs):.4f} s -> ratio {r:.3f} (target {target})"
+    v = paired([1 / t for t in ours], [1 / t for t in theirs])  # theirs' rate over ours' = our time over theirs
+    interval = f", paired 95% interval {v.interval_text()}" if v.pairs >= 2 else ""
+    return (f"{label}: median {median(ours):.4f} s vs {median(theirs):.4f} s -> ratio {r:.3f}{interval} "
+            f"(target {target})")
 
 
 def spread(values) -> str:
