@@ -123,7 +123,7 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # looked at one config's phases and pointed to workers; the walk compared the fixes and found a better one
 # for this data set. (A data set too large to hold, or one that augments at random, gets the reason in the
 # preload row instead, and then workers are worth trying.) Later rows show what this CPU makes of the
-# remaining items — bf16 is slower here; the optimizer kernels are measured one against the other (a
+# remaining items — bf16 is no faster here; the optimizer kernels are measured one against the other (a
 # fused kernel does the same update in one pass, its last bits of rounding may differ) — and
 # the table says which items the 45 s budget had no time for: on your own model give the walk minutes
 # (`--budget 120`), not seconds.
