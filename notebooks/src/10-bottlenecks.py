@@ -106,7 +106,7 @@ print(workers_verdict.text())
 weights_before = [p.detach().clone() for p in model.parameters()]
 
 # %%
-%nbtrain_checklist --budget 45 --batch-size 32 --accelerator cpu --name walk
+%nbtrain_checklist --budget 30 --batch-size 32 --accelerator cpu --name walk
 
 # %% [markdown]
 # The walk's first item is `preload_data`: hold the training data in memory and cut each batch by index,
@@ -125,7 +125,7 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # preload row instead, and then workers are worth trying.) Later rows show what this CPU makes of the
 # remaining items — bf16 is no faster here; the optimizer kernels are measured one against the other (a
 # fused kernel does the same update in one pass, its last bits of rounding may differ) — and
-# the table says which items the 45 s budget had no time for: on your own model give the walk minutes
+# the table says which items the 30 s budget had no time for: on your own model give the walk minutes
 # (`--budget 120`), not seconds.
 #
 # Each bar of the waterfall is one kept item's measured change in samples/s, from the starting
@@ -230,7 +230,7 @@ assert walk.changes().get("preload_data") is True and items["preload_data"].kept
 assert items["preload_data"].verdict.above(1.0), items["preload_data"].verdict   # ... more than twice as fast
 assert not (items["workers"].kept if "workers" in items else False)  # ... and then workers only lose (if reached)
 assert walk.overall().above(0.3), walk.overall()                     # a real speed-up on a data-bound recipe
-assert walk.elapsed_s < 45 * 1.5                                     # within its budget (slack for a busy machine)
+assert walk.elapsed_s < 30 * 1.5                                     # within its budget (slack for a busy machine)
 assert all(torch.equal(a, b) for a, b in zip(weights_before, walked_model.parameters()))  # trials left the model
 assert not items["compile"].kept if "compile" in items else any(n == "compile" for n, _ in walk.skipped)
 if compile_mode != "none":
