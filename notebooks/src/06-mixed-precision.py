@@ -150,8 +150,10 @@ plt.show()
 
 # %% [markdown]
 # On this CPU, which has bfloat16 instructions (printed at the top), `bf16-mixed` trains the CNN
-# measurably faster, `channels_last` speeds it up too, and the two combine: channels_last still helps on
-# top of bf16 (the last line above). The small MLP gains nothing
+# measurably faster, and `channels_last` sped it up too in the run stored here, alone and on top of bf16
+# (the last line above). Its gain on this CPU is the less steady of the two: across our runs of this
+# notebook it ranged from about 1.5x to no measurable difference, while bf16's stayed near 2x, so the
+# checks below hold channels_last only to "never slower". The small MLP gains nothing
 # from bf16: its matrix multiplications are too small for the casts to and from bfloat16 to pay off —
 # the same verdict as notebook 0's panel comparison. Whether a 16-bit format helps depends on the
 # processor and the model: measure on yours.
@@ -199,8 +201,9 @@ assert fp32.summary["val_acc"] > 0.85 and bf16.summary["val_acc"] > fp32.summary
 assert all(p.dtype == torch.float32 for p in model.parameters())                # weights stay fp32
 assert not mlp_bf16.verdict.above(0.2), mlp_bf16.text()                          # the MLP: no real bf16 gain
 if cpu_bf16:  # measured with bfloat16 instructions; without them these claims do not apply
-    assert cnn_bf16.verdict.faster and cnn_cl.verdict.faster, (cnn_bf16.text(), cnn_cl.text())
-    assert cnn_both.verdict.faster and cl_on_bf16.verdict.faster, (cnn_both.text(), cl_on_bf16.text())
+    assert cnn_bf16.verdict.faster and cnn_both.verdict.faster, (cnn_bf16.text(), cnn_both.text())
+    for v in (cnn_cl, cl_on_bf16):  # channels_last: faster, or no measurable difference; never slower
+        assert v.verdict.faster or not v.verdict.measurable, v.text()
 if has_gpu:
     assert gpu_runs["16-mixed"].summary["scaler"] and not gpu_runs["bf16-mixed"].summary["scaler"]
     for precision, result in gpu_runs.items():
