@@ -35,7 +35,7 @@ def walk_ratios(budget_s: float, repeats: int) -> list[float]:
         took = time.monotonic() - started
         ratios.append(took / budget_s)
         cut = [name for name, reason in walk.skipped if "time budget" in reason or "does not fit" in reason]
-        print(f"  walk, budget {budget_s:g} s: {took:.2f} s, {walk.trials} trials; cut by the budget: "
+        print(f"  walk, budget {budget_s:g} s: {took:.2f} s, {walk.blocks} blocks in {walk.rounds} rounds; cut by the budget: "
               f"{', '.join(cut) or 'none'}", flush=True)
     return ratios
 

@@ -1,3 +1,4 @@
+import math
 import os
 import subprocess
 import sys
@@ -36,21 +37,23 @@ WALK = dict(config=TrainConfig(batch_size=8, accelerator="cpu"), trial_s=0.2, ta
 def test_walk_stops_when_its_own_clock_says_the_budget_is_spent_and_says_so():
     recipe = digits_recipe()
     before = state(recipe.model)
-    # A clock that never moves: the budget is never spent, so every item's candidates are tried,
-    # and each item's fastest is compared head to head with the current config.
+    # A clock that never moves: the budget is never spent, so every item's candidates race the current
+    # config until each race has its answer.
     unlimited = checklist(recipe, budget_s=10, clock=lambda: 0.0, **WALK)
     assert not [reason for _, reason in unlimited.skipped if "time budget" in reason], unlimited.table()
-    assert all(item.verdict.pairs >= 3 and not item.note for item in unlimited.items), unlimited.table()
-    # Each look at the clock costs a second: the same walk runs out of budget after a few trials,
-    # although its trials take a fraction of those seconds in real time; the head-to-head stage,
-    # which needs several blocks, is the first to say it has no time left.
+    assert all(math.isfinite(item.verdict.low) and not item.note for item in unlimited.items), unlimited.table()
+    assert all(item.verdict.paired and item.verdict.pairs >= 3 for item in unlimited.items
+               if item.kept and item.name != "accumulation"), unlimited.table()
+    # Each look at the clock costs a second: the same walk runs out of budget after its first round,
+    # although its blocks take a fraction of those seconds in real time: the race stops there, keeps
+    # nothing on one round's screen, and the items after it are skipped with the reason.
     walk = checklist(recipe, budget_s=10, clock=StepClock(tick=1.0), **WALK)
-    assert 1 <= walk.trials < unlimited.trials and walk.blocks < unlimited.blocks, walk.table()
+    assert 1 <= walk.rounds < unlimited.rounds and walk.blocks < unlimited.blocks, walk.table()
     assert walk.elapsed_s >= walk.budget_s == 10, walk.table()
     assert dict(walk.skipped)["accumulation"] == "time budget: 0.0 s left", walk.table()
-    assert all(item.note.startswith("no time left to compare") and not item.kept for item in walk.items), walk.table()
-    assert (f"{walk.trials} trials and {walk.blocks} head-to-head blocks in {walk.elapsed_s:.1f} s "
-            f"of a 10 s budget") in walk.table()
+    assert walk.items and not any(item.kept for item in walk.items), walk.table()
+    assert "out of time after 1 round" in walk.table() and "screened on 1 block each" in walk.table()
+    assert f"{walk.blocks} blocks in {walk.rounds} rounds in {walk.elapsed_s:.1f} s of a 10 s budget" in walk.table()
     assert same_state(before, state(recipe.model))
 
 
@@ -76,7 +79,7 @@ def test_an_a_a_item_is_not_kept_and_its_row_shows_the_interval(monkeypatch):
                      trial_s=0.3, items=("precision",))
     (item,) = walk.items
     assert not item.kept and walk.best_config == walk.start_config, walk.table()
-    assert item.verdict.pairs >= 3 and f"({item.verdict.interval_text()})" in walk.table()
+    assert f"({item.verdict.interval_text()})" in walk.table()
     assert not item.verdict.above(0.03)
     assert same_state(before, state(recipe.model))
 
@@ -223,3 +226,18 @@ def test_the_walk_table_keeps_its_columns_in_line_for_long_item_names():
     for row in rows[1:]:
         name = row.split()[0]
         assert row[column - 1] == " " and row[column] != " ", (name, walk.table())
+
+
+def test_the_ddp_item_runs_two_processes_and_compares_them_measured_apart():
+    recipe = digits_recipe()
+    before = state(recipe.model)
+    walk = checklist(recipe, config=TrainConfig(batch_size=32), budget_s=60, items=("ddp",), clock=lambda: 0.0,
+                     trial_s=0.5)
+    (item,) = walk.items
+    (tried,) = item.tried
+    assert tried.config.world_size == 2 and tried.samples_per_s > 0 and tried.apart, walk.table()
+    assert not item.verdict.paired and math.isfinite(item.verdict.low), walk.table()
+    assert ", measured apart" in item.verdict_text() or item.kept, walk.table()
+    # the starting config (no race measured it), the ranks' run, the current config right after it
+    assert walk.trials == 3 and "and 3 separate trials" in walk.table()
+    assert same_state(before, state(recipe.model))

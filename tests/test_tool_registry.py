@@ -154,5 +154,5 @@ def test_the_panel_tells_a_refusal_from_a_failure_by_type(panel, monkeypatch):
 def test_a_refusal_from_python_names_the_tool_and_its_options_as_keywords():
     with pytest.raises(ToolRefusal) as caught:
         nbtrain.checklist(digits_recipe(hidden=16), budget_s=0.5, clock=iter(range(0, 10**6, 1000)).__next__)
-    assert str(caught.value) == ("nbtrain.checklist: budget_s=0.5 left no time to measure the starting config; "
-                                 "allow more (e.g. budget_s=30)")
+    assert str(caught.value) == ("nbtrain.checklist: budget_s=0.5 left no time to measure the starting config "
+                                 "against one candidate for 3 rounds; allow more (e.g. budget_s=30)")

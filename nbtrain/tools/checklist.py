@@ -10,15 +10,16 @@ Starting from the current config, items are tried in order — the data held in 
 a batch keeps them busy), accumulation to a target global batch, device,
 precision, optimizer kernels, channels_last, TF32 matmuls, torch.compile, activation
 checkpointing, DDP processes — each item either measured or skipped with the reason
-(checklist_items.py). An item's candidates are screened by short trials on the user's own
-engine; the fastest is then measured head to head against the current config in alternating
-blocks (measure/ab.py) — unless its screen, set against the current config's, already lies wholly
-below a worthwhile gain — and kept only when the 95% interval of its speed-up lies above
-`min_gain`: one short trial on a shared machine moves by tens of percent, an interval says
-whether the gain is real. The next item starts from what was kept. Trials never keep their
-weights (each is undone by a Snapshot); the walk stops starting trials and comparisons when
-the stated budget would be passed. The budget is read on the walk's own clock (`clock=`,
-default time.monotonic), so a test can run it on a fake one.
+(checklist_items.py). An item's candidates race the current config on the user's own engine
+(measure/race.py): rounds of short blocks, the current config's block beside every candidate's,
+so each candidate's speed-up comes with the 95% interval of its pairs; a candidate leaves the
+race as soon as it cannot be kept, and the race ends once the leader's interval answers the
+question. The leader is kept only when that interval lies above `min_gain`: one short trial on a
+shared machine moves by tens of percent, an interval says whether the gain is real. Screening
+and comparing are one measurement, so no config is measured twice for one question. The next
+item starts from what was kept. Blocks never keep their weights (each is undone by a Snapshot);
+the walk starts no round that would pass the stated budget. The budget is read on the walk's
+own clock (`clock=`, default time.monotonic), so a test can run it on a fake one.
 """
 from __future__ import annotations
 
@@ -30,13 +31,17 @@ from . import trial
 from .checklist_items import (FUNCTIONS as _ITEM_FUNCTIONS, ITEMS, Tried, batch_candidates,  # noqa: F401
                               precision_candidates, with_batch, with_workers, worker_candidates)
 from ..config import TrainConfig
-from ..measure.ab import compare_on, steps_lasting, trial_rate
+import numpy as np
+
+from ..measure.ab import trial_rate
+from ..measure.race import Block, Entrant, race
 from ..measure.steady import NOTHING
-from ..measure.verdict import UNMEASURED, Verdict, unpaired
+from ..measure.verdict import UNMEASURED, Verdict
 from .tool_options import ToolRefusal, declare, option
 from .tune import MEMORY_BUDGET, _is_oom, checked_lr, memory_limit
 
-_AB_PAIRS = (3, 8)  # fewest and most pairs of blocks per head-to-head comparison
+_ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
+_BLOCKS_PER_TRIAL = 4  # a race block is a quarter of trial_s: a few rounds fit one trial's time
 
 
 @dataclass
@@ -47,9 +52,10 @@ class ItemResult:
     after: float
     kept: bool
     chosen: str
-    verdict: Verdict = UNMEASURED   # the chosen candidate over the current config, with its interval
-    compared: str = ""              # the candidate measured head to head
-    note: str = ""                  # why no verdict (e.g. no time left to compare)
+    verdict: Verdict = UNMEASURED   # the leading candidate over the current config, with its interval
+    compared: str = ""              # the leading candidate
+    note: str = ""                  # why no verdict (e.g. no candidate ran)
+    apart: bool = False             # the verdict compares runs measured apart (DDP), not paired blocks
 
     @property
     def speedup(self) -> float:
@@ -58,7 +64,12 @@ class ItemResult:
     def verdict_text(self) -> str:
         if self.note:
             return self.note
-        return self.verdict.short() + ("" if self.verdict.paired else ", measured apart")
+        if self.verdict.paired:
+            return self.verdict.short()
+        if self.apart:
+            return self.verdict.short() + ", measured apart"
+        n = self.verdict.pairs  # a race that ended before its pairs gave an interval: the blocks' screen
+        return self.verdict.short() + f", screened on {n} block{'s' if n != 1 else ''} each"
 
 
 @dataclass
@@ -74,8 +85,9 @@ class ChecklistResult:
     device: str
     lr_note: str = ""
     kept_on_engine: bool = False
-    blocks: int = 0               # head-to-head blocks measured
-    start: Tried | None = None    # the starting config's screening trial
+    blocks: int = 0               # race blocks measured
+    start: Tried | None = None    # the starting config, from its blocks in the first race
+    rounds: int = 0               # race rounds, all items together
 
     @property
     def final(self) -> float:
@@ -99,10 +111,11 @@ class ChecklistResult:
         w = max([len("start")] + [len(i.name) for i in self.items] + [len(n) for n, _ in self.skipped])  # names fit
         interval = f", 95% interval {total.interval_text()}" if math.isfinite(total.low) and total.pairs else ""
         lines = [f"nbtrain checklist walk on {self.device}: {self.baseline:,.0f} -> {self.final:,.0f} samples/s "
-                 f"(x{self.final / self.baseline:.2f}{interval}), {self.trials} trials and {self.blocks} "
-                 f"head-to-head blocks in {self.elapsed_s:.1f} s of a {self.budget_s:.0f} s budget",
+                 f"(x{self.final / self.baseline:.2f}{interval}), {self.blocks} blocks in {self.rounds} rounds"
+                 + (f" and {self.trials} separate trials" if self.trials else "")
+                 + f" in {self.elapsed_s:.1f} s of a {self.budget_s:.0f} s budget",
                  f"  {'item':<{w}} {'head to head vs current (95% interval)':<42} {'kept':<4}  "
-                 f"screened (samples/s, 95% interval)",
+                 f"candidates (median samples/s of their blocks)",
                  f"  {'start':<{w}} {(self.start.text() if self.start else ''):<42} {'':<4}  "
                  f"{_describe(self.start_config)}"]
         for item in self.items:
@@ -137,11 +150,13 @@ class _Walk:
     def __init__(self, engine, budget_s: float, trial_s: float, memory_budget, min_gain: float, clock, t0: float):
         self.engine, self.clock, self.t0 = engine, clock, t0
         self.budget_s, self.trial_s, self.min_gain = budget_s, trial_s, min_gain
-        self.overhead_s = 0.5  # start-up and restore per trial; re-estimated from each trial
-        self.block_overhead_s = 0.25  # the same per head-to-head block (no memory release); re-estimated too
-        self.trials = self.blocks = 0
+        self.block_s = trial_s / _BLOCKS_PER_TRIAL
+        self.overhead_s = 0.5  # start-up and restore of a whole trial (DDP's comparison); re-estimated
+        self.block_overhead_s = 0.1  # the same per race block (no memory release); re-estimated from each block
+        self.trials = self.blocks = self.rounds = 0
         self.rate = float("nan")  # samples/s of the config the walk has kept so far
-        self.rate_blocks: list = []  # that config's screened block rates, to screen candidates against
+        self.current: TrainConfig | None = None  # the config the walk has kept so far
+        self.start_rates: list = []  # the starting config's block rates, from the first race
         self.snapshot = trial.Snapshot(engine)
         self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" \
             else (None, "")
@@ -149,24 +164,66 @@ class _Walk:
     def left(self) -> float:
         return self.budget_s - (self.clock() - self.t0)
 
-    def comparison_s(self) -> float:
-        """The least time a head-to-head comparison takes: its fewest pairs of blocks, with their overheads."""
-        return 2 * _AB_PAIRS[0] * (self.trial_s / 4 + self.block_overhead_s)
+    def block_cost_s(self) -> float:
+        return self.block_s + self.block_overhead_s
 
-    def measure(self, config: TrainConfig, reserve: bool = True) -> Tried | None:
-        """One timed screening trial; None when the budget has no room left for it (and, with `reserve`,
-        for the comparison it leads to: a screened candidate that cannot be compared cannot be kept)."""
-        seconds = min(self.trial_s, self.left() - self.overhead_s - (self.comparison_s() if reserve else 0.0))
+    def _over_memory(self, m) -> str:
+        if self.limit is not None and m.config.device_type == "cpu" and m.peak_bytes > self.limit:
+            return f"over the memory budget (peak {m.peak_bytes / 2**20:,.0f} MB)"
+        return ""
+
+    def block(self, config: TrainConfig) -> Block:
+        """One race block of `config` on the live model, the state put back after it."""
+        t0 = self.clock()
+        try:
+            m, steady, parts = trial_rate(self.engine, config, seconds=self.block_s)
+            note = m.error or self._over_memory(m)
+            rate = steady.rate if math.isfinite(steady.rate) else m.samples_per_s
+        except Exception as error:  # noqa: BLE001 - out of memory is a result; anything else is raised
+            if not _is_oom(error):
+                raise
+            note, rate, parts = "out of memory", float("nan"), []
+        finally:
+            self.snapshot.restore()
+        if note:  # a config that did not fit leaves memory behind that the next block would be charged with
+            trial.release_memory()
+        self.block_overhead_s = max(0.005, 0.5 * self.block_overhead_s + 0.5 * (self.clock() - t0 - self.block_s))
+        return Block(rate, parts, note)
+
+    def race(self, candidates: list, ordered: bool = False) -> list[Tried]:
+        """Race (label, config) candidates against the current config (measure/race.py), within the budget.
+
+        Returns [] when not even one round fits what is left of the budget."""
+        if self.left() < (len(candidates) + 1) * self.block_cost_s():
+            return []
+        entrants = [Entrant(label, config) for label, config in candidates]
+        result = race(self.block, self.current, entrants, decide_at=self.min_gain, min_rounds=_ROUNDS[0],
+                      max_rounds=_ROUNDS[1], budget_s=max(self.left(), 0.0), block_cost_s=self.block_cost_s(),
+                      ordered=ordered, clock=self.clock)
+        trial.release_memory()
+        self.blocks += result.blocks
+        self.rounds += result.rounds
+        if not self.start_rates:
+            self.start_rates = result.base_rates
+        if not math.isfinite(self.rate):
+            self.rate = result.base_rate
+        out_of_time = result.stopped_by == "budget"
+        return [Tried(e.label, e.config, e.rate, e.note, blocks=e.rates, verdict=e.verdict,
+                      left=(f"left after round {e.left_at}: {e.why_left}" if e.left_at else
+                            f"out of time after {result.rounds} round{'s' if result.rounds > 1 else ''}"
+                            if out_of_time and not e.note else "")) for e in entrants]
+
+    def measure(self, config: TrainConfig) -> Tried | None:
+        """One timed trial of a whole trial_s (DDP's comparison); None when the budget has no room for it."""
+        seconds = min(self.trial_s, self.left() - self.overhead_s)
         if seconds < 0.25 * self.trial_s:
             return None
         t0 = self.clock()
         steady, blocks = None, []
         try:
             m, steady, blocks = trial_rate(self.engine, config, seconds=seconds)
-            note = m.error
-            if not note and self.limit is not None and config.device_type == "cpu" and m.peak_bytes > self.limit:
-                note = f"over the memory budget (peak {m.peak_bytes / 2**20:,.0f} MB)"
-        except Exception as error:  # noqa: BLE001 - out of memory is a result; anything else is raised
+            note = m.error or self._over_memory(m)
+        except Exception as error:  # noqa: BLE001 - as in a block
             if not _is_oom(error):
                 raise
             note = "out of memory"
@@ -178,31 +235,13 @@ class _Walk:
         ok = steady is not None and not note and math.isfinite(steady.rate)
         return Tried("", config, steady.rate if ok else None, note, steady if ok else NOTHING, blocks)
 
-    def head_to_head(self, current: TrainConfig, best: Tried):
-        """The best candidate against the current config in alternating blocks, within the budget.
-
-        Returns (verdict, note): the note says why there is no verdict.
-        """
-        block_s = self.trial_s / 4  # each block: a quarter of a screening trial, so a few pairs fit one trial's time
-        if self.left() < self.comparison_s():
-            return UNMEASURED, f"no time left to compare ({max(self.left(), 0):.1f} s)"
-        steps = (steps_lasting(self.rate, current, block_s), steps_lasting(best.samples_per_s, best.config, block_s))
-        try:
-            result = compare_on(self.engine, self.snapshot, current, best.config, block_steps=steps, discard=False,
-                                min_pairs=_AB_PAIRS[0], max_pairs=_AB_PAIRS[1], precision_target=0.03,
-                                budget_s=max(min(4 * self.trial_s, self.left() - self.overhead_s), 0.0),
-                                clock=self.clock, decide_at=self.min_gain)
-        except Exception as error:  # noqa: BLE001 - as in a screening trial, only out of memory is a result
-            if not _is_oom(error):
-                raise
-            return UNMEASURED, "out of memory when compared head to head"
-        finally:
-            self.snapshot.restore()
-            trial.release_memory()
-        blocks = len(result.rates_a) + len(result.rates_b)
-        self.blocks += blocks
-        self.block_overhead_s = max(0.02, 0.5 * self.block_overhead_s + 0.5 * (result.seconds / blocks - block_s))
-        return result.verdict, ""
+    def ensure_rate(self) -> None:
+        """The current config's rate, measured now when no race has measured it yet."""
+        if math.isfinite(self.rate):
+            return
+        t = self.measure(self.current)
+        if t is not None and t.samples_per_s:
+            self.rate, self.start_rates = t.samples_per_s, t.blocks
 
 
 @declare("checklist", "nbtrain.checklist", "the automated checklist walk: each item kept only when its head-to-head "
@@ -230,21 +269,18 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
     t0 = clock()  # the budget counts from here: finding the engine is part of the walk
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
     start = trial.plain_config(engine.config)
-    # Screening trials are short: the head-to-head comparison, not one trial, decides what is kept.
+    # Blocks are short: a race's pairs of blocks, not one long trial, decide what is kept.
     trial_s = trial_s or min(max(budget_s / 20, 0.5), 3.0)
     walk = _Walk(engine, float(budget_s), trial_s, memory_budget, min_gain, clock, t0)
+    if walk.left() < 2 * _ROUNDS[0] * walk.block_cost_s():  # the least that can keep anything
+        raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
+                                        f"config against one candidate for {_ROUNDS[0]} rounds; allow more "
+                                        f"(e.g. {spell('budget_s', 30)})")
     skipped, results, lr_checks = [], [], []
     current, finished = start, False
     try:
-        base = walk.measure(start, reserve=False)
-        if base is None:
-            raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
-                                            f"config; allow more (e.g. {spell('budget_s', 30)})")
-        if base.samples_per_s is None:
-            raise ToolRefusal(lambda spell: f"the starting config could not be measured ({base.note})")
-        base.label = "steady rate"
-        current, walk.rate, walk.rate_blocks = start, base.samples_per_s, base.blocks
         for name in items:
+            walk.current = current
             outcome = _ITEM_FUNCTIONS[name](walk, engine, start, current, target_global_batch)
             if isinstance(outcome, str):
                 skipped.append((name, outcome))
@@ -253,10 +289,10 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
             if not tried:
                 left = max(walk.left(), 0)
                 skipped.append((name, f"time budget: {left:.1f} s left" + (
-                    f"; an item needs about {walk.trial_s + walk.overhead_s + walk.comparison_s():.1f} s (a "
-                    "screening trial and a head-to-head comparison)" if left > 0 else "")))
+                    f"; its first round needs about {(len(outcome) + 1) * walk.block_cost_s():.1f} s"
+                    if left > 0 and outcome else "")))
                 continue
-            item = _decide(walk, name, current, tried)
+            item = _decide(walk, name, tried)
             results.append(item)
             if item.kept:
                 chosen = next(t.config for t in tried if t.label == item.chosen)
@@ -265,10 +301,17 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
                     lr_checks += notes
                 current = chosen
                 walk.rate = item.after
-                walk.rate_blocks = next(t.blocks for t in tried if t.label == item.chosen)
+        walk.current = start
+        if not walk.start_rates:  # no item raced: the start is measured on its own
+            walk.rate = float("nan")
+            walk.ensure_rate()
         finished = True
     finally:
         walk.snapshot.restore(current if keep_best and finished else None)
+    if not walk.start_rates:
+        raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
+                                        f"config; allow more (e.g. {spell('budget_s', 30)})")
+    base = Tried("steady rate", start, float(np.median(walk.start_rates)), blocks=walk.start_rates)
     lr_note = ""
     if current.scale_lr != "none":
         lr_note = (f"{current.scale_lr} rule: x{current.lr_factor():.3g} for global batch {current.global_batch_size} "
@@ -277,29 +320,23 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
                                                       "; add warmup_steps (linear warm-up) for large scale-ups"))
     lr_note = "; ".join(filter(None, [lr_note] + lr_checks))
     return ChecklistResult(start, current, base.samples_per_s, results, skipped, float(budget_s), clock() - t0,
-                           walk.trials, str(engine.device), lr_note, keep_best, walk.blocks, base)
+                           walk.trials, str(engine.device), lr_note, keep_best, walk.blocks, base, walk.rounds)
 
 
-def _decide(walk, name: str, current: TrainConfig, tried: list) -> ItemResult:
-    """The item's fastest screened candidate, measured against the current config; kept when its
-    interval lies above min_gain (accumulation, asked for by target_global_batch, is kept regardless)."""
+def _decide(walk, name: str, tried: list) -> ItemResult:
+    """The item's leading candidate and its verdict over the current config; kept when the paired
+    interval lies above min_gain (accumulation, asked for by target_global_batch, is kept regardless;
+    DDP, whose processes cannot alternate with the live model, on its interval measured apart)."""
     rate = walk.rate
-    best = max((t for t in tried if t.samples_per_s), key=lambda t: t.samples_per_s, default=None)
+    ran = [t for t in tried if t.samples_per_s and math.isfinite(t.verdict.ratio)]
+    best = max(ran, key=lambda t: (not t.left.startswith("left"), t.verdict.ratio), default=None)
     if best is None:
-        return ItemResult(name, tried, rate, rate, False, "", note="no candidate ran")
-    required = name == "accumulation"
-    screened = unpaired(walk.rate_blocks, best.blocks)
-    if best.verdict is not None:  # compared as it was measured (DDP, in processes of its own)
-        verdict = best.verdict
-        note = "" if math.isfinite(verdict.ratio) else "no time left to measure the current config beside it"
-    elif not required and math.isfinite(screened.high) and screened.high < 1 + walk.min_gain:
-        # Its screen lies wholly below a gain worth keeping: a comparison would not keep it, so the time
-        # goes to the items after it. Screens measured apart only ever drop a candidate, never keep one.
-        verdict, note = screened, ""
-    else:
-        verdict, note = walk.head_to_head(current, best)
-    keep = required or verdict.above(walk.min_gain)
-    # The head-to-head ratio carries the speed-up; without one (a required item out of time) the screens do.
-    ratio = verdict.ratio if math.isfinite(verdict.ratio) else best.samples_per_s / rate
+        note = "no candidate ran" if not any(t.samples_per_s for t in tried) else \
+            "no time left to measure the current config beside it"
+        return ItemResult(name, tried, rate, rate, False, "", note=note)
+    verdict = best.verdict
+    paired_enough = verdict.paired and verdict.pairs >= _ROUNDS[0]  # screens and two pairs only ever drop
+    keep = name == "accumulation" or (verdict.above(walk.min_gain) and (paired_enough or best.apart))
+    ratio = verdict.ratio
     return ItemResult(name, tried, rate, rate * ratio if keep else rate, keep, best.label if keep else "",
-                      verdict, best.label, note)
+                      verdict, best.label, apart=best.apart)

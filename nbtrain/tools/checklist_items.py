@@ -1,9 +1,9 @@
 """The checklist walk's items: each one's candidates from the current config, or why it does not apply.
 
-An item function takes (walk, engine, start, current, target_global_batch) and returns the
-candidates it screened (`Tried`, each measured by a short trial on the live model) or a
-string saying why it was skipped. Which candidate is kept is decided by the walk, head to
-head against the current config (checklist.py).
+An item function takes (walk, engine, start, current, target_global_batch) and returns its
+candidates as measured (`Tried`: each raced against the current config in alternating blocks on
+the live model, measure/race.py, with its ratio and interval) or a string saying why it was
+skipped. Which candidate is kept is decided by the walk (checklist.py).
 """
 from __future__ import annotations
 
@@ -28,21 +28,24 @@ _DDP_START_S = 8.0  # first guess at starting worker interpreters, before any is
 
 @dataclass
 class Tried:
-    """One screened candidate: its steady rate (None when it did not run) and why not."""
+    """One candidate as measured: its samples/s (None when it did not run, and why not), its verdict
+    over the current config, and why it left the race early, if it did."""
     label: str
     config: TrainConfig
     samples_per_s: float | None
     note: str = ""
     steady: SteadyRate = NOTHING
     blocks: list = field(default_factory=list)  # block rates, for an unpaired verdict
-    verdict: Verdict | None = None              # set where the candidate is compared as it is measured (DDP)
+    verdict: Verdict = UNMEASURED               # over the current config
+    left: str = ""                              # e.g. "left after round 1: below a gain worth keeping"
+    apart: bool = False                         # measured apart from the current config (DDP's processes)
 
     def text(self) -> str:
         if self.samples_per_s is None:
             return f"{self.label}: {self.note}"
         s = self.steady
         interval = f" ({s.low:,.0f}-{s.high:,.0f})" if math.isfinite(s.low) and math.isfinite(s.high) else ""
-        return f"{self.label}: {self.samples_per_s:,.0f}{interval}"
+        return f"{self.label}: {self.samples_per_s:,.0f}{interval}" + (f" ({self.left})" if self.left else "")
 
 
 def worker_candidates(start: TrainConfig, cores: int | None = None) -> list[int]:
@@ -81,25 +84,10 @@ def with_workers(start: TrainConfig, n: int) -> TrainConfig:
     return start.replace(num_workers=n, persistent_workers=n > 0, prefetch_factor=start.prefetch_factor if n else None)
 
 
-def try_all(walk, configs_and_labels, stop_when_worse: bool = False) -> list[Tried]:
-    """Screen candidates in order; stop at one that does not fit, or (when asked) past the peak:
-    two candidates in a row slower than the best of them by more than min_gain. The series' own best,
-    not the current config's rate: a batch series that starts below the current rate (a busy moment,
-    or a slower first step up) may still climb past it."""
-    tried = []
-    for label, config in configs_and_labels:
-        t = walk.measure(config)
-        if t is None:
-            break
-        t.label = label
-        tried.append(t)
-        if t.samples_per_s is None:
-            break  # too big / out of memory: larger candidates will not fit either
-        best = max(x.samples_per_s for x in tried if x.samples_per_s)
-        behind = best * (1 - walk.min_gain)
-        if stop_when_worse and len(tried) >= 2 and all(x.samples_per_s < behind for x in tried[-2:]):
-            break  # two in a row behind the best: one slow trial on a busy machine is not enough
-    return tried
+def try_all(walk, configs_and_labels, ordered: bool = False) -> list[Tried]:
+    """Race the candidates against the walk's current config (walk.race); `ordered`: in rising size,
+    so one that does not fit takes the larger ones with it."""
+    return walk.race(list(configs_and_labels), ordered=ordered)
 
 
 def workers(walk, engine, start, current, target):
@@ -114,7 +102,7 @@ def batch_size(walk, engine, start, current, target):
              if b > current.batch_size]
     if not sizes:
         return "no larger batch fits 8 batches per epoch" + (" within the target global batch" if target else "")
-    return try_all(walk, [(f"batch_size={b}", with_batch(current, b, start)) for b in sizes], stop_when_worse=True)
+    return try_all(walk, [(f"batch_size={b}", with_batch(current, b, start)) for b in sizes], ordered=True)
 
 
 def accumulation(walk, engine, start, current, target):
@@ -180,6 +168,7 @@ def ddp(walk, engine, start, current, target):
     except ConfigError as error:
         return error.render()
     needed = 2 * walk.trial_s + max(walk.overhead_s, _DDP_START_S)
+    walk.ensure_rate()
     if walk.left() < needed:
         return f"time budget: starting 2 worker processes needs about {needed:.0f} s, {max(walk.left(), 0):.0f} s left"
     from ..api import fit
@@ -195,8 +184,8 @@ def ddp(walk, engine, start, current, target):
         return [Tried(label, c, None, result.status)]
     start_info = result.log.last("start")
     series = columns_series(result.log.columns, start_info["info"].get("samples_start", 0) if start_info else 0)
-    tried = Tried(label, c, result.steady().rate, steady=result.steady(), blocks=block_rates(*series))
-    now = walk.measure(current, reserve=False)  # the current config, right after: the nearest load to compare under
+    tried = Tried(label, c, result.steady().rate, steady=result.steady(), blocks=block_rates(*series), apart=True)
+    now = walk.measure(current)  # the current config, right after: the nearest load to compare under
     ok = now is not None and now.samples_per_s is not None
     tried.verdict = unpaired(now.blocks, tried.blocks) if ok else UNMEASURED
     return [tried]
