@@ -119,3 +119,18 @@ def test_an_interval_too_wide_to_rule_anything_out_says_too_noisy_not_no_differe
     assert wide.text("batch 64") == "batch 64: too noisy to tell (95% interval 0.62-11.20)"
     assert not narrow.too_noisy and narrow.short() == "no measurable difference (0.97-1.04)"
     assert not Verdict(1.6, 1.2, 2.1, 5).too_noisy  # wide, but it excludes 1: a measured difference
+
+
+def test_ab_blocks_last_a_time_not_a_count_of_steps_unless_asked():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 1))
+    fixed = nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), b={"batch_size": 16}, block_steps=7,
+                       min_pairs=2, max_pairs=2)
+    assert fixed.block_steps == (7, 7)
+    # A step of this model takes well under a millisecond: a 0.1 s block holds a hundred steps or more,
+    # where a fixed 20-step block would last a few milliseconds (all or nothing of a passing load).
+    timed = nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), b={"batch_size": 16}, block_s=0.1,
+                       min_pairs=2, max_pairs=2)
+    assert min(timed.block_steps) >= 40, timed.block_steps
+    with pytest.raises(ValueError, match=r"block_s=0: a number of seconds > 0"):
+        nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), block_s=0)

@@ -4,7 +4,7 @@
     print(v.text())   # "precision=bf16-mixed: 1.31x faster (95% interval 1.24-1.38)"
                       # or "... no measurable difference (0.97-1.04)"
 
-Each block trains a few steps from the same saved state (a trial: weights, optimizer, RNG
+Each block trains for about a quarter second from the same saved state (a trial: weights, optimizer, RNG
 and position are put back after every block), so neither config learns from the other's
 steps, and the user's model ends exactly as it was. Blocks alternate A B, B A, ... so a
 load that drifts on a shared machine falls on both; pairs are added until the ratio's 95%
@@ -32,6 +32,7 @@ class ABResult:
     rates_b: list = field(default_factory=list)
     seconds: float = 0.0
     stopped_by: str = ""     # "interval" | "budget" | "max_pairs"
+    block_steps: tuple = ()  # optimizer steps in each of A's and B's blocks
 
     @property
     def label(self) -> str:
@@ -42,6 +43,9 @@ class ABResult:
 
     def __repr__(self) -> str:
         return f"ABResult({self.text()})"
+
+
+_SIZING_STEPS = 20  # the uncounted first block of each config, whose rate sizes the timed blocks
 
 
 def describe_change(a: TrainConfig, b: TrainConfig) -> str:
@@ -78,23 +82,33 @@ def steps_lasting(rate: float, config: TrainConfig, seconds: float, low: int = 6
 
 
 def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: dict | TrainConfig | None = None,
-       recipe=None, config: TrainConfig | None = None, block_steps: int = 20, min_pairs: int = 4,
-       max_pairs: int = 30, precision_target: float = 0.05, budget_s: float = 60.0, clock=time.monotonic,
-       **recipe_parts) -> ABResult:
-    """Measure config B against config A on the live model; see the module doc."""
+       recipe=None, config: TrainConfig | None = None, block_steps: int | None = None, block_s: float = 0.25,
+       min_pairs: int = 4, max_pairs: int = 30, precision_target: float = 0.05, budget_s: float = 60.0,
+       clock=time.monotonic, **recipe_parts) -> ABResult:
+    """Measure config B against config A on the live model; see the module doc.
+
+    Blocks last about `block_s` seconds each (sized from a first, uncounted block of each config), or
+    `block_steps` optimizer steps when given. Blocks of a fixed time, not of fixed steps: a block of a
+    fast step lasting a few milliseconds sees a passing load on a shared machine all or nothing, and
+    a handful of such blocks can agree by chance on a difference that is not there.
+    """
     for name, value, low in (("block_steps", block_steps, 2), ("min_pairs", min_pairs, 2), ("max_pairs", max_pairs, 2)):
+        if name == "block_steps" and value is None:
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"{name}={value!r}: a whole number >= {low}")
-    if not (isinstance(budget_s, (int, float)) and budget_s > 0):
-        raise ValueError(f"budget_s={budget_s!r}: a number of seconds > 0")
+    for name, value in (("budget_s", budget_s), ("block_s", block_s)):
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"{name}={value!r}: a number of seconds > 0")
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **recipe_parts)
     base = trial.plain_config(config or engine.config)
     config_a = a if isinstance(a, TrainConfig) else base.replace(**(a or {}))
     config_b = b if isinstance(b, TrainConfig) else base.replace(**(b or {}))
     snapshot = trial.Snapshot(engine)
     try:
-        return compare_on(engine, snapshot, config_a, config_b, block_steps=block_steps, min_pairs=min_pairs,
-                          max_pairs=max_pairs, precision_target=precision_target, budget_s=budget_s, clock=clock)
+        return compare_on(engine, snapshot, config_a, config_b, block_steps=block_steps or _SIZING_STEPS,
+                          block_s=None if block_steps else block_s, min_pairs=min_pairs, max_pairs=max_pairs,
+                          precision_target=precision_target, budget_s=budget_s, clock=clock)
     finally:
         snapshot.restore()
 
@@ -122,6 +136,7 @@ def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *
                 snapshot.restore()
                 if block_s is not None:
                     steps[i] = steps_lasting(rate, configs[i], block_s)
+        result.block_steps = (steps[0], steps[1])
         while True:
             order = (0, 1) if len(result.rates_a) % 2 == 0 else (1, 0)
             for i in order:
