@@ -9,8 +9,9 @@ ratio and its 95% interval as the race goes, and the current config's blocks are
 
 After each round a candidate leaves the race when its ratio, from the pairs so far (or, before
 there are enough pairs, from the sub-blocks of its blocks against the current config's), lies
-wholly below 1 + `decide_at` (it would not be kept), or wholly below the leader's, or when at its
-ratio so far even `max_rounds` pairs could not lift its interval above 1 + `decide_at`. The race ends
+wholly below 1 + `decide_at` (it would not be kept), or wholly below the leader's, or when, from
+enough pairs, its ratio itself is below 1 + `decide_at` (more rounds would only narrow the
+interval around a gain too small to keep). The race ends
 when the leader's interval settles the keep-or-not question, is narrow enough to call "no
 measurable difference", when no candidate is left, at `max_rounds`, or when the next round
 would not fit the budget. Screens only ever drop a candidate: keeping one takes the paired
@@ -125,7 +126,7 @@ def race(measure, base, entrants: list, *, decide_at: float = 0.03, min_rounds: 
                 if block is not None and not block.note:
                     entrant.parts.extend(block.parts)
             result.rounds += 1
-            _judge(result, base_parts, decide_at, max_rounds)
+            _judge(result, base_parts, decide_at)
             leader = result.leader()
             if leader is None or not leader.running:
                 result.stopped_by = "none left"
@@ -154,19 +155,16 @@ def _fail(entrants: list, entrant: Entrant, note: str, ordered: bool) -> None:
                 later.note = f"not tried: {entrant.label} did not run ({note})"
 
 
-def _futile(e: Entrant, base: np.ndarray, decide_at: float, max_rounds: int) -> bool:
-    """At its ratio so far, even `max_rounds` pairs would leave the interval's low end below 1 + decide_at
-    (the spread of the pairs so far stands for theirs): more rounds would not keep it."""
-    if not e.verdict.paired or e.verdict.pairs < _PAIRED_FROM or not math.isfinite(e.verdict.low) \
-            or e.verdict.low > 1 + decide_at:
-        return False
-    rounds = [i for i, r in enumerate(e.rates) if math.isfinite(r) and math.isfinite(base[i])]
-    logs = np.log(np.asarray(e.rates)[rounds] / base[rounds])
-    half = stats.t.ppf(0.975, max_rounds - 1) * logs.std(ddof=1) / math.sqrt(max_rounds)
-    return math.exp(logs.mean() - half) <= 1 + decide_at
+def _futile(e: Entrant, decide_at: float) -> bool:
+    """Its ratio so far, from at least _PAIRED_FROM pairs, is itself below 1 + decide_at: more rounds would
+    narrow the interval around a gain too small to keep. (A wide interval around a large ratio is not
+    futile: more rounds are what it needs.)"""
+    v = e.verdict
+    return v.paired and v.pairs >= _PAIRED_FROM and math.isfinite(v.low) and v.low <= 1 + decide_at \
+        and v.ratio <= 1 + decide_at
 
 
-def _judge(result: RaceResult, base_parts: list, decide_at: float, max_rounds: int) -> None:
+def _judge(result: RaceResult, base_parts: list, decide_at: float) -> None:
     """Each running candidate's verdict over the current config; drop those that cannot be kept."""
     base = np.asarray(result.base_rates)
     for e in result.entrants:
@@ -187,8 +185,8 @@ def _judge(result: RaceResult, base_parts: list, decide_at: float, max_rounds: i
     for e in result.entrants:
         if e.running and math.isfinite(e.verdict.high) and e.verdict.high < 1 + decide_at:
             e.left_at, e.why_left = result.rounds, "below a gain worth keeping"
-        elif e.running and _futile(e, base, decide_at, max_rounds):
-            e.left_at, e.why_left = result.rounds, f"could not show a gain worth keeping in {max_rounds} rounds"
+        elif e.running and _futile(e, decide_at):
+            e.left_at, e.why_left = result.rounds, "its ratio so far is below a gain worth keeping"
     leader = result.leader()
     if leader is None or not leader.running:
         return

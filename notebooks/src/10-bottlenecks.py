@@ -98,9 +98,12 @@ print(workers_verdict.text())
 #
 # `%nbtrain_checklist` starts from the current settings and tries each item in turn — the data held in
 # memory, batch size (with the learning rate scaled), workers, accumulation, device, precision, optimizer
-# kernels, channels_last, compile, DDP processes — with short trials on this model. It keeps an item only
-# when the head-to-head interval of its speed-up lies above 3%, and says why it skipped the rest, within
-# the time budget. Trials never keep their weights; the model ends as it started.
+# kernels, channels_last, compile, DDP processes — on this model. An item's candidates *race* the current
+# settings: rounds of short blocks, one block of the current settings beside one block of each candidate
+# still in the race, the model put back after every block. The pairs give each candidate's speed-up with
+# its 95% interval as the race goes; a candidate leaves the race as soon as it cannot be kept, and an item
+# is kept only when the interval of at least three pairs lies above 3%. The walk says why it skipped the
+# rest, within the time budget. Blocks never keep their weights; the model ends as it started.
 
 # %%
 weights_before = [p.detach().clone() for p in model.parameters()]
@@ -116,15 +119,18 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # wait for nothing: tens of times faster, head to head. With the wait gone, each step is mostly fixed
 # costs (a Python call per layer, the optimizer's loop over parameters), so the next item, a larger batch
 # (learning rate scaled by the linear rule), spreads them over more samples; in the run stored here it was
-# kept with its interval. Workers come after the batch — they only pay once a batch keeps them busy — and
-# here they would mean going back to the DataLoader's per-sample reads: their screening trial alone sits
-# far below the held rate, so the walk drops them without spending time on a head-to-head ("measured
-# apart" in the table: a screen is only ever used to drop a candidate, never to keep one). The breakdown
-# looked at one config's phases and pointed to workers; the walk compared the fixes and found a better one
-# for this data set. (A data set too large to hold, or one that augments at random, gets the reason in the
-# preload row instead, and then workers are worth trying.) Later rows show what this CPU makes of the
-# remaining items — bf16 is no faster here; the optimizer kernels are measured one against the other (a
-# fused kernel does the same update in one pass, its last bits of rounding may differ) — and
+# kept with its interval, and the smaller batch left the race after its first round, behind the leader.
+# Workers come after the batch — they only pay once a batch keeps them busy — and here they would mean
+# going back to the DataLoader's per-sample reads: their first blocks sit far below the held rate, and
+# they leave the race ("left after round ...: below a gain worth keeping" in the last column). A candidate
+# may leave on the screen of its first blocks ("screened on 1 block each"), but only the pairs of three
+# rounds or more can keep one. The breakdown looked at one config's phases and pointed to workers; the
+# walk compared the fixes and found a better one for this data set. (A data set too large to hold, or one
+# that augments at random, gets the reason in the preload row instead, and then workers are worth
+# trying.) Later rows show what this CPU makes of the remaining items — bf16 does not help here; the two
+# other optimizer kernels race the current one (a fused kernel does the same update in one pass, its last
+# bits of rounding may differ); two DDP processes cannot take turns with the live model, so they are set
+# against the current settings measured right after them ("measured apart") — and
 # the table says which items the 30 s budget had no time for: on your own model give the walk minutes
 # (`--budget 120`), not seconds.
 #
@@ -229,6 +235,7 @@ assert workers_verdict.verdict.faster, workers_verdict.text()        # ... and s
 assert walk.changes().get("preload_data") is True and items["preload_data"].kept  # the walk holds the data...
 assert items["preload_data"].verdict.above(1.0), items["preload_data"].verdict   # ... more than twice as fast
 assert not (items["workers"].kept if "workers" in items else False)  # ... and then workers only lose (if reached)
+assert not (items["precision"].kept if "precision" in items else False)  # bf16 does not help on this CPU
 assert walk.overall().above(0.3), walk.overall()                     # a real speed-up on a data-bound recipe
 assert walk.elapsed_s < 30 * 1.5                                     # within its budget (slack for a busy machine)
 assert all(torch.equal(a, b) for a, b in zip(weights_before, walked_model.parameters()))  # trials left the model
