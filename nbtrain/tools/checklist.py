@@ -109,21 +109,22 @@ class ChecklistResult:
     def table(self) -> str:
         total = self.overall()
         w = max([len("start")] + [len(i.name) for i in self.items] + [len(n) for n, _ in self.skipped])  # names fit
+        v = max([42] + [len(i.verdict_text()) for i in self.items])  # and verdicts
         interval = f", 95% interval {total.interval_text()}" if math.isfinite(total.low) and total.pairs else ""
         lines = [f"nbtrain checklist walk on {self.device}: {self.baseline:,.0f} -> {self.final:,.0f} samples/s "
                  f"(x{self.final / self.baseline:.2f}{interval}), {self.blocks} blocks in {self.rounds} rounds"
                  + (f" and {self.trials} separate trials" if self.trials else "")
                  + f" in {self.elapsed_s:.1f} s of a {self.budget_s:.0f} s budget",
-                 f"  {'item':<{w}} {'head to head vs current (95% interval)':<42} {'kept':<4}  "
+                 f"  {'item':<{w}} {'head to head vs current (95% interval)':<{v}} {'kept':<4}  "
                  f"candidates (median samples/s of their blocks)",
-                 f"  {'start':<{w}} {(self.start.text() if self.start else ''):<42} {'':<4}  "
+                 f"  {'start':<{w}} {(self.start.text() if self.start else ''):<{v}} {'':<4}  "
                  f"{_describe(self.start_config)}"]
         for item in self.items:
             tried = "; ".join(t.text() for t in item.tried)
-            lines.append(f"  {item.name:<{w}} {item.verdict_text():<42} {'yes' if item.kept else 'no':<4}  {tried}"
+            lines.append(f"  {item.name:<{w}} {item.verdict_text():<{v}} {'yes' if item.kept else 'no':<4}  {tried}"
                          + (f" -> {item.chosen}" if item.kept else ""))
         for name, reason in self.skipped:
-            lines.append(f"  {name:<{w}} {'skipped':<42} {'':<4}  {reason}")
+            lines.append(f"  {name:<{w}} {'skipped':<{v}} {'':<4}  {reason}")
         changes = self.changes()
         lines.append("best config: " + (", ".join(f"{k}={v!r}" for k, v in changes.items()) or "the starting one"))
         if self.lr_note:
@@ -329,7 +330,9 @@ def _decide(walk, name: str, tried: list) -> ItemResult:
     DDP, whose processes cannot alternate with the live model, on its interval measured apart)."""
     rate = walk.rate
     ran = [t for t in tried if t.samples_per_s and math.isfinite(t.verdict.ratio)]
-    best = max(ran, key=lambda t: (not t.left.startswith("left"), t.verdict.ratio), default=None)
+    # The race's leader: a candidate still in it, else the one that stayed longest (its verdict rests on
+    # the most pairs), then the higher ratio.
+    best = max(ran, key=lambda t: (not t.left.startswith("left"), t.verdict.pairs, t.verdict.ratio), default=None)
     if best is None:
         note = "no candidate ran" if not any(t.samples_per_s for t in tried) else \
             "no time left to measure the current config beside it"

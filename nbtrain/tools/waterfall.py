@@ -4,6 +4,21 @@ from __future__ import annotations
 
 from .. import plotting
 
+_LINE = 16  # characters: a bar's label wider than this runs into its neighbours'
+
+
+def _lines(text: str) -> str:
+    """A label in short lines: a parenthesis or a clause after a comma on a line of its own, and a long
+    option=value split after its '='."""
+    out = []
+    for line in text.replace(" (", "\n(").replace(", ", "\n").splitlines():
+        if len(line) > _LINE and "=" in line:
+            name, value = line.split("=", 1)
+            out += [name + "=", value]
+        else:
+            out.append(line)
+    return "\n".join(out)
+
 
 def waterfall(walk, path=None, ax=None):
     labels = ["start"] + [item.name for item in walk.items] + ["result"]
@@ -16,13 +31,12 @@ def waterfall(walk, path=None, ax=None):
                 change = item.after - level
                 ax.bar(x, change, bottom=level, color="tab:green" if change >= 0 else "tab:red")
                 interval = f"\n({item.verdict.interval_text()})" if item.verdict.pairs else ""
-                text = f"x{item.speedup:.2f}{interval}\n{item.chosen}"
+                text = f"x{item.speedup:.2f}{interval}\n{_lines(item.chosen)}"
                 level = item.after
             else:
                 ax.plot([x - 0.4, x + 0.4], [level, level], color="tab:grey", lw=1.5)
-                # "no measurable difference (0.97-1.04)" in two lines, so neighbouring labels do not overlap
-                words = item.verdict_text().replace(" (", "\n(", 1).replace(", measured apart", "\nmeasured apart")
-                text = "not kept\n" + words.replace("measurable d", "measurable\nd")
+                # "no measurable difference (0.97-1.04)" in short lines, so neighbouring labels do not overlap
+                text = "not kept\n" + _lines(item.verdict_text()).replace("measurable d", "measurable\nd")
             ax.annotate(text, (x, level), ha="center", va="bottom", fontsize=7)
         last = len(labels) - 1
         ax.bar(last, level, color="tab:blue")
