@@ -91,8 +91,6 @@ def test_among_several_candidates_the_slow_ones_leave_and_the_fastest_leads():
         assert {"b32", "b64"} <= gone, (seed, [(e.label, e.left_at, e.why_left) for e in r.entrants])
         # the current config's block is beside every round's candidates: shared, not measured per candidate
         assert machine.blocks.count("base") == r.rounds < len(machine.blocks) / 2
-        # after three rounds only the leader races on: the keep question rests on it alone
-        assert all(e.left_at <= 3 for e in r.entrants if e is not leader), [(e.label, e.left_at) for e in r.entrants]
 
 
 def test_a_candidate_that_does_not_run_takes_the_larger_ones_with_it_when_ordered():

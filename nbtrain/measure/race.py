@@ -9,8 +9,7 @@ ratio and its 95% interval as the race goes, and the current config's blocks are
 
 After each round a candidate leaves the race when its ratio, from the pairs so far (or, before
 there are enough pairs, from the sub-blocks of its blocks against the current config's), lies
-wholly below 1 + `decide_at` (it would not be kept), or wholly below the leader's, or — after
-`min_rounds` — when it is not the leader (the keep question then rests on the leader), or when, from
+wholly below 1 + `decide_at` (it would not be kept), or wholly below the leader's, or when, from
 enough pairs, its ratio itself is below 1 + `decide_at` (more rounds would only narrow the
 interval around a gain too small to keep). The race ends
 when the leader's interval settles the keep-or-not question, is narrow enough to call "no
@@ -127,7 +126,7 @@ def race(measure, base, entrants: list, *, decide_at: float = 0.03, min_rounds: 
                 if block is not None and not block.note:
                     entrant.parts.extend(block.parts)
             result.rounds += 1
-            _judge(result, base_parts, decide_at, min_rounds)
+            _judge(result, base_parts, decide_at)
             leader = result.leader()
             if leader is None or not leader.running:
                 result.stopped_by = "none left"
@@ -165,7 +164,7 @@ def _futile(e: Entrant, decide_at: float) -> bool:
         and v.ratio <= 1 + decide_at
 
 
-def _judge(result: RaceResult, base_parts: list, decide_at: float, min_rounds: int) -> None:
+def _judge(result: RaceResult, base_parts: list, decide_at: float) -> None:
     """Each running candidate's verdict over the current config; drop those that cannot be kept."""
     base = np.asarray(result.base_rates)
     for e in result.entrants:
@@ -201,7 +200,4 @@ def _judge(result: RaceResult, base_parts: list, decide_at: float, min_rounds: i
             against = unpaired(leader.parts, e.parts)
         if math.isfinite(against.high) and against.high < 1:
             e.left_at, e.why_left = result.rounds, f"slower than {leader.label}"
-        elif result.rounds >= min_rounds:
-            # The keep question now rests on the leader alone; a runner-up would only cost a block a round
-            # (the two are within each other's noise, or it would lead).
-            e.left_at, e.why_left = result.rounds, f"behind {leader.label} after {result.rounds} rounds"
+
