@@ -11,7 +11,7 @@ def _lines(text: str) -> str:
     """A label in short lines: a parenthesis or a clause after a comma on a line of its own, and a long
     option=value split after its '='."""
     out = []
-    for line in text.replace(" (", "\n(").replace(", ", "\n").splitlines():
+    for line in text.replace(" (", "\n(").replace(", ", "\n").replace("screened on ", "screened on\n").splitlines():
         if len(line) > _LINE and "=" in line:
             name, value = line.split("=", 1)
             out += [name + "=", value]

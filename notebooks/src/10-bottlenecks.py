@@ -119,7 +119,7 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # wait for nothing: tens of times faster, head to head. With the wait gone, each step is mostly fixed
 # costs (a Python call per layer, the optimizer's loop over parameters), so the next item, a larger batch
 # (learning rate scaled by the linear rule), spreads them over more samples; in the run stored here it was
-# kept with its interval, and the smaller batch left the race after its first round, behind the leader.
+# kept with its interval, and the smaller batch left the race early, behind the leader.
 # Workers come after the batch — they only pay once a batch keeps them busy — and here they would mean
 # going back to the DataLoader's per-sample reads: their first blocks sit far below the held rate, and
 # they leave the race ("left after round ...: below a gain worth keeping" in the last column). A candidate
