@@ -241,3 +241,22 @@ def test_the_ddp_item_runs_two_processes_and_compares_them_measured_apart():
     # the starting config (no race measured it), the ranks' run, the current config right after it
     assert walk.trials == 3 and "and 3 separate trials" in walk.table()
     assert same_state(before, state(recipe.model))
+
+
+def test_workers_are_also_tried_at_a_larger_batch_that_led_its_race_without_being_kept():
+    class Walk:  # records what the workers item races; the race itself is tested in test_race.py
+        unkept_batch = 256
+
+        def race(self, candidates, ordered=False):
+            self.labels = [label for label, _ in candidates]
+            self.configs = [config for _, config in candidates]
+            return []
+
+    walk, current = Walk(), TrainConfig(batch_size=16)
+    checklist_items.workers(walk, None, current, current, None)
+    assert "num_workers=2" in walk.labels and "num_workers=2, batch_size=256" in walk.labels, walk.labels
+    together = walk.configs[walk.labels.index("num_workers=2, batch_size=256")]
+    assert (together.batch_size, together.num_workers, together.scale_lr) == (256, 2, "linear")
+    Walk.unkept_batch = None
+    checklist_items.workers(walk, None, current, current, None)
+    assert not any("batch_size" in label for label in walk.labels), walk.labels

@@ -91,10 +91,18 @@ def try_all(walk, configs_and_labels, ordered: bool = False) -> list[Tried]:
 
 
 def workers(walk, engine, start, current, target):
+    """Other worker counts at the current batch — and, when the batch item found a larger batch faster
+    but not by enough to keep on its own, at that batch too: workers pay only once a batch keeps them
+    busy, and a larger batch may pay only once workers feed it (the two are tried together)."""
     counts = [n for n in worker_candidates(current) if n != current.num_workers]
     if not counts:
         return "no other worker count to try on this machine"
-    return try_all(walk, [(f"num_workers={n}", with_workers(current, n)) for n in counts])
+    candidates = [(f"num_workers={n}", with_workers(current, n)) for n in counts]
+    batch = getattr(walk, "unkept_batch", None)
+    if batch and batch != current.batch_size:
+        candidates += [(f"num_workers={n}, batch_size={batch}", with_workers(with_batch(current, batch, start), n))
+                       for n in counts if n > 0]
+    return try_all(walk, candidates)
 
 
 def batch_size(walk, engine, start, current, target):
