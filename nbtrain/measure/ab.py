@@ -92,9 +92,8 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
     fast step lasting a few milliseconds sees a passing load on a shared machine all or nothing, and
     a handful of such blocks can agree by chance on a difference that is not there.
     """
-    for name, value, low in (("block_steps", block_steps, 2), ("min_pairs", min_pairs, 2), ("max_pairs", max_pairs, 2)):
-        if name == "block_steps" and value is None:
-            continue
+    wholes = [("min_pairs", min_pairs, 2), ("max_pairs", max_pairs, 2)]
+    for name, value, low in wholes + ([("block_steps", block_steps, 2)] if block_steps is not None else []):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"{name}={value!r}: a whole number >= {low}")
     for name, value in (("budget_s", budget_s), ("block_s", block_s)):
@@ -115,15 +114,13 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
 
 def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *, block_steps=20,
                block_s: float | None = None, discard: bool = True, min_pairs: int = 4, max_pairs: int = 30,
-               precision_target: float = 0.05, budget_s: float = 60.0, clock=time.monotonic,
-               decide_at: float | None = None) -> ABResult:
+               precision_target: float = 0.05, budget_s: float = 60.0, clock=time.monotonic) -> ABResult:
     """The alternating A/B loop on an engine whose state `snapshot` restores after every block.
 
     `block_steps`: steps per block, one number or (A's, B's). `discard`: one block of each first,
     not counted (loader start-up, compile, caches; a caller that has just measured both may skip
     it); with `block_s`, those blocks' rates also size each config's blocks to about `block_s`
-    seconds. `decide_at`: also stop once the interval lies wholly above or wholly below
-    1 + decide_at (a keep-or-not question is then answered). The budget is read on `clock`.
+    seconds. The budget is read on `clock`.
     """
     steps = dict(zip((0, 1), block_steps if isinstance(block_steps, (tuple, list)) else (block_steps,) * 2))
     configs = (config_a, config_b)
@@ -145,10 +142,7 @@ def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *
                 (result.rates_a if i == 0 else result.rates_b).append(rate)
             result.verdict = paired(result.rates_a, result.rates_b)
             pairs, v = len(result.rates_a), result.verdict
-            settled = decide_at is not None and math.isfinite(v.low) and (v.low > 1 + decide_at
-                                                                           or v.high < 1 + decide_at)
-            if pairs >= min_pairs and math.isfinite(v.low) and (v.high / v.low <= 1 + 2 * precision_target
-                                                                or settled):
+            if pairs >= min_pairs and math.isfinite(v.low) and v.high / v.low <= 1 + 2 * precision_target:
                 result.stopped_by = "interval"
             elif clock() - start >= budget_s and pairs >= 2:
                 result.stopped_by = "budget"

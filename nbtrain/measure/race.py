@@ -193,10 +193,8 @@ def _judge(result: RaceResult, base_parts: list, decide_at: float) -> None:
     for e in result.entrants:
         if e is leader or not e.running:
             continue
-        common = [i for i, (a, b) in enumerate(zip(leader.rates, e.rates)) if math.isfinite(a) and math.isfinite(b)]
-        if len(common) >= _PAIRED_FROM:
-            against = paired(np.asarray(leader.rates)[common], np.asarray(e.rates)[common])
-        else:
+        against = paired(leader.rates, e.rates)  # over the rounds both ran
+        if against.pairs < _PAIRED_FROM:
             against = unpaired(leader.parts, e.parts)
         if math.isfinite(against.high) and against.high < 1:
             e.left_at, e.why_left = result.rounds, f"slower than {leader.label}"

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from . import trial
 from .checklist_items import (FUNCTIONS as _ITEM_FUNCTIONS, ITEMS, Tried, batch_candidates,  # noqa: F401
                               precision_candidates, with_batch, with_workers, worker_candidates)
-from ..config import TrainConfig
 import numpy as np
 
+from ..config import TrainConfig
 from ..measure.ab import trial_rate
 from ..measure.race import Block, Entrant, race
 from ..measure.steady import NOTHING
@@ -174,19 +174,24 @@ class _Walk:
             return f"over the memory budget (peak {m.peak_bytes / 2**20:,.0f} MB)"
         return ""
 
-    def block(self, config: TrainConfig) -> Block:
-        """One race block of `config` on the live model, the state put back after it."""
-        t0 = self.clock()
+    def _trial(self, config: TrainConfig, seconds: float):
+        """(measurement or None, steady rate, block rates, why it failed) of `config` trained for `seconds`
+        on the live model, the state put back after it; out of memory is a result, anything else is raised."""
         try:
-            m, steady, parts = trial_rate(self.engine, config, seconds=self.block_s)
-            note = m.error or self._over_memory(m)
-            rate = steady.rate if math.isfinite(steady.rate) else m.samples_per_s
-        except Exception as error:  # noqa: BLE001 - out of memory is a result; anything else is raised
+            m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
+            return m, steady, parts, m.error or self._over_memory(m)
+        except Exception as error:  # noqa: BLE001 - see the docstring
             if not _is_oom(error):
                 raise
-            note, rate, parts = "out of memory", float("nan"), []
+            return None, NOTHING, [], "out of memory"
         finally:
             self.snapshot.restore()
+
+    def block(self, config: TrainConfig) -> Block:
+        """One race block of `config`."""
+        t0 = self.clock()
+        m, steady, parts, note = self._trial(config, self.block_s)
+        rate = float("nan") if m is None else steady.rate if math.isfinite(steady.rate) else m.samples_per_s
         if note:  # a config that did not fit leaves memory behind that the next block would be charged with
             trial.release_memory()
         self.block_overhead_s = max(0.005, 0.5 * self.block_overhead_s + 0.5 * (self.clock() - t0 - self.block_s))
@@ -221,20 +226,11 @@ class _Walk:
         if seconds < 0.25 * self.trial_s:
             return None
         t0 = self.clock()
-        steady, blocks = None, []
-        try:
-            m, steady, blocks = trial_rate(self.engine, config, seconds=seconds)
-            note = m.error or self._over_memory(m)
-        except Exception as error:  # noqa: BLE001 - as in a block
-            if not _is_oom(error):
-                raise
-            note = "out of memory"
-        finally:
-            self.snapshot.restore()
-            trial.release_memory()
+        m, steady, blocks, note = self._trial(config, seconds)
+        trial.release_memory()
         self.trials += 1
         self.overhead_s = max(0.2, 0.5 * self.overhead_s + 0.5 * (self.clock() - t0 - seconds))
-        ok = steady is not None and not note and math.isfinite(steady.rate)
+        ok = not note and math.isfinite(steady.rate)
         return Tried("", config, steady.rate if ok else None, note, steady if ok else NOTHING, blocks)
 
     def ensure_rate(self) -> None:
