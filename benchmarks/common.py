@@ -18,15 +18,20 @@ def median(values) -> float:
     return statistics.median(values)
 
 
-def ratio_line(label: str, ours: list[float], theirs: list[float], target: str) -> str:
-    """Medians of interleaved timings, their ratio, and the paired 95% interval of the time ratio
-    (each repeat's two timings are one pair), so a reader sees whether the ratio is noise."""
+def paired_time_ratio(ours: list[float], theirs: list[float]):
+    """The paired verdict on two interleaved timing series (each repeat's two timings are one pair):
+    its ratio is our time over theirs, the geometric mean of the pairs' ratios."""
     from nbtrain.measure import paired
-    r = median(ours) / median(theirs)
-    v = paired([1 / t for t in ours], [1 / t for t in theirs])  # theirs' rate over ours' = our time over theirs
-    interval = f", paired 95% interval {v.interval_text()}" if v.pairs >= 2 else ""
-    return (f"{label}: median {median(ours):.4f} s vs {median(theirs):.4f} s -> ratio {r:.3f}{interval} "
-            f"(target {target})")
+    return paired([1 / t for t in ours], [1 / t for t in theirs])  # theirs' rate over ours' = our time over theirs
+
+
+def ratio_line(label: str, ours: list[float], theirs: list[float], target: str) -> str:
+    """The paired time ratio of interleaved timings with its 95% interval, so a reader sees whether the
+    ratio is noise, and the medians it compares."""
+    v = paired_time_ratio(ours, theirs)
+    interval = f" (95% interval {v.interval_text()})" if v.pairs >= 2 else ""
+    return (f"{label}: paired ratio {v.ratio:.3f}{interval} over {v.pairs} pairs; medians {median(ours):.4f} s "
+            f"vs {median(theirs):.4f} s (ratio {median(ours) / median(theirs):.3f}) (target {target})")
 
 
 def spread(values) -> str:

@@ -1,8 +1,10 @@
 """Engine parity: nbtrain against a plain hand-written PyTorch loop (and Lightning, if installed).
 
 Workload: an MLP 784-128-10 on 6,400 random samples, batch 32, SGD, one epoch (200 steps),
-one CPU thread. The runs are interleaved A/B in one process, so machine noise hits both
-sides alike; the ratio of medians is printed with both final losses.
+one CPU thread. The runs are interleaved in one process (A B, B A, ...), so machine noise hits
+both sides alike; printed: the paired time ratio (the geometric mean of each repeat's ratio, with
+its 95% interval: pairs measured side by side cancel the machine's drift, which a ratio of medians
+keeps), the ratio of medians beside it, and both final losses.
 
 Both sides read their batches through a DataLoader: nbtrain would hold a TensorDataset in
 memory on its own (preload_data, automatic) and cut batches by index, which is faster than
@@ -10,7 +12,7 @@ the plain loop's DataLoader but measures the data path, not the engine. Here it 
 preload_data=False, so only the training loop differs (benchmarks.in_memory measures the
 held path; benchmarks.engine_overhead the loop's own cost with data held on both sides).
 
-    python -m benchmarks.parity [--repeats 7]
+    python -m benchmarks.parity [--repeats 25]
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain import Engine, Recipe, TrainConfig
 
-from .common import machine, median, ratio_line
+from .common import machine, paired_time_ratio, ratio_line
 
 SAMPLES, BATCH, LR, SEED = 6400, 32, 0.1, 0
+LIGHTNING_REPEATS = 7
 
 
 def workload():
@@ -98,15 +101,19 @@ def with_lightning(data):
 def main(argv=None) -> dict:
     """Returns {measure: (value, target)}."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=25)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     data = workload()
     plain(data), with_nbtrain(data)  # warm both paths (allocator, lazy imports)
     times = {"plain": [], "nbtrain": [], "lightning": []}
     losses = {}
-    for _ in range(args.repeats):
-        for name, run in (("plain", plain), ("nbtrain", with_nbtrain), ("lightning", with_lightning)):
+    for i in range(args.repeats):
+        # A B, B A, ...: neither side always runs first (the machine's speed drifts over a repeat);
+        # Lightning, the reference, after the pair in the first LIGHTNING_REPEATS repeats.
+        pair = (("plain", plain), ("nbtrain", with_nbtrain))
+        order = (pair if i % 2 == 0 else pair[::-1]) + ((("lightning", with_lightning),) if i < LIGHTNING_REPEATS else ())
+        for name, run in order:
             out = run(data)
             if out is not None:
                 times[name].append(out[0])
@@ -116,11 +123,13 @@ def main(argv=None) -> dict:
     same = f"{losses['plain']:.5f}" == f"{losses['nbtrain']:.5f}"
     print(f"final loss: plain {losses['plain']:.5f}, nbtrain {losses['nbtrain']:.5f} "
           f"({'identical' if same else 'DIFFERENT'} to 5 decimals)")
-    result = {"time nbtrain / plain loop": (median(times["nbtrain"]) / median(times["plain"]), "<= 1.05"),
+    result = {"time nbtrain / plain loop (paired)": (paired_time_ratio(times["nbtrain"], times["plain"]).ratio, "<= 1.05"),
               "final loss identical to 5 decimals": ("yes" if same else "NO", "yes")}
     if times["lightning"]:
-        print(ratio_line("Lightning / plain loop", times["lightning"], times["plain"], "reference"))
-        result["time Lightning / plain loop"] = (median(times["lightning"]) / median(times["plain"]), "reference")
+        print(ratio_line("Lightning / plain loop", times["lightning"], times["plain"][:len(times["lightning"])],
+                         "reference"))
+        result["time Lightning / plain loop (paired)"] = (
+            paired_time_ratio(times["lightning"], times["plain"][:len(times["lightning"])]).ratio, "reference")
     else:
         print("Lightning is not installed: its column is skipped (pip install lightning to include it)")
     return result

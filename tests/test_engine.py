@@ -187,3 +187,11 @@ def test_cuda_precisions_train(precision, scaler):
                                                  batch_size=64)).run()
     assert result.summary["scaler"] is scaler
     assert result.summary["last_loss"] < result.summary["first_loss"]
+
+
+def test_the_seed_is_torchs_global_seed():
+    """The engine seeds torch as torch.manual_seed does: what the cell draws next is the same."""
+    Engine(regression_recipe(seed=3), TrainConfig(seed=11, max_steps=1))
+    after_engine = torch.rand(5)
+    torch.manual_seed(11)
+    assert torch.equal(after_engine, torch.rand(5))

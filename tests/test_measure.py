@@ -134,3 +134,12 @@ def test_ab_blocks_last_a_time_not_a_count_of_steps_unless_asked():
     assert min(timed.block_steps) >= 40, timed.block_steps
     with pytest.raises(ValueError, match=r"block_s=0: a number of seconds > 0"):
         nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), block_s=0)
+
+
+def test_quantiles_match_numpys_linear_percentiles():
+    from nbtrain.measure.steady import _quantiles
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 3, 10, 399, 400):
+        values = rng.lognormal(size=n)
+        ours = _quantiles(values, (0.025, 0.25, 0.5, 0.75, 0.975))
+        assert np.allclose(ours, np.percentile(values, [2.5, 25, 50, 75, 97.5]), rtol=0, atol=1e-12)

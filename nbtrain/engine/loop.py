@@ -38,7 +38,7 @@ from .changes import TOGGLE_OPTIONS, LiveChanges
 from .rates import LearningRates
 from .report import RunReport
 from .state import StateAPI
-from .support import Clock, no_device_sync, plain, release_loader, stop_on_sigint
+from .support import Clock, no_device_sync, plain, release_loader, seed_torch, stop_on_sigint
 from .validation import Validation
 from .evaluation import batch_size
 from .memory import PeakMemory
@@ -82,7 +82,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         self._run_start = {"step": 0, "samples": 0, "epochs_done": 0}
         self._nonfinite: tuple[int, float] | None = None
         if self.config.seed is not None:
-            torch.manual_seed(self.config.seed)
+            seed_torch(self.config.seed)
         self.notes: dict[str, str] = {}  # option -> why it does not apply here
         self._eager_step_s: float | None = None
         self._compiled_fresh = False

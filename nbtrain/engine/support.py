@@ -1,5 +1,5 @@
 """What the engine's loop leans on: the training clock, a failed loop's loader released, JSON-able values,
-and Ctrl-C turned into a stop at the next step boundary."""
+Ctrl-C turned into a stop at the next step boundary, and a cheap seeding of torch."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +7,8 @@ import math
 import signal
 import threading
 import time
+
+import torch
 
 
 def release_loader(tb) -> None:
@@ -30,6 +32,16 @@ def release_loader(tb) -> None:
 
 def no_device_sync() -> None:
     pass
+
+
+def seed_torch(seed: int) -> None:
+    """torch.manual_seed, without its cost on a machine with no accelerator: there it seeds only the CPU
+    generator in the end, after queueing a lazy seeding per device kind that records a stack trace each
+    (~0.3 ms, a fixed cost of every run)."""
+    if torch.accelerator.is_available():
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
 
 
 class Clock:

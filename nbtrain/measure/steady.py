@@ -78,9 +78,11 @@ def warmup_length(durations) -> int:
     level = float(np.median(settled))
     mad = 1.4826 * float(np.median(np.abs(settled - level)))
     limit = level + max(3 * mad, 0.1 * level)
-    window = 3  # short, so the settled steps that follow do not hide the warm-up's tail
+    # Windows of 3, short so the settled steps that follow do not hide the warm-up's tail; their medians
+    # in plain Python (a numpy median per window costs more than the whole run's other summary work).
+    head = d[:n // 2 + 2].tolist()
     for i in range(0, n // 2):
-        if float(np.median(d[i:i + window])) <= limit:
+        if sorted(head[i:i + 3])[len(head[i:i + 3]) // 2] <= limit:
             return i
     return n // 2
 
@@ -115,11 +117,24 @@ def _interval(d: np.ndarray, s: np.ndarray, seed: int) -> tuple[float, float, fl
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(starts), size=(_RESAMPLES, count))
     rates = block_s[picks].sum(1) / block_d[picks].sum(1)
-    low, high = np.percentile(rates, [2.5, 97.5])
+    low, high = _quantiles(rates, (0.025, 0.975))
     disjoint = np.arange(0, n - length + 1, length)  # non-overlapping blocks for the spread
     block_rates = (cs[disjoint + length] - cs[disjoint]) / (cd[disjoint + length] - cd[disjoint])
-    q1, median, q3 = np.percentile(block_rates, [25, 50, 75])
-    return float(low), float(high), float((q3 - q1) / median) if median > 0 else float("nan")
+    q1, median, q3 = _quantiles(block_rates, (0.25, 0.5, 0.75))
+    return low, high, (q3 - q1) / median if median > 0 else float("nan")
+
+
+def _quantiles(values: np.ndarray, qs) -> list[float]:
+    """numpy's default (linear) quantiles, by one sort: np.percentile's own overhead, paid at the end of
+    every run, was most of a run's summary."""
+    v = np.sort(values).tolist()
+    out = []
+    for q in qs:
+        position = q * (len(v) - 1)
+        lo = int(position)
+        hi = min(lo + 1, len(v) - 1)
+        out.append(v[lo] + (position - lo) * (v[hi] - v[lo]))
+    return out
 
 
 def of_columns(columns: dict, samples_start: int = 0) -> SteadyRate:
