@@ -4,7 +4,8 @@ exhaustive grid over the same options, in at most a third of the grid's time.
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/checklist_vs_grid.py [--trial-s 2]
 
 Both sides are measured here, side by side, with the same trial length; the walk's choice is also
-measured inside the grid, and the two configs are finally measured head to head, alternately, so
+measured inside the grid, and the two configs are finally measured head to head with nbtrain.ab
+(paired alternating blocks, until the ratio's 95% interval is within +-3% or 40 s are spent), so
 the machine's load of the moment does not decide the comparison.
 """
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import statistics
 import sys
 import time
 
@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from checklist_recipes import data_bound_recipe  # noqa: E402
 
+import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.tools import trial  # noqa: E402
 from nbtrain.tools.checklist import (batch_candidates, checklist, precision_candidates, with_batch,  # noqa: E402
@@ -34,7 +35,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trial-s", type=float, default=2.0)
     parser.add_argument("--samples", type=int, default=2048)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--head-to-head-s", type=float, default=40.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     recipe = data_bound_recipe(n=args.samples)
@@ -71,16 +72,16 @@ def main(argv=None) -> dict:
           f"{walk.final:,.0f} samples/s in the walk, {chosen_in_grid:,.0f} in the grid "
           f"({walk.trials} trials, {walk_s:.1f} s)")
     # The sweep's numbers carry the machine's load of the moment (a shared machine moves them by
-    # tens of percent), so the two configs are also measured head to head, alternately.
-    rounds = {"walk": [], "grid": []}
-    for _ in range(args.rounds):
-        for side, config in (("walk", chosen), ("grid", best_config)):
-            rounds[side].append(trial.measure(engine, config, seconds=args.trial_s).samples_per_s)
-            snapshot.restore()
-    walk_rate, grid_rate = statistics.median(rounds["walk"]), statistics.median(rounds["grid"])
-    print(f"head to head ({args.rounds} alternating rounds, median samples/s): walk's choice {walk_rate:,.0f}, "
-          f"grid's best {grid_rate:,.0f}" + (" (the same config)" if chosen == best_config else ""))
-    quality = walk_rate / grid_rate
+    # tens of percent), so the two configs are also measured head to head with the A/B function:
+    # alternating paired blocks until the ratio's 95% interval is narrow or the budget is spent.
+    if chosen == best_config:
+        quality = 1.0
+        print("head to head: the walk chose the grid's best config")
+    else:
+        head = nbtrain.ab(recipe=recipe, config=start, a=best_config, b=chosen, block_s=args.trial_s / 4,
+                          precision_target=0.03, budget_s=args.head_to_head_s)
+        quality = head.verdict.ratio
+        print(f"head to head (nbtrain.ab, walk's choice against the grid's best): {head.text()}")
     time_ratio = walk_s / grid_s
     print(f"throughput ratio walk/grid-best (head to head): {quality:.3f} (target >= 0.90) "
           f"{'PASS' if quality >= 0.9 else 'FAIL'}")

@@ -41,7 +41,8 @@ from .tool_options import ToolRefusal, declare, option
 from .tune import MEMORY_BUDGET, _is_oom, checked_lr, memory_limit
 
 _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
-_BLOCKS_PER_TRIAL = 4  # a race block is a quarter of trial_s: a few rounds fit one trial's time
+_BLOCKS_PER_TRIAL = 6  # a race block is a sixth of trial_s: short blocks pair closely in time (the
+# machine's speed drifts within a second) and the walk does its work in a third of a grid's time
 
 
 @dataclass

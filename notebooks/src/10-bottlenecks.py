@@ -127,7 +127,7 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # rounds or more can keep one. The breakdown looked at one config's phases and pointed to workers; the
 # walk compared the fixes and found a better one for this data set. (A data set too large to hold, or one
 # that augments at random, gets the reason in the preload row instead, and then workers are worth
-# trying.) Later rows show what this CPU makes of the remaining items — bf16 does not help here; the two
+# trying.) Later rows show what this CPU makes of the remaining items — bf16 is not kept here; the two
 # other optimizer kernels race the current one (a fused kernel does the same update in one pass, its last
 # bits of rounding may differ); two DDP processes cannot take turns with the live model, so they are set
 # against the current settings measured right after them ("measured apart") — and
