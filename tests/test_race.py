@@ -81,6 +81,18 @@ def test_a_real_gain_measured_under_heavy_noise_is_given_its_rounds_not_given_up
     assert sum(kept(r) for r in results) >= 5, [(r.rounds, r.leader().verdict) for r in results]
 
 
+def test_a_small_gain_that_the_rounds_left_cannot_show_is_given_up_early():
+    # 4.5% faster under 10% noise: its ratio sits above 1.03, but at its pairs' spread even the last
+    # round's interval would reach below 1.03, so the race stops instead of running its rounds out.
+    results = [run({"base": 1000.0, "small": 1045.0}, seed, noise=0.10, drift=0.0)[0] for seed in range(40)]
+    assert np.median([r.rounds for r in results]) <= 4.5, [r.rounds for r in results]
+    assert any(r.entrants[0].why_left == "a small gain that 8 rounds would not show" for r in results)
+    assert sum(kept(r) for r in results) <= 3
+    # ... while a 10% gain under the same noise is still kept as often as before the rule (14 of 40)
+    tenth = [run({"base": 1000.0, "faster": 1100.0}, seed, noise=0.10, drift=0.0)[0] for seed in range(40)]
+    assert sum(kept(r) for r in tenth) >= 13, [(r.rounds, r.leader().verdict) for r in tenth]
+
+
 def test_among_several_candidates_the_slow_ones_leave_and_the_fastest_leads():
     true = {"base": 1000.0, "b32": 1050.0, "b64": 1250.0, "b128": 1600.0, "b256": 1580.0}
     for seed in range(20):

@@ -11,7 +11,9 @@ After each round a candidate leaves the race when its ratio, from the pairs so f
 there are enough pairs, from the sub-blocks of its blocks against the current config's), lies
 wholly below 1 + `decide_at` (it would not be kept), or wholly below the leader's, or when, from
 enough pairs, its ratio itself is below 1 + `decide_at` (more rounds would only narrow the
-interval around a gain too small to keep). The race ends
+interval around a gain too small to keep), or it is a small gain (under twice `decide_at`) whose
+interval, at the spread of its pairs so far, would not clear 1 + `decide_at` by `max_rounds`. The
+race ends
 when the leader's interval settles the keep-or-not question, is narrow enough to call "no
 measurable difference", when no candidate is left, at `max_rounds`, or when the next round
 would not fit the budget. Screens only ever drop a candidate: keeping one takes the paired
@@ -126,7 +128,7 @@ def race(measure, base, entrants: list, *, decide_at: float = 0.03, min_rounds: 
                 if block is not None and not block.note:
                     entrant.parts.extend(block.parts)
             result.rounds += 1
-            _judge(result, base_parts, decide_at)
+            _judge(result, base_parts, decide_at, max_rounds)
             leader = result.leader()
             if leader is None or not leader.running:
                 result.stopped_by = "none left"
@@ -155,16 +157,27 @@ def _fail(entrants: list, entrant: Entrant, note: str, ordered: bool) -> None:
                 later.note = f"not tried: {entrant.label} did not run ({note})"
 
 
-def _futile(e: Entrant, decide_at: float) -> bool:
-    """Its ratio so far, from at least _PAIRED_FROM pairs, is itself below 1 + decide_at: more rounds would
-    narrow the interval around a gain too small to keep. (A wide interval around a large ratio is not
-    futile: more rounds are what it needs.)"""
+def _futile(e: Entrant, decide_at: float, max_rounds: int) -> bool:
+    """From at least _PAIRED_FROM pairs: its ratio so far is itself below 1 + decide_at (more rounds would
+    narrow the interval around a gain too small to keep), or it is a small gain (below 1 + 2 * decide_at)
+    whose interval, at the spread of its pairs so far, would still reach below 1 + decide_at at the last
+    round. A wide interval around a large ratio is not futile: more rounds are what it needs."""
     v = e.verdict
-    return v.paired and v.pairs >= _PAIRED_FROM and math.isfinite(v.low) and v.low <= 1 + decide_at \
-        and v.ratio <= 1 + decide_at
+    if not (v.paired and v.pairs >= _PAIRED_FROM and math.isfinite(v.low) and v.low <= 1 + decide_at):
+        return False
+    if v.ratio <= 1 + decide_at:
+        return True
+    if v.ratio > 1 + 2 * decide_at or v.pairs >= max_rounds:
+        return False
+    # The t-interval's half-width (on the log scale) shrinks as t(n-1)/sqrt(n) with the pairs' spread held.
+    half_now = math.log(v.ratio / v.low)
+    n = v.pairs
+    half_last = half_now * (stats.t.ppf(0.975, max_rounds - 1) / math.sqrt(max_rounds)) \
+        / (stats.t.ppf(0.975, n - 1) / math.sqrt(n))
+    return math.log(v.ratio) - half_last <= math.log(1 + decide_at)
 
 
-def _judge(result: RaceResult, base_parts: list, decide_at: float) -> None:
+def _judge(result: RaceResult, base_parts: list, decide_at: float, max_rounds: int) -> None:
     """Each running candidate's verdict over the current config; drop those that cannot be kept."""
     base = np.asarray(result.base_rates)
     for e in result.entrants:
@@ -185,8 +198,10 @@ def _judge(result: RaceResult, base_parts: list, decide_at: float) -> None:
     for e in result.entrants:
         if e.running and math.isfinite(e.verdict.high) and e.verdict.high < 1 + decide_at:
             e.left_at, e.why_left = result.rounds, "below a gain worth keeping"
-        elif e.running and _futile(e, decide_at):
-            e.left_at, e.why_left = result.rounds, "its ratio so far is below a gain worth keeping"
+        elif e.running and _futile(e, decide_at, max_rounds):
+            e.left_at, e.why_left = result.rounds, ("its ratio so far is below a gain worth keeping"
+                                                    if e.verdict.ratio <= 1 + decide_at else
+                                                    f"a small gain that {max_rounds} rounds would not show")
     leader = result.leader()
     if leader is None or not leader.running:
         return
