@@ -243,9 +243,9 @@ def test_the_ddp_item_runs_two_processes_and_compares_them_measured_apart():
     assert same_state(before, state(recipe.model))
 
 
-def test_workers_are_also_tried_at_a_larger_batch_that_led_its_race_without_being_kept():
+def test_workers_are_also_tried_at_the_batch_items_batch_to_retry():
     class Walk:  # records what the workers item races; the race itself is tested in test_race.py
-        unkept_batch = 256
+        retry_batch = 256
 
         def race(self, candidates, ordered=False):
             self.labels = [label for label, _ in candidates]
@@ -257,6 +257,29 @@ def test_workers_are_also_tried_at_a_larger_batch_that_led_its_race_without_bein
     assert "num_workers=2" in walk.labels and "num_workers=2, batch_size=256" in walk.labels, walk.labels
     together = walk.configs[walk.labels.index("num_workers=2, batch_size=256")]
     assert (together.batch_size, together.num_workers, together.scale_lr) == (256, 2, "linear")
-    Walk.unkept_batch = None
+    Walk.retry_batch = None
     checklist_items.workers(walk, None, current, current, None)
     assert not any("batch_size" in label for label in walk.labels), walk.labels
+
+
+def test_the_batch_to_retry_with_workers_is_the_largest_batch_the_race_could_not_tell_apart():
+    from nbtrain.measure.verdict import Verdict
+    from nbtrain.tools.checklist import ItemResult
+
+    start = TrainConfig(batch_size=16)
+    tried = [checklist_items.Tried(f"batch_size={b}", checklist_items.with_batch(start, b, start), rate, left=left)
+             for b, rate, left in ((32, 900.0, "left after round 1: slower than batch_size=64"),
+                                   (64, 1300.0, ""), (128, 1290.0, ""), (256, 1280.0, ""),
+                                   (512, 700.0, "left after round 2: below a gain worth keeping"))]
+    kept = ItemResult("batch_size", tried, 1000.0, 1300.0, True, "batch_size=64", Verdict(1.3, 1.1, 1.5, 3))
+    assert checklist_items.batch_to_retry(kept, tried) == 256  # still racing at the end: the race could not tell
+    unkept = ItemResult("batch_size", tried, 1000.0, 1000.0, False, "", Verdict(1.05, 0.98, 1.12, 3),
+                        compared="batch_size=128")
+    assert checklist_items.batch_to_retry(unkept, tried) == 128  # faster, not by enough: the leader
+    slower = ItemResult("batch_size", tried, 1000.0, 1000.0, False, "", Verdict(0.9, 0.8, 0.97, 3),
+                        compared="batch_size=128")
+    assert checklist_items.batch_to_retry(slower, tried) is None
+    alone = [t if t.config.batch_size == 64 else checklist_items.Tried(t.label, t.config, t.samples_per_s,
+                                                                        left="left after round 1: x")
+             for t in tried]
+    assert checklist_items.batch_to_retry(kept, alone) is None  # every larger one left the race

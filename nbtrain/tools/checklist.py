@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from . import trial
 from .checklist_items import (FUNCTIONS as _ITEM_FUNCTIONS, ITEMS, Tried, batch_candidates,  # noqa: F401
-                              precision_candidates, with_batch, with_workers, worker_candidates)
+                              batch_to_retry, precision_candidates, with_batch, with_workers, worker_candidates)
 import numpy as np
 
 from ..config import TrainConfig
@@ -159,7 +159,7 @@ class _Walk:
         self.rate = float("nan")  # samples/s of the config the walk has kept so far
         self.current: TrainConfig | None = None  # the config the walk has kept so far
         self.start_rates: list = []  # the starting config's block rates, from the first race
-        self.unkept_batch: int | None = None  # a larger batch that led its race but was not kept (workers retry it)
+        self.retry_batch: int | None = None  # a larger batch the workers item races as well (checklist_items)
         self.snapshot = trial.Snapshot(engine)
         self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" \
             else (None, "")
@@ -293,8 +293,8 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
                 continue
             item = _decide(walk, name, tried)
             results.append(item)
-            if name == "batch_size" and not item.kept and item.verdict.ratio > 1:
-                walk.unkept_batch = next(t.config.batch_size for t in tried if t.label == item.compared)
+            if name == "batch_size":
+                walk.retry_batch = batch_to_retry(item, tried)
             if item.kept:
                 chosen = next(t.config for t in tried if t.label == item.chosen)
                 if chosen.scale_lr != "none" and chosen.lr_factor() != current.lr_factor():

@@ -90,15 +90,27 @@ def try_all(walk, configs_and_labels, ordered: bool = False) -> list[Tried]:
     return walk.race(list(configs_and_labels), ordered=ordered)
 
 
+def batch_to_retry(item, tried: list) -> int | None:
+    """A larger batch than the batch item's outcome for the workers item to race as well: workers pay only
+    once a batch keeps them busy, and a larger batch may pay only once workers feed it. Not kept: the
+    race's leader, when it was faster but not by enough. Kept: the largest batch still in the race at its
+    end, one the race could not tell from the kept one at the current workers."""
+    if not item.kept:
+        return next((t.config.batch_size for t in tried if t.label == item.compared), None) \
+            if item.verdict.ratio > 1 else None
+    kept = next(t.config.batch_size for t in tried if t.label == item.chosen)
+    return max((t.config.batch_size for t in tried
+                if not t.left and not t.note and t.samples_per_s and t.config.batch_size > kept), default=None)
+
+
 def workers(walk, engine, start, current, target):
-    """Other worker counts at the current batch — and, when the batch item found a larger batch faster
-    but not by enough to keep on its own, at that batch too: workers pay only once a batch keeps them
-    busy, and a larger batch may pay only once workers feed it (the two are tried together)."""
+    """Other worker counts at the current batch — and at the batch item's batch to retry (batch_to_retry)
+    with them, the two tried together."""
     counts = [n for n in worker_candidates(current) if n != current.num_workers]
     if not counts:
         return "no other worker count to try on this machine"
     candidates = [(f"num_workers={n}", with_workers(current, n)) for n in counts]
-    batch = getattr(walk, "unkept_batch", None)
+    batch = getattr(walk, "retry_batch", None)
     if batch and batch != current.batch_size:
         candidates += [(f"num_workers={n}, batch_size={batch}", with_workers(with_batch(current, batch, start), n))
                        for n in counts if n > 0]
