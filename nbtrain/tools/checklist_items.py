@@ -104,16 +104,17 @@ def batch_to_retry(item, tried: list) -> int | None:
 
 
 def workers(walk, engine, start, current, target):
-    """Other worker counts at the current batch — and at the batch item's batch to retry (batch_to_retry)
-    with them, the two tried together."""
+    """Other worker counts at the current batch — and the most workers at the batch item's batch to retry
+    (batch_to_retry), the two tried together."""
     counts = [n for n in worker_candidates(current) if n != current.num_workers]
     if not counts:
         return "no other worker count to try on this machine"
     candidates = [(f"num_workers={n}", with_workers(current, n)) for n in counts]
     batch = getattr(walk, "retry_batch", None)
-    if batch and batch != current.batch_size:
-        candidates += [(f"num_workers={n}, batch_size={batch}", with_workers(with_batch(current, batch, start), n))
-                       for n in counts if n > 0]
+    if batch and batch != current.batch_size and max(counts) > 0:
+        n = max(counts)  # the most workers: the count that feeds a larger batch best, one more candidate only
+        candidates.append((f"num_workers={n}, batch_size={batch}",
+                           with_workers(with_batch(current, batch, start), n)))
     return try_all(walk, candidates)
 
 
