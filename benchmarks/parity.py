@@ -112,7 +112,8 @@ def main(argv=None) -> dict:
         # A B, B A, ...: neither side always runs first (the machine's speed drifts over a repeat);
         # Lightning, the reference, after the pair in the first LIGHTNING_REPEATS repeats.
         pair = (("plain", plain), ("nbtrain", with_nbtrain))
-        order = (pair if i % 2 == 0 else pair[::-1]) + ((("lightning", with_lightning),) if i < LIGHTNING_REPEATS else ())
+        reference = (("lightning", with_lightning),) if i < LIGHTNING_REPEATS else ()
+        order = (pair if i % 2 == 0 else pair[::-1]) + reference
         for name, run in order:
             out = run(data)
             if out is not None:
@@ -123,7 +124,8 @@ def main(argv=None) -> dict:
     same = f"{losses['plain']:.5f}" == f"{losses['nbtrain']:.5f}"
     print(f"final loss: plain {losses['plain']:.5f}, nbtrain {losses['nbtrain']:.5f} "
           f"({'identical' if same else 'DIFFERENT'} to 5 decimals)")
-    result = {"time nbtrain / plain loop (paired)": (paired_time_ratio(times["nbtrain"], times["plain"]).ratio, "<= 1.05"),
+    ours = paired_time_ratio(times["nbtrain"], times["plain"]).ratio
+    result = {"time nbtrain / plain loop (paired)": (ours, "<= 1.05"),
               "final loss identical to 5 decimals": ("yes" if same else "NO", "yes")}
     if times["lightning"]:
         print(ratio_line("Lightning / plain loop", times["lightning"], times["plain"][:len(times["lightning"])],
