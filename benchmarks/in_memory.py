@@ -57,12 +57,13 @@ class HeldLoop:
             index = torch.randperm(len(self.x), generator=self.order)
             xs, ys = self.x[index], self.y[index]
             for lo in range(0, len(index), BATCH):
+                x, y = xs[lo:lo + BATCH], ys[lo:lo + BATCH]
                 self.optimizer.zero_grad(set_to_none=True)
-                self.loss_fn(self.model(xs[lo:lo + BATCH]), ys[lo:lo + BATCH]).backward()
+                self.loss_fn(self.model(x), y).backward()
                 self.optimizer.step()
                 t1 = time.perf_counter()
                 durations.append(t1 - t0)
-                sizes.append(len(xs[lo:lo + BATCH]))
+                sizes.append(len(x))
                 t0 = t1
                 if len(durations) == steps:
                     break

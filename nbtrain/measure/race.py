@@ -157,24 +157,27 @@ def _fail(entrants: list, entrant: Entrant, note: str, ordered: bool) -> None:
                 later.note = f"not tried: {entrant.label} did not run ({note})"
 
 
-def _futile(e: Entrant, decide_at: float, max_rounds: int) -> bool:
-    """From at least _PAIRED_FROM pairs: its ratio so far is itself below 1 + decide_at (more rounds would
-    narrow the interval around a gain too small to keep), or it is a small gain (below 1 + 2 * decide_at)
-    whose interval, at the spread of its pairs so far, would still reach below 1 + decide_at at the last
-    round. A wide interval around a large ratio is not futile: more rounds are what it needs."""
+def _futility(e: Entrant, decide_at: float, max_rounds: int) -> str:
+    """Why more rounds are futile for it (empty: they are not), from at least _PAIRED_FROM pairs: its ratio
+    so far is itself below 1 + decide_at (more rounds would narrow the interval around a gain too small to
+    keep), or it is a small gain (below 1 + 2 * decide_at) whose interval, at the spread of its pairs so
+    far, would still reach below 1 + decide_at at the last round. A wide interval around a large ratio is
+    not futile: more rounds are what it needs."""
     v = e.verdict
     if not (v.paired and v.pairs >= _PAIRED_FROM and math.isfinite(v.low) and v.low <= 1 + decide_at):
-        return False
+        return ""
     if v.ratio <= 1 + decide_at:
-        return True
+        return "its ratio so far is below a gain worth keeping"
     if v.ratio > 1 + 2 * decide_at or v.pairs >= max_rounds:
-        return False
+        return ""
     # The t-interval's half-width (on the log scale) shrinks as t(n-1)/sqrt(n) with the pairs' spread held.
     half_now = math.log(v.ratio / v.low)
     n = v.pairs
     half_last = half_now * (stats.t.ppf(0.975, max_rounds - 1) / math.sqrt(max_rounds)) \
         / (stats.t.ppf(0.975, n - 1) / math.sqrt(n))
-    return math.log(v.ratio) - half_last <= math.log(1 + decide_at)
+    if math.log(v.ratio) - half_last <= math.log(1 + decide_at):
+        return f"a small gain that {max_rounds} rounds would not show"
+    return ""
 
 
 def _judge(result: RaceResult, base_parts: list, decide_at: float, max_rounds: int) -> None:
@@ -198,10 +201,8 @@ def _judge(result: RaceResult, base_parts: list, decide_at: float, max_rounds: i
     for e in result.entrants:
         if e.running and math.isfinite(e.verdict.high) and e.verdict.high < 1 + decide_at:
             e.left_at, e.why_left = result.rounds, "below a gain worth keeping"
-        elif e.running and _futile(e, decide_at, max_rounds):
-            e.left_at, e.why_left = result.rounds, ("its ratio so far is below a gain worth keeping"
-                                                    if e.verdict.ratio <= 1 + decide_at else
-                                                    f"a small gain that {max_rounds} rounds would not show")
+        elif e.running and (futile := _futility(e, decide_at, max_rounds)):
+            e.left_at, e.why_left = result.rounds, futile
     leader = result.leader()
     if leader is None or not leader.running:
         return

@@ -82,7 +82,8 @@ def warmup_length(durations) -> int:
     # in plain Python (a numpy median per window costs more than the whole run's other summary work).
     head = d[:n // 2 + 2].tolist()
     for i in range(0, n // 2):
-        if sorted(head[i:i + 3])[len(head[i:i + 3]) // 2] <= limit:
+        window = sorted(head[i:i + 3])
+        if window[len(window) // 2] <= limit:
             return i
     return n // 2
 

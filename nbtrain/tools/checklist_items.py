@@ -110,7 +110,7 @@ def workers(walk, engine, start, current, target):
     if not counts:
         return "no other worker count to try on this machine"
     candidates = [(f"num_workers={n}", with_workers(current, n)) for n in counts]
-    batch = getattr(walk, "retry_batch", None)
+    batch = walk.retry_batch
     if batch and batch != current.batch_size and max(counts) > 0:
         n = max(counts)  # the most workers: the count that feeds a larger batch best, one more candidate only
         candidates.append((f"num_workers={n}, batch_size={batch}",
