@@ -143,3 +143,10 @@ def test_quantiles_match_numpys_linear_percentiles():
         values = rng.lognormal(size=n)
         ours = _quantiles(values, (0.025, 0.25, 0.5, 0.75, 0.975))
         assert np.allclose(ours, np.percentile(values, [2.5, 25, 50, 75, 97.5]), rtol=0, atol=1e-12)
+
+
+def test_the_interval_holds_the_rate_when_a_slow_step_ends_the_series():
+    # The last step is drawn by one moving block only: the resampled rates sit above the rate itself.
+    for slow in (0.02, 0.05, 0.2):
+        r = steady_rate([1e-3] * 30 + [slow], [1] * 31)
+        assert r.low <= r.rate <= r.high, r
