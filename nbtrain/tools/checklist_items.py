@@ -92,15 +92,14 @@ def try_all(walk, configs_and_labels, ordered: bool = False) -> list[Tried]:
 
 def batch_to_retry(item, tried: list) -> int | None:
     """A larger batch than the batch item's outcome for the workers item to race as well: workers pay only
-    once a batch keeps them busy, and a larger batch may pay only once workers feed it. Not kept: the
-    race's leader, when it was faster but not by enough. Kept: the largest batch still in the race at its
-    end, one the race could not tell from the kept one at the current workers."""
-    if not item.kept:
-        return next((t.config.batch_size for t in tried if t.label == item.compared), None) \
-            if item.verdict.ratio > 1 else None
-    kept = next(t.config.batch_size for t in tried if t.label == item.chosen)
+    once a batch keeps them busy, and a larger batch may pay only once workers feed it. It is the largest
+    batch the race did not show slower than the config it started from. Where loading bounds the speed,
+    every batch runs at one speed without workers and the race's leader is noise; the largest batch is
+    the one that workers feed best."""
+    floor = next(t.config.batch_size for t in tried if t.label == item.chosen) if item.kept else 0
     return max((t.config.batch_size for t in tried
-                if not t.left and not t.note and t.samples_per_s and t.config.batch_size > kept), default=None)
+                if not t.note and t.samples_per_s and t.config.batch_size > floor
+                and math.isfinite(t.verdict.high) and t.verdict.high >= 1), default=None)
 
 
 def workers(walk, engine, start, current, target):
