@@ -305,17 +305,20 @@ def test_requeue_signal_checkpoints_and_the_requeued_job_resumes(slurm_cluster, 
     # SLURM holds a requeued job back for about two minutes (Reason=BeginTime). The test cuts that short,
     # but like those minutes, only after the first run's step daemons are gone and a few seconds have
     # passed: slurmd refuses a launch in the same second as the requeue revoked the job's credential.
-    # A step daemon still there half a minute on (a busy machine) no longer holds the launch back.
-    deadline, requeued_at = time.monotonic() + 180, None
-    while time.monotonic() < deadline:
+    # A step daemon still there half a minute on (a busy machine) no longer holds the launch back. A
+    # launch that fails all the same holds the job back again, so the test releases it until the
+    # requeued batch shell has started ("restart 1"), not only until the job left PENDING once.
+    deadline, held_since = time.monotonic() + 240, None
+    while time.monotonic() < deadline and "restart 1" not in handle.output():
         state = handle.poll()
-        if state.restarts >= 1 and (state.state != "PENDING" or state.terminal):
+        if state.terminal:
             break
-        if state.restarts >= 1 and requeued_at is None:
-            requeued_at = time.monotonic()
-        waited = time.monotonic() - requeued_at if requeued_at is not None else 0.0
-        if state.reason == "BeginTime" and waited > 3 and (waited > 30 or not step_daemons(handle.job_id)):
+        held = state.restarts >= 1 and state.state == "PENDING" and state.reason == "BeginTime"
+        held_since = (held_since or time.monotonic()) if held else None
+        waited = time.monotonic() - held_since if held else 0.0
+        if held and waited > 3 and (waited > 30 or not step_daemons(handle.job_id)):
             subprocess.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=True)
+            held_since = None  # held again only after a failed launch: wait as long again
         time.sleep(0.3)
     result = handle.wait(echo=False, timeout=120)
     starts = [e["info"]["step_start"] for e in handle.log.of_type("start")]
