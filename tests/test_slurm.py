@@ -306,8 +306,8 @@ def test_requeue_signal_checkpoints_and_the_requeued_job_resumes(slurm_cluster, 
     # but like those minutes, only after the first run's step daemons are gone and a few seconds have
     # passed: slurmd refuses a launch in the same second as the requeue revoked the job's credential.
     # A step daemon still there half a minute on (a busy machine) no longer holds the launch back. A
-    # launch that fails all the same holds the job back again, so the test releases it until the
-    # requeued batch shell has started ("restart 1"), not only until the job left PENDING once.
+    # launch that fails all the same can hold the job back again (the likely cause of one CI timeout), so
+    # the test releases it until the requeued batch shell has started ("restart 1"), not only once.
     deadline, held_since = time.monotonic() + 240, None
     while time.monotonic() < deadline and "restart 1" not in handle.output():
         state = handle.poll()

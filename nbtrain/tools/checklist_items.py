@@ -97,9 +97,9 @@ def batch_to_retry(item, tried: list) -> int | None:
     every batch runs at one speed without workers and the race's leader is noise; the largest batch is
     the one that workers feed best."""
     floor = next(t.config.batch_size for t in tried if t.label == item.chosen) if item.kept else 0
-    return max((t.config.batch_size for t in tried
-                if not t.note and t.samples_per_s and t.config.batch_size > floor
-                and math.isfinite(t.verdict.high) and t.verdict.high >= 1), default=None)
+    return max((t.config.batch_size for t in tried  # a candidate that did not run has no finite verdict
+                if t.config.batch_size > floor and math.isfinite(t.verdict.high) and t.verdict.high >= 1),
+               default=None)
 
 
 def workers(walk, engine, start, current, target):
