@@ -294,3 +294,21 @@ def test_the_batch_to_retry_with_workers_is_the_largest_batch_not_shown_slower()
     largest_slower = faster[:2] + [checklist_items.Tried(t.label, t.config, 500.0, verdict=Verdict(0.5, 0.4, 0.6, 3))
                                    for t in faster[2:]]
     assert checklist_items.batch_to_retry(kept, largest_slower) is None  # every larger one shown slower
+
+
+def test_the_walk_drops_a_candidate_whose_loss_diverges_and_refuses_when_the_current_config_does():
+    """A block whose loss became NaN/inf timed NaN arithmetic: never a speed-up of the config. Batch 16 and
+    up with the linear rule scale this recipe's rate 4x and more, past its stable rate."""
+    from helpers import edge_of_stability_recipe
+    walk = checklist(recipe=edge_of_stability_recipe(), config=TrainConfig(batch_size=4, accelerator="cpu"),
+                     items=("batch_size",), budget_s=30, clock=lambda: 0.0, trial_s=0.2)
+    tried = {t.label: t for t in walk.items[0].tried}
+    assert tried["batch_size=16"].note.startswith("the loss became") and tried["batch_size=16"].samples_per_s is None
+    assert walk.best_config.batch_size < 16, walk.table()
+    recipe = edge_of_stability_recipe()
+    before = state(recipe.model)
+    with pytest.raises(ToolRefusal, match=r"nbtrain.checklist: the current config: the loss became (inf|nan) at "
+                                          r"step \d+ in a timed block, so no speed is compared"):
+        checklist(recipe=recipe, config=TrainConfig(batch_size=4, accelerator="cpu", lr=5.0),
+                  items=("batch_size",), budget_s=30, clock=lambda: 0.0, trial_s=0.2)
+    assert same_state(before, state(recipe.model))

@@ -150,3 +150,21 @@ def test_the_interval_holds_the_rate_when_a_slow_step_ends_the_series():
     for slow in (0.02, 0.05, 0.2):
         r = steady_rate([1e-3] * 30 + [slow], [1] * 31)
         assert r.low <= r.rate <= r.high, r
+
+
+def test_ab_stops_and_says_so_when_a_timed_block_diverges_instead_of_timing_nan_arithmetic():
+    from nbtrain.tools.registry import ToolRefusal
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 1))
+    before = weights(model)
+    sgd = lambda p: torch.optim.SGD(p, lr=0.01)  # noqa: E731
+    with pytest.raises(ToolRefusal, match=r"^config B \(lr=1000000000000.0\): the loss became (inf|nan) at step \d+ "
+                                          r"in a timed block, so no speed is compared; lower the learning rate"):
+        nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), optimizer=sgd, b={"lr": 1e12}, block_steps=7,
+                   min_pairs=2, max_pairs=2)
+    assert same_weights(before, weights(model))
+    # Told to continue past a NaN, a run goes on; a comparison of its speed still does not.
+    with pytest.raises(ToolRefusal, match=r"config A: the loss became"):
+        nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), optimizer=sgd,
+                   a={"lr": 1e12, "on_nonfinite_loss": "continue"}, b={}, block_steps=7, min_pairs=2, max_pairs=2)
+    assert same_weights(before, weights(model))

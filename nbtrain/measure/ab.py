@@ -12,11 +12,13 @@ interval is narrower than `precision_target` or the time budget (measured by `cl
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 
 from ..tools import trial
+from ..tools.tool_options import ToolRefusal
 from ..config import TrainConfig
 from ..metrics import MetricsLog
 from .steady import block_rates, columns_series, steady_rate
@@ -63,14 +65,36 @@ def trial_rate(engine, config: TrainConfig, *, steps: int | None = None, seconds
     """
     log = MetricsLog()
     m = trial.measure(engine, config, steps=steps, seconds=seconds, log=log, **options)
+    if not m.error and (diverged := nonfinite_loss(log)):  # a diverged block's rate is no speed of the config
+        m = dataclasses.replace(m, error=diverged, diverged=True)
     start = log.last("start")
     series = columns_series(log.columns, start["info"].get("samples_start", 0) if start else 0)
     return m, steady_rate(*series), block_rates(*series)
 
 
-def block_rate(engine, config: TrainConfig, steps: int) -> float:
-    """Steady samples/s of `steps` steps of `config` on the engine (the caller restores state)."""
-    return trial_rate(engine, config, steps=steps)[1].rate
+def nonfinite_loss(log: MetricsLog) -> str:
+    """'the loss became nan at step 12' where a trial's loss was NaN or infinite (whatever
+    on_nonfinite_loss says: a diverged run's steps time NaN arithmetic, not the config), else ''."""
+    cols = log.columns
+    bad = next(((s, v) for s, v in zip(cols["step"], cols["loss"]) if not math.isfinite(v)), None)
+    return "" if bad is None else f"the loss became {bad[1]} at step {int(bad[0])}"
+
+
+def block_rate(engine, config: TrainConfig, steps: int, side: str = "") -> float:
+    """Steady samples/s of `steps` steps of `config` on the engine (the caller restores state).
+
+    A block whose loss diverged ends the comparison (ToolRefusal naming `side` and why): its rate
+    would be a speed-up of NaN arithmetic, not of the config."""
+    m, steady, _ = trial_rate(engine, config, steps=steps)
+    if m.diverged:
+        raise diverged_refusal(side or "a block", m.error)
+    return steady.rate
+
+
+def diverged_refusal(who: str, why: str) -> ToolRefusal:
+    """The verdict of a tool whose reference config's loss diverged while it was timed."""
+    return ToolRefusal(lambda spell: f"{who}: {why} in a timed block, so no speed is compared; lower the "
+                                     f"learning rate or check the data, then measure again")
 
 
 def steps_lasting(rate: float, config: TrainConfig, seconds: float, low: int = 6, high: int = 2000) -> int:
@@ -124,12 +148,13 @@ def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *
     """
     steps = dict(zip((0, 1), block_steps if isinstance(block_steps, (tuple, list)) else (block_steps,) * 2))
     configs = (config_a, config_b)
+    sides = ("config A", f"config B ({describe_change(config_a, config_b)})")
     start = clock()
     result = ABResult(config_a, config_b, UNMEASURED)
     try:
         if discard:
             for i in (0, 1):
-                rate = block_rate(engine, configs[i], steps[i])
+                rate = block_rate(engine, configs[i], steps[i], sides[i])
                 snapshot.restore()
                 if block_s is not None:
                     steps[i] = steps_lasting(rate, configs[i], block_s)
@@ -137,7 +162,7 @@ def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *
         while True:
             order = (0, 1) if len(result.rates_a) % 2 == 0 else (1, 0)
             for i in order:
-                rate = block_rate(engine, configs[i], steps[i])
+                rate = block_rate(engine, configs[i], steps[i], sides[i])
                 snapshot.restore()
                 (result.rates_a if i == 0 else result.rates_b).append(rate)
             result.verdict = paired(result.rates_a, result.rates_b)

@@ -33,7 +33,7 @@ from .checklist_items import (FUNCTIONS as _ITEM_FUNCTIONS, ITEMS, Tried, batch_
 import numpy as np
 
 from ..config import TrainConfig
-from ..measure.ab import trial_rate
+from ..measure.ab import diverged_refusal, trial_rate
 from ..measure.race import Block, Entrant, race
 from ..measure.steady import NOTHING
 from ..measure.verdict import UNMEASURED, Verdict
@@ -177,16 +177,20 @@ class _Walk:
 
     def _trial(self, config: TrainConfig, seconds: float):
         """(measurement or None, steady rate, block rates, why it failed) of `config` trained for `seconds`
-        on the live model, the state put back after it; out of memory is a result, anything else is raised."""
+        on the live model, the state put back after it; out of memory and a candidate whose loss diverged are
+        results, anything else is raised (the current config diverging too: nothing could be compared with it)."""
         try:
             m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
-            return m, steady, parts, m.error or self._over_memory(m)
         except Exception as error:  # noqa: BLE001 - see the docstring
             if not _is_oom(error):
                 raise
             return None, NOTHING, [], "out of memory"
         finally:
             self.snapshot.restore()
+        if m.diverged and config == self.current:  # a candidate that diverges leaves the race; the current
+            # config diverging leaves nothing to measure candidates against
+            raise diverged_refusal("the current config", m.error)
+        return m, steady, parts, m.error or self._over_memory(m)
 
     def block(self, config: TrainConfig) -> Block:
         """One race block of `config`."""

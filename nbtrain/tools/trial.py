@@ -48,6 +48,7 @@ class Measurement:
     peak_bytes: int = 0
     status: str = "completed"
     error: str = ""
+    diverged: bool = False  # the error is a NaN/inf loss: the steps timed NaN arithmetic, not the config
 
     @property
     def ok(self) -> bool:
