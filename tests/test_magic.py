@@ -279,6 +279,16 @@ def test_a_checkpoint_that_is_not_there_is_one_line(ip, capsys):
     assert "%%nbtrain: resume='/nonexistent/run.pt': no such checkpoint file; allowed:" in text
 
 
+def test_a_misspelt_monitor_is_one_line_before_anything_trains(ip, capsys):
+    ip.run_cell(DIGITS + "import copy\nval_data = DigitsDataset(train=False)\nbefore = copy.deepcopy(model.state_dict())")
+    text = fails_with(ip, capsys, "%%nbtrain --max-steps 8 --val-every-n-steps 4 --monitor val_acuracy --no-progress"
+                                  "\nran = True")
+    assert "%%nbtrain: invalid training configuration: --monitor=val_acuracy: not among the held-out numbers; " \
+           "did you mean 'val_acc'? allowed: val_loss, val_acc\n" in text
+    ns = ip.user_ns
+    assert all(torch.equal(v, ns["before"][k]) for k, v in ns["model"].state_dict().items())  # no step trained
+
+
 def test_nbtrain_error_types_show_their_message_without_nbtrain_frames(ip, tmp_path):
     from nbtrain.runs.compare import smoothed
     from nbtrain.notebook.errors import training_failure

@@ -108,9 +108,41 @@ def test_early_stopping_ends_the_run_and_restore_best_puts_the_best_weights_back
 def test_monitor_without_held_out_data_or_an_unknown_name_is_one_clear_message():
     with pytest.raises(ConfigError, match="monitor='val_loss': needs held-out data: give val_data"):
         nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), monitor="val_loss", max_steps=2)
-    with pytest.raises(ConfigError, match="monitor='val_f1': not among the held-out numbers; allowed: val_loss"):
+    with pytest.raises(ConfigError, match="monitor='val_f1': not among the held-out numbers; .*allowed: val_loss"):
         nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32), monitor="val_f1",
                     max_steps=2, val_every_n_steps=1)
+
+
+def accuracy(output, target):
+    return (output.argmax(1) == target).float().mean()
+
+
+def test_a_misspelt_monitor_is_refused_before_anything_trains_when_the_names_are_known_up_front():
+    model = net()
+    before = weights(model)
+    with pytest.raises(ConfigError) as refused:
+        nbtrain.fit(model, classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32), metrics={"accuracy": accuracy},
+                    monitor="val_acuracy", max_steps=8, val_every_n_steps=4)
+    assert str(refused.value) == ("invalid training configuration: monitor='val_acuracy': not among the held-out "
+                                  "numbers; did you mean 'val_accuracy'? allowed: val_loss, val_acc, val_accuracy")
+    assert same_weights(before, weights(model))  # not one step trained before the refusal
+
+
+def test_a_misspelt_monitor_of_a_validation_step_ends_the_run_at_the_first_validation_keeping_its_steps():
+    """With a validation_step the names are known only once it has run: the run stops there, failed, with
+    the same message, and what it trained is kept (and recorded), not lost in an exception."""
+    def held_out_loss(model, batch):
+        return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    model, reference = net(), net()
+    result = nbtrain.fit(model, classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32),
+                         validation_step=held_out_loss, monitor="val_los", max_steps=12, val_every_n_steps=4,
+                         batch_size=16, shuffle=False)
+    assert result.status == "failed" and result.summary["run_steps"] == 4
+    assert result.message == ("monitor='val_los': not among the held-out numbers; did you mean 'val_loss'? "
+                              "allowed: val_loss")
+    nbtrain.fit(reference, classes(), loss_fn=nn.CrossEntropyLoss(), max_steps=4, batch_size=16, shuffle=False)
+    assert same_weights(weights(model), weights(reference))
 
 
 def test_the_csv_logger_writes_losses_rates_and_held_out_numbers(tmp_path):

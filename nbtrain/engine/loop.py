@@ -43,7 +43,7 @@ from .validation import Validation
 from .evaluation import batch_size
 from .memory import PeakMemory
 from ..metrics import MetricsLog
-from .monitor import Monitor
+from .monitor import Monitor, check_monitor
 from .precision import Precision
 from ..recipe import Recipe
 from ..runs.result import RunResult, summarize
@@ -185,8 +185,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         if self.recipe.fixed_loader is None and self.loader.sampler.per_epoch is None and c.max_steps is None:
             raise ConfigError([Problem("max_steps", None, "a whole number >= 1: the training data is an "
                                        "IterableDataset (a stream has no length, so no epoch count can budget it)")])
-        if c.monitor is not None and self.recipe.val_data is None:
-            raise ConfigError([Problem("monitor", c.monitor, "needs held-out data: give val_data")])
+        check_monitor(c, self.recipe)
         self._monitor = Monitor(c.monitor, c.mode, c.patience, c.restore_best) if c.monitor else None
         self._logged = {}
         logger = loggers.attach(self.log, c) if c.logger != "none" and self.world.is_main else None
@@ -242,6 +241,8 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         if self.recipe.val_data is not None and self.epoch_offset and self._validates \
                 and self._validated_at != self.step:
             self._validate()  # a run ending mid-epoch still reports held-out numbers
+        if self._monitor is not None and self._monitor.failure:
+            status, message = "failed", self._monitor.failure
         if status == "early_stopped":  # a planned end, not a stop from outside
             status, message = "completed", self._monitor.stop_message(self.step)
         best = self._monitor.put_best_back(self.model) if self._monitor is not None and c.restore_best else None

@@ -37,7 +37,7 @@ class Validation:
         if emit:
             self.log.emit({"type": "epoch", "epoch": self.epoch, "step": self.step, "partial": True, **numbers})
         if self._monitor is not None and self._monitor.update(numbers, self.step, self.model):
-            self.stop("early_stopped")
+            self.stop("failed" if self._monitor.problem else "early_stopped")
         return numbers
 
     def _validate_now(self) -> None:
