@@ -289,6 +289,13 @@ def test_a_misspelt_monitor_is_one_line_before_anything_trains(ip, capsys):
     assert all(torch.equal(v, ns["before"][k]) for k, v in ns["model"].state_dict().items())  # no step trained
 
 
+def test_a_metric_that_returns_a_vector_is_one_line_naming_it(ip, capsys):
+    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2 --val-every-n-steps 2 --no-progress --no-plot" + DIGITS
+                      + "val_data = DigitsDataset(train=False)\nmetrics = {'hits': lambda o, t: o.argmax(1) == t}")
+    assert "%%nbtrain: the metric 'hits' returned a tensor of shape (32,) on a held-out batch; it must return a " \
+           "number" in text and "evaluation.py" not in text
+
+
 def test_nbtrain_error_types_show_their_message_without_nbtrain_frames(ip, tmp_path):
     from nbtrain.runs.compare import smoothed
     from nbtrain.notebook.errors import training_failure

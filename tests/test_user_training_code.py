@@ -8,6 +8,7 @@ from torch.utils.data import TensorDataset
 
 import nbtrain
 from nbtrain.config import ConfigError
+from nbtrain.recipe import RecipeError
 
 from helpers import same_weights, weights
 
@@ -143,6 +144,17 @@ def test_a_misspelt_monitor_of_a_validation_step_ends_the_run_at_the_first_valid
                               "allowed: val_loss")
     nbtrain.fit(reference, classes(), loss_fn=nn.CrossEntropyLoss(), max_steps=4, batch_size=16, shuffle=False)
     assert same_weights(weights(model), weights(reference))
+
+
+@pytest.mark.parametrize("metric, got", [(lambda o, t: (o.argmax(1) == t).float(), "a tensor of shape (16,)"),
+                                         (lambda o, t: "good", "a str ('good')"), (lambda o, t: None, "None"),
+                                         (lambda o, t: [0.5, 0.5], "a list")])
+def test_a_metric_that_returns_no_number_is_one_message_naming_it(metric, got):
+    with pytest.raises(RecipeError) as refused:
+        nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32), metrics={"per_sample": metric},
+                    max_steps=2, val_every_n_steps=2, batch_size=16)
+    assert str(refused.value) == (f"the metric 'per_sample' returned {got} on a held-out batch; it must return a "
+                                  "number (a float or a one-element tensor, e.g. a mean over the batch)")
 
 
 def test_the_csv_logger_writes_losses_rates_and_held_out_numbers(tmp_path):

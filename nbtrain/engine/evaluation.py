@@ -6,10 +6,12 @@ is a mean over samples). Values are summed on the device and read back once at t
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from . import data, dist
-from ..recipe import split_batch
+from ..recipe import RecipeError, split_batch
 
 
 def evaluate(engine, dataset) -> dict:
@@ -26,8 +28,8 @@ def evaluate(engine, dataset) -> dict:
     if logged is not None:
         logged.drain()  # what the training steps logged last is not a held-out number
 
-    def add(name: str, value, size: int) -> None:
-        value = value.detach().float() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+    def add(name: str, value, size: int, source: str) -> None:
+        value = number(value, source)
         totals[name] = totals.get(name, torch.zeros((), device=value.device)) + value.to(engine.device) * size
 
     was_training = model.training
@@ -38,21 +40,21 @@ def evaluate(engine, dataset) -> dict:
                 batch = engine.prepare(batch)
                 size = batch_size(batch)
                 if recipe.validation_step is not None:
-                    add("val_loss", recipe.validation_step(engine.train_model, batch), size)
+                    add("val_loss", recipe.validation_step(engine.train_model, batch), size, "validation_step")
                 elif recipe.training_step is not None or recipe.loss_fn is None:
-                    add("val_loss", recipe.step_loss(model, batch), size)
+                    add("val_loss", recipe.step_loss(model, batch), size, "the held-out loss")
                 else:
                     inputs, target = split_batch(batch)
                     output = model(inputs)
-                    add("val_loss", recipe.loss_fn(output, target), size)
+                    add("val_loss", recipe.loss_fn(output, target), size, "loss_fn")
                     if output.ndim == 2 and target.ndim == 1 and not target.is_floating_point():
-                        add("val_acc", (output.argmax(1) == target).float().mean(), size)
+                        add("val_acc", (output.argmax(1) == target).float().mean(), size, "val_acc")
                         counted["val_acc"] += size
                     for name, metric in (recipe.metrics or {}).items():
-                        add(f"val_{name}", metric(output, target), size)
+                        add(f"val_{name}", metric(output, target), size, f"the metric {name!r}")
                 if logged is not None:  # validation_step's self.log(...) values
                     for name, value in logged.drain().items():
-                        add(name if name.startswith("val") else f"val_{name}", value, size)
+                        add(name if name.startswith("val") else f"val_{name}", value, size, f"self.log({name!r}, ...)")
                 seen += size
     finally:
         model.train(was_training)
@@ -61,6 +63,18 @@ def evaluate(engine, dataset) -> dict:
         out["val_acc"] = totals["val_acc"].item() / counted["val_acc"]
     out.setdefault("val_acc", None)
     return out
+
+
+def number(value, source: str) -> torch.Tensor:
+    """A held-out value as a 0-d float tensor; anything but one number is the user's to fix, named."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return value.detach().float().reshape(())
+    if isinstance(value, numbers.Real) and not isinstance(value, torch.Tensor):
+        return torch.tensor(float(value))
+    got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else "None" if value is None \
+        else f"a str ({value[:40]!r})" if isinstance(value, str) else f"a {type(value).__name__}"
+    raise RecipeError(f"{source} returned {got} on a held-out batch; it must return a number (a float or a "
+                      "one-element tensor, e.g. a mean over the batch)")
 
 
 def batch_size(batch) -> int:
