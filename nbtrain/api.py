@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .engine.loop import Engine
+from .engine.loggers import check_folder
 from .engine.monitor import check_monitor
 from .metrics import MetricsLog
 from .adapters import recipe_for
@@ -88,6 +89,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     config = recipe.adopt_settings(config)
     check_runnable(config)  # in the kernel or its DDP workers, this machine runs it (SLURM checks its partition)
     check_monitor(config, recipe)  # before DDP workers start, too
+    check_folder(config)
     if config.world_size > 1 and recipe.fixed_loader is not None:
         raise ConfigError([Problem("devices", config.devices, "1: " + fixed_reason(recipe.fixed_loader)
                                    + " (it cannot be shared out across ranks)")])

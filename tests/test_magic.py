@@ -296,6 +296,13 @@ def test_a_metric_that_returns_a_vector_is_one_line_naming_it(ip, capsys):
            "number" in text and "evaluation.py" not in text
 
 
+def test_an_unwritable_logger_dir_is_one_line_naming_the_flag(ip, capsys, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    text = fails_with(ip, capsys, f"%%nbtrain --max-steps 2 --logger csv --logger-dir {tmp_path}/a-file/logs" + DIGITS)
+    assert f"%%nbtrain: invalid training configuration: --logger-dir={tmp_path}/a-file/logs: a folder nbtrain can " \
+           f"write to (creating {tmp_path}/a-file/logs: Not a directory)\n" in text and "pathlib" not in text
+
+
 def test_nbtrain_error_types_show_their_message_without_nbtrain_frames(ip, tmp_path):
     from nbtrain.runs.compare import smoothed
     from nbtrain.notebook.errors import training_failure

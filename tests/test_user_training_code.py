@@ -157,10 +157,16 @@ def test_a_metric_that_returns_no_number_is_one_message_naming_it(metric, got):
                                   "number (a float or a one-element tensor, e.g. a mean over the batch)")
 
 
+def run_folders(parent):
+    return sorted(p for p in parent.iterdir() if p.name.startswith("run-"))
+
+
 def test_the_csv_logger_writes_losses_rates_and_held_out_numbers(tmp_path):
-    nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32, seed=1), batch_size=16,
-                max_steps=8, log_every_n_steps=4, logger="csv", logger_dir=str(tmp_path))
-    with open(tmp_path / "metrics.csv") as f:
+    result = nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32, seed=1), batch_size=16,
+                         max_steps=8, log_every_n_steps=4, logger="csv", logger_dir=str(tmp_path))
+    [folder] = run_folders(tmp_path)
+    assert f"csv log of this run in {folder}" in result.summary["notes"]
+    with open(folder / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     names = {r["name"] for r in rows}
     assert {"train/loss", "train/lr", "train/samples_per_s", "val/loss"} <= names
@@ -172,7 +178,8 @@ def test_the_tensorboard_logger_writes_an_event_file_tensorboard_reads_back(tmp_
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), batch_size=16, max_steps=6,
                 log_every_n_steps=3, logger="tensorboard", logger_dir=str(tmp_path))
-    events = EventAccumulator(str(tmp_path))
+    [folder] = run_folders(tmp_path)
+    events = EventAccumulator(str(folder))
     events.Reload()
     losses = events.Scalars("train/loss")
     assert [e.step for e in losses] == [1, 2, 3, 4, 5, 6] and all(e.value > 0 for e in losses)
@@ -181,6 +188,38 @@ def test_the_tensorboard_logger_writes_an_event_file_tensorboard_reads_back(tmp_
 def test_a_ddp_run_logs_once_from_rank_0(tmp_path):
     nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), batch_size=8, max_steps=4, log_every_n_steps=2,
                 devices=2, accelerator="cpu", logger="csv", logger_dir=str(tmp_path))
-    with open(tmp_path / "metrics.csv") as f:
+    [folder] = run_folders(tmp_path)
+    with open(folder / "metrics.csv") as f:
         steps = [int(r["step"]) for r in csv.DictReader(f) if r["name"] == "train/loss"]
     assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_every_run_logs_into_a_folder_of_its_own_even_runs_started_the_same_second(given, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default folder, .nbtrain/logs, is under the working folder
+    parent = tmp_path / "logs" if given else tmp_path / ".nbtrain" / "logs"
+    options = dict(logger="csv", logger_dir=str(parent) if given else None, batch_size=16, log_every_n_steps=1)
+    model = net()
+    for steps in (2, 3, 4):  # quick runs: a few milliseconds each
+        nbtrain.fit(model, classes(), loss_fn=nn.CrossEntropyLoss(), max_steps=steps, **options)
+    folders = run_folders(parent)
+    assert len(folders) == 3, folders
+    logged = []
+    for folder in folders:
+        with open(folder / "metrics.csv") as f:
+            logged.append([int(r["step"]) for r in csv.DictReader(f) if r["name"] == "train/loss"])
+    assert sorted(logged, key=len) == [[1, 2], [3, 4, 5], [6, 7, 8, 9]]  # each run's own steps, no run's twice
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_an_unwritable_logger_dir_is_one_message_naming_the_option_before_anything_trains(devices, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    model = net()
+    before = weights(model)
+    with pytest.raises(ConfigError) as refused:
+        nbtrain.fit(model, classes(), loss_fn=nn.CrossEntropyLoss(), max_steps=2, logger="csv",
+                    logger_dir=str(blocker / "logs"), devices=devices, accelerator="cpu")
+    assert str(refused.value) == (f"invalid training configuration: logger_dir='{blocker}/logs': a folder nbtrain "
+                                  f"can write to (creating {blocker}/logs: Not a directory)")
+    assert same_weights(before, weights(model))

@@ -9,6 +9,7 @@ run stops before training with the install command.
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import time
 from pathlib import Path
@@ -20,20 +21,49 @@ DEFAULT_DIR = Path(".nbtrain") / "logs"
 
 
 def attach(log, config) -> "Logger":
-    folder = Path(config.logger_dir) if config.logger_dir else DEFAULT_DIR
-    run_dir = folder / time.strftime("run-%Y%m%d-%H%M%S") if not config.logger_dir else folder
+    """A logger writing this run's events into a folder of its own under logger_dir."""
+    run_dir = run_folder(config)
     writer = TensorBoardWriter(run_dir) if config.logger == "tensorboard" else CsvWriter(run_dir)
-    logger = Logger(writer)
+    logger = Logger(writer, config.logger)
     log.subscribe(logger)
     logger.log = log
     return logger
 
 
+def check_folder(config) -> None:
+    """Refuse, before anything trains (and before DDP workers start), a logger_dir nbtrain cannot write to."""
+    if config.logger != "none":
+        run_folder(config, probe=True)
+
+
+def run_folder(config, probe: bool = False) -> Path:
+    """A new folder for one run under logger_dir (.nbtrain/logs): run-<date>-<time>, with -2, -3, ... for
+    runs started in the same second, so no two runs ever share one (TensorBoard shows each as its own run,
+    a CSV never mixes two runs' rows). Made with mkdir, which fails where the name exists: two processes
+    cannot claim one. `probe`: made and removed again, to learn that the folder is writable."""
+    parent = Path(config.logger_dir) if config.logger_dir else DEFAULT_DIR
+    stamp = time.strftime("run-%Y%m%d-%H%M%S") if not probe else f".probe-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for n in itertools.count(1):
+            folder = parent / (stamp if n == 1 else f"{stamp}-{n}")
+            try:
+                folder.mkdir(mode=0o700)
+            except FileExistsError:
+                continue
+            if probe:
+                folder.rmdir()
+            return folder
+    except OSError as error:
+        raise ConfigError([Problem("logger_dir", config.logger_dir, f"a folder nbtrain can write to (creating "
+                                   f"{error.filename or parent}: {error.strerror or error})")]) from None
+
+
 class Logger:
     """Turns MetricsLog events into scalar writes, one per name and step."""
 
-    def __init__(self, writer):
-        self.writer = writer
+    def __init__(self, writer, kind: str = "csv"):
+        self.writer, self.kind = writer, kind
         self.log = None
         self.rate = WindowRate()
 
@@ -68,6 +98,11 @@ class Logger:
     def path(self) -> Path:
         return self.writer.path
 
+    @property
+    def note(self) -> str:
+        """Where this run's log is, for the run's summary."""
+        return f"{self.kind} log of this run in {self.path}"
+
 
 class TensorBoardWriter:
     def __init__(self, path: Path):
@@ -94,7 +129,6 @@ class CsvWriter:
 
     def __init__(self, path: Path):
         self.path = path
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._file = open(path / "metrics.csv", "a", newline="")
         self._csv = csv.writer(self._file)
         if self._file.tell() == 0:

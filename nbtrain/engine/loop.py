@@ -256,7 +256,8 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         extra["notes"] = [n for k, n in self.notes.items() if k not in quiet] + self._compile_accounting(extra) \
             + ([best] if best else []) + (self.schedule.notes if self.schedule is not None else []) \
             + ([f"resumed from {os.path.basename(resumed_from)}: this run trained steps {from_step + 1:,} to "
-                f"{self.step:,} of the interrupted run's budget"] if resumed_from else [])
+                f"{self.step:,} of the interrupted run's budget"] if resumed_from else []) \
+            + ([logger.note] if logger is not None else [])
         if self._logged:
             extra["logged"] = dict(self._logged)
         if self.log.thinning:  # rows were dropped to bound memory: the count of steps is the log's, not its rows'
