@@ -168,26 +168,33 @@ class Recipe:
     def step_loss(self, model: nn.Module, batch) -> torch.Tensor:
         """The loss of one batch: training_step(model, batch), loss_fn(model(x), y), or the model's own loss
         (`model(**batch)` for a dict batch, Hugging Face style, returning a loss or an output holding one)."""
+        part, output = "training_step" if self.training_step is not None else "model", None
         try:
             if self.training_step is not None:
                 loss = self.training_step(model, batch)
             elif self.loss_fn is not None:
                 inputs, target = split_batch(batch)
-                loss = self.loss_fn(model(inputs), target)
+                output = model(inputs)
+                part = "loss_fn"
+                loss = self.loss_fn(output, target)
             else:
                 loss = own_loss(call_model(model, batch))
         except Exception as error:
             # torch's shape and dtype errors name no batch; say what the data gave (no cost until it fails).
             if not isinstance(error, RecipeError):
-                error.add_note(f"{BATCH_NOTE} {describe_batch(batch)}")
+                error.add_note(f"{BATCH_NOTE} {describe_batch(batch)}" + ("" if output is None else
+                               f"; loss_fn got the model's output {describe_value(output)} against targets "
+                               f"{describe_value(target)}"))
+            with_part(error, part)
             raise
         if not (isinstance(loss, torch.Tensor) and loss.ndim == 0):
             what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
                 f"a {type(loss).__name__}"
             source = "training_step(model, batch)" if self.training_step is not None else \
                 "loss_fn(model(x), y)" if self.loss_fn is not None else "the model's own loss"
-            raise RecipeError(f"{source} returned {what}; allowed: one scalar (0-dim) tensor that autograd can "
-                              "differentiate, e.g. loss.mean() or nn.CrossEntropyLoss() with its default reduction")
+            raise with_part(RecipeError(f"{source} returned {what}; allowed: one scalar (0-dim) tensor that autograd "
+                                        "can differentiate, e.g. loss.mean() or nn.CrossEntropyLoss() with its default "
+                                        "reduction"), part)
         return loss
 
     def build_optimizer(self, params) -> torch.optim.Optimizer:
@@ -201,14 +208,17 @@ class Recipe:
             return self.optimizer.instance
         try:
             optimizer = self.optimizer(params)
-        except TypeError as error:
-            if error.__traceback__.tb_next is not None:
+        except Exception as error:
+            if not isinstance(error, TypeError) or error.__traceback__.tb_next is not None:
+                with_part(error, "optimizer")
                 raise  # raised inside the user's factory: their own traceback says why
-            raise RecipeError(f"optimizer: calling it with the parameters failed ({error}); allowed: a function "
-                              "params -> torch.optim.Optimizer, e.g. lambda p: torch.optim.SGD(p, lr=0.1)") from None
+            raise with_part(RecipeError(f"optimizer: calling it with the parameters failed ({error}); allowed: a "
+                                        "function params -> torch.optim.Optimizer, e.g. lambda p: torch.optim.SGD(p, "
+                                        "lr=0.1)"), "optimizer") from None
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise RecipeError(f"optimizer: the factory returned a {type(optimizer).__name__}; allowed: a function "
-                              "params -> torch.optim.Optimizer, e.g. lambda p: torch.optim.SGD(p, lr=0.1)")
+            raise with_part(RecipeError(f"optimizer: the factory returned a {type(optimizer).__name__}; allowed: a "
+                                        "function params -> torch.optim.Optimizer, e.g. lambda p: "
+                                        "torch.optim.SGD(p, lr=0.1)"), "optimizer")
         return optimizer
 
 
@@ -291,17 +301,30 @@ def split_batch(batch):
         "define training_step(model, batch) for other shapes")
 
 
+def describe_value(value) -> str:
+    """A value's structure, shapes and dtypes in one line: 'float32 tensor of shape (64, 10)'."""
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        shown = ", ".join(describe_value(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"{type(value).__name__} of [{shown}]"
+    if isinstance(value, Mapping):
+        return "dict of {" + ", ".join(f"{k!r}: {describe_value(v)}" for k, v in list(value.items())[:4]) + "}"
+    return type(value).__name__
+
+
 def describe_batch(batch) -> str:
     """A batch's structure, shapes and dtypes in one line: what a shape or dtype error needs."""
-    def one(value) -> str:
-        if isinstance(value, torch.Tensor):
-            return f"{str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
-        if isinstance(value, (tuple, list)):
-            shown = ", ".join(one(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
-            return f"{type(value).__name__} of [{shown}]"
-        if isinstance(value, Mapping):
-            return "dict of {" + ", ".join(f"{k!r}: {one(v)}" for k, v in list(value.items())[:4]) + "}"
-        return type(value).__name__
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return f"inputs: {one(batch[0])}; targets: {one(batch[1])}"
-    return one(batch)
+        return f"inputs: {describe_value(batch[0])}; targets: {describe_value(batch[1])}"
+    return describe_value(batch)
+
+
+def with_part(error: BaseException, part: str) -> BaseException:
+    """`error`, marked with the recipe part that raised it ('model', 'loss_fn', 'optimizer', ...): a front-end
+    that took that part from somewhere the user may not expect (an earlier cell) can say so beside it."""
+    try:
+        error.nbtrain_part = getattr(error, "nbtrain_part", None) or part
+    except AttributeError:  # an exception type without instance attributes
+        pass
+    return error

@@ -93,6 +93,21 @@ def test_a_rank_raising_after_its_first_steps_reports_its_own_traceback_headed_b
     no_nbtrain_frames(message)
 
 
+def test_a_workers_traceback_shows_the_users_frames_and_torchs_call_that_raised_the_rest_folded():
+    loss_fn = nn.CrossEntropyLoss()
+
+    def users_step():
+        return loss_fn(torch.randn(4, 10), torch.randn(4, 1))  # targets of the wrong shape
+
+    try:
+        users_step()
+    except RuntimeError as exc:
+        shown = user_traceback(exc)
+    assert "in users_step" in shown and "return loss_fn(torch.randn(4, 10), torch.randn(4, 1))" in shown
+    assert "functional.py" in shown and "in cross_entropy" in shown  # the last torch call, where it raised
+    assert "[... 3 frames of nbtrain and torch folded]" in shown and "module.py" not in shown, shown
+
+
 def test_the_headline_is_the_last_exceptions_first_line_past_its_cause_and_nbtrains_notes():
     try:
         try:

@@ -181,6 +181,50 @@ def test_exception_in_user_code_during_training_shows_only_user_frames(ip, capsy
         assert internal not in text
 
 
+REGRESSION = """
+model = torch.nn.Sequential(torch.nn.Linear(64, 10))
+train_data = torch.utils.data.TensorDataset(torch.randn(256, 64), torch.randn(256, 1))
+"""
+
+
+def test_a_loss_fn_from_an_earlier_cell_is_said_in_the_header_and_beside_the_error_in_it(ip, capsys):
+    assert ip.run_cell("%%nbtrain --max-steps 2 --no-plot --no-progress" + DIGITS).error_in_exec is None
+    assert "from an earlier cell" not in capsys.readouterr().out  # the cell defined every part itself
+    result = ip.run_cell("%%nbtrain --max-steps 2 --no-plot --no-progress --batch-size 64" + REGRESSION)
+    text = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, RuntimeError) and "0D or 1D target tensor expected" in text
+    assert text.startswith("loss_fn: CrossEntropyLoss() from an earlier cell\n"), text  # the run's header
+    assert "\nnbtrain: loss_fn: CrossEntropyLoss() from an earlier cell" in text  # repeated beside the error
+    # No frame of the cell is involved: the call that raised is shown (torch's cross_entropy), the rest folded.
+    assert text.count("\nFile ") == 1 and "functional.py" in text and "frames of nbtrain, torch and libraries " \
+           "folded]" in text, text
+    # The closing hint compares what the loss got: the model's output against the targets.
+    assert "loss_fn got the model's output float32 tensor of shape (64, 10) against targets float32 tensor of " \
+           "shape (64, 1)" in text
+
+
+def test_an_error_in_the_users_model_shows_the_cells_line_and_the_last_torch_call_the_rest_folded(ip, capsys):
+    cell = ("%%nbtrain --max-steps 2 --no-plot --no-progress" + DIGITS + """
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(64, 32)
+    def forward(self, x):
+        return torch.nn.functional.linear(self.hidden(x), torch.ones(10, 16))
+model = Net()
+""")
+    result = ip.run_cell(cell)
+    text = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, RuntimeError), text
+    assert "in Net.forward" in text and "---> 13     return torch.nn.functional.linear(self.hidden(x)" in text
+    assert "Cell In[" in text  # named as IPython names a cell
+    assert "[... 8 frames of nbtrain, torch and libraries folded]" in text, text
+    for internal in ("module.py", "recipe.py", "loop.py", "magic.py"):
+        assert internal not in text, text
+    # A loss from an earlier cell that did not fail is not blamed: only the header says where it came from.
+    assert "nbtrain: loss_fn" not in text
+
+
 def test_interrupt_stops_at_a_step_boundary_and_keeps_the_partial_run(ip, capsys):
     cell = ("%%nbtrain --max-steps 50 --log-every-n-steps 1 --name cut --no-progress" + DIGITS + """
 import os, signal

@@ -13,7 +13,7 @@ import torch
 from ..recipe import NAMES, Recipe, RecipeError
 from .lightning import OWN_PARTS, is_lightning_module, lightning_recipe
 
-__all__ = ["is_lightning_module", "lightning_recipe", "recipe_for", "recipe_from_namespace"]
+__all__ = ["is_lightning_module", "lightning_recipe", "namespace_parts", "recipe_for", "recipe_from_namespace"]
 
 
 def recipe_for(model, train_data=None, **parts) -> Recipe:
@@ -25,17 +25,24 @@ def recipe_for(model, train_data=None, **parts) -> Recipe:
     return Recipe(model=model, train_data=train_data, **parts)
 
 
-def recipe_from_namespace(namespace: Mapping[str, Any]) -> Recipe:
-    """The recipe of a notebook's namespace, read by conventional names (recipe.NAMES)."""
+def namespace_parts(namespace: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """{part: (the name it is read from, its value)}: the recipe parts a namespace defines (recipe.NAMES,
+    first match wins); a LightningModule's own parts are left out (an earlier cell's `optimizer` or
+    `loss_fn` is not this module's: it brings its own)."""
     found = {}
     for part, names in NAMES.items():
-        for name in names:
-            if namespace.get(name) is not None:
-                found[part] = namespace[name]
-                break
+        name = next((name for name in names if namespace.get(name) is not None), None)
+        if name is not None:
+            found[part] = (name, namespace[name])
+    if "model" in found and is_lightning_module(found["model"][1]):
+        found = {part: named for part, named in found.items() if part not in OWN_PARTS}
+    return found
+
+
+def recipe_from_namespace(namespace: Mapping[str, Any]) -> Recipe:
+    """The recipe of a notebook's namespace, read by conventional names (recipe.NAMES)."""
+    found = {part: value for part, (_, value) in namespace_parts(namespace).items()}
     lightning = found.get("model") is not None and is_lightning_module(found["model"])
-    if lightning:  # an earlier cell's `optimizer` or `loss_fn` is not this module's: it brings its own
-        found = {part: value for part, value in found.items() if part not in OWN_PARTS}
     needed = ("model",) if lightning else ("model", "train_data")
     missing = [NAMES[p][0] for p in needed if p not in found]
     if missing:

@@ -36,8 +36,14 @@ def user_traceback(exc: BaseException) -> str:
         lines += traceback.format_list(traceback.StackSummary.from_list(users))
         lines += [f"{type(exc).__name__}: {explained}\n"] + [f"{note}\n" for note in getattr(exc, "__notes__", ())]
         return "".join(lines)
+    # The call that raised stays in view when it is torch's (a shape error's functional.py line); the
+    # frames between the user's and it (nbtrain's loop, torch's module calls) are folded into one line.
+    shown = users + [f for f in frames[-1:]
+                     if f not in users and str(Path(f.filename).resolve()).startswith(_HIDDEN_ROOTS[0])]
     lines = ["Traceback (most recent call last):\n"]
-    lines += traceback.format_list(traceback.StackSummary.from_list(users or frames))
+    if shown and len(frames) > len(shown):
+        lines.append(f"  [... {len(frames) - len(shown)} frames of nbtrain and torch folded]\n")
+    lines += traceback.format_list(traceback.StackSummary.from_list(shown or frames))
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
 

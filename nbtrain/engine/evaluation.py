@@ -11,7 +11,7 @@ import numbers
 import torch
 
 from . import data, dist
-from ..recipe import RecipeError, split_batch
+from ..recipe import RecipeError, split_batch, with_part
 
 
 def evaluate(engine, dataset) -> dict:
@@ -73,8 +73,10 @@ def number(value, source: str) -> torch.Tensor:
         return torch.tensor(float(value))
     got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else "None" if value is None \
         else f"a str ({value[:40]!r})" if isinstance(value, str) else f"a {type(value).__name__}"
-    raise RecipeError(f"{source} returned {got} on a held-out batch; it must return a number (a float or a "
-                      "one-element tensor, e.g. a mean over the batch)")
+    error = RecipeError(f"{source} returned {got} on a held-out batch; it must return a number (a float or a "
+                        "one-element tensor, e.g. a mean over the batch)")
+    part = "metrics" if source.startswith("the metric ") else source if source in ("validation_step", "loss_fn") else ""
+    raise with_part(error, part) if part else error
 
 
 def batch_size(batch) -> int:

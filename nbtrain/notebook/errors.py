@@ -3,11 +3,15 @@
 IPython shows a UsageError as one line and no traceback. For an exception from the
 user's code, the exception itself is re-raised (so the cell fails and `%debug` works)
 carrying `_render_traceback_`, which IPython and ipykernel use instead of formatting
-the traceback themselves: it starts at the user's first frame, not at nbtrain's.
+the traceback themselves: it shows the user's frames (a cell's as "Cell In[5], line 6") and
+the call that raised (torch's, in a shape error), with nbtrain's, torch's and the libraries'
+frames between them folded into one line each.
 """
 from __future__ import annotations
 
 import os
+import sysconfig
+import types
 
 import torch
 from IPython.core.error import UsageError
@@ -17,6 +21,7 @@ from ..config import ConfigError
 
 _NBTRAIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # nbtrain/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_LIBRARY_DIRS = (_NBTRAIN_DIR, _TORCH_DIR, os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)
 
 
 def flag(option: str) -> str:
@@ -41,20 +46,44 @@ def is_nbtrain_frame(tb) -> bool:
     return _file(tb).startswith(_NBTRAIN_DIR)
 
 
-def user_traceback(tb):
-    """The traceback from the user's first frame: nbtrain's frames (and torch's, when a user frame
-    follows them) left out."""
+def is_user_frame(tb) -> bool:
+    """A frame of code the user wrote: not nbtrain's, torch's, Python's own or an installed package's."""
+    file = _file(tb)
+    return not (file.startswith(_LIBRARY_DIRS) or "<frozen " in file
+                or f"{os.sep}site-packages{os.sep}" in file or f"{os.sep}dist-packages{os.sep}" in file)
+
+
+def user_frames(tb) -> tuple[list, list]:
+    """(frames shown, how many frames are folded before each): the user's frames and the frame that
+    raised; the rest (nbtrain's loop, torch's module calls, library internals) folded."""
     frames = list(_frames(tb))
-    outside_nbtrain = [t for t in frames if not is_nbtrain_frame(t)]
-    if not outside_nbtrain:
-        return tb
-    start = frames.index(outside_nbtrain[0])
-    for t in frames[start:]:
-        if is_nbtrain_frame(t):
-            continue
-        if not _file(t).startswith(_TORCH_DIR):
-            return t  # the first frame of the user's own code
-    return outside_nbtrain[0]
+    kept = [t for t in frames[:-1] if is_user_frame(t)] + frames[-1:]
+    positions = [frames.index(t) for t in kept]
+    return kept, [b - a - 1 for a, b in zip([-1] + positions, positions)]
+
+
+def _relinked(frames: list):
+    """A traceback of just `frames` (in order), for IPython to format."""
+    tb = None
+    for t in reversed(frames):
+        tb = types.TracebackType(tb, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return tb
+
+
+def folded_render(shell, error: BaseException, tb):
+    """A `_render_traceback_` for `error` showing user_frames(tb), a line where frames were folded."""
+    kept, skipped = user_frames(tb)
+
+    def render():
+        parts = shell.InteractiveTB.structured_traceback(type(error), error, _relinked(kept))
+        if len(parts) < 3 + len(kept):  # not IPython's layout (rule, header, one part per frame, exception)
+            return parts
+        for i in reversed(range(len(kept))):
+            if skipped[i]:
+                parts.insert(2 + i, f"    [... {skipped[i]} frame{'s' * (skipped[i] > 1)} of nbtrain, torch and "
+                                    "libraries folded]\n")
+        return parts
+    return render
 
 
 def from_cell(tb, filename: str):
@@ -65,27 +94,32 @@ def from_cell(tb, filename: str):
     return tb
 
 
-def show_as_user_error(shell, error: BaseException, tb) -> BaseException:
-    """`error`, made to display only the traceback `tb` (from the user's code) when it is raised."""
+def show_as_user_error(shell, error: BaseException, tb, fold: bool = False) -> BaseException:
+    """`error`, made to display only the traceback `tb` (from the user's code) when it is raised;
+    `fold`: only the user's frames of it and the frame that raised (folded_render)."""
     def render():
         return shell.InteractiveTB.structured_traceback(type(error), error, tb)
     try:
-        error._render_traceback_ = render
+        error._render_traceback_ = folded_render(shell, error, tb) if fold else render
     except AttributeError:  # an exception type without instance attributes: show it whole
         pass
     return error
 
 
-def training_failure(shell, error: Exception) -> BaseException:
+def training_failure(shell, error: Exception, taken: dict | None = None) -> BaseException:
     """What to raise for an exception out of training: a one-line error when nbtrain refused the
     input, nbtrain's own error types as their message, the user's traceback when user code failed,
-    everything when nbtrain itself failed unexpectedly."""
+    everything when nbtrain itself failed unexpectedly. `taken`: the recipe parts that came from
+    earlier cells (earlier.py); an error raised in one of them says so beside it."""
     frames = list(_frames(error.__traceback__))
     raised_by_nbtrain = bool(frames) and is_nbtrain_frame(frames[-1])
     if isinstance(error, ConfigError):
         return config_usage_error(error)
+    origin = (taken or {}).get(getattr(error, "nbtrain_part", None), "")
     if raised_by_nbtrain and isinstance(error, ValueError):  # RecipeError and the engine's own refusals
-        return UsageError(f"%%nbtrain: {error}")
+        return UsageError(f"%%nbtrain: {error}" + (f" ({origin} from an earlier cell)" if origin else ""))
+    if origin:
+        error.add_note(f"nbtrain: {origin} from an earlier cell")
     if raised_by_nbtrain and type(error).__module__.startswith("nbtrain."):
         # nbtrain's own errors (a DDP worker's failure, carrying the worker's user traceback) are
         # messages: their type and text, without the kernel-side frames that raised them.
@@ -93,4 +127,4 @@ def training_failure(shell, error: Exception) -> BaseException:
         return error
     if raised_by_nbtrain:
         return error  # a bug in nbtrain: its frames are what a report needs
-    return show_as_user_error(shell, error, user_traceback(error.__traceback__))
+    return show_as_user_error(shell, error, error.__traceback__, fold=True)

@@ -34,7 +34,7 @@ from ..runs.table import Row, RunsTable
 from .. import places
 from ..progress import Progress
 from ..session import Session, namespace_lr
-from . import arguments, errors, slurm_cell, tools
+from . import arguments, earlier, errors, slurm_cell, tools
 from .views import LivePlot, Summary
 
 CONVENTIONS = "\n".join(
@@ -166,8 +166,9 @@ class NbtrainMagics(Magics):
                              "(letters, digits and _, not starting with a digit), e.g. run_a")
         config = self._config(args, given)
         tool_kwargs = tools.keywords(tool, args) if tool not in (None, "panel") else {}
-        self._run_body(cell)
         namespace = self.shell.user_ns
+        before = earlier.names_before(namespace)
+        self._run_body(cell)
         try:
             recipe = recipe_from_namespace(namespace)
         except RecipeError as error:
@@ -184,7 +185,7 @@ class NbtrainMagics(Magics):
         if tool is not None:
             result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs)
             return None if result is None else tools.show_result(self, tool, result, args)
-        result = self._train(recipe, config, args)
+        result = self._train(recipe, config, args, earlier.taken_from_earlier(namespace, before))
         if result is None:
             return
         self._keep(result, recipe, args)
@@ -254,7 +255,10 @@ class NbtrainMagics(Magics):
         plot = None if self._option(args, "no_plot") else LivePlot(title=args.name).follow(log)
         return [view for view in (progress, plot) if view is not None]
 
-    def _train(self, recipe: Recipe, config: TrainConfig, args) -> RunResult | None:
+    def _train(self, recipe: Recipe, config: TrainConfig, args, taken: dict) -> RunResult | None:
+        """One run; `taken`: the recipe parts from earlier cells, said first (the run's header)."""
+        if taken:
+            print(earlier.header(taken))
         log = MetricsLog()
         views = self._views(log, args)
         try:
@@ -268,7 +272,7 @@ class NbtrainMagics(Magics):
             print("nbtrain: interrupted before the first step; nothing was trained.")
             return None
         except Exception as error:
-            raise errors.training_failure(self.shell, error) from None
+            raise errors.training_failure(self.shell, error, taken) from None
         finally:
             for view in views:
                 view.close()
