@@ -1,14 +1,16 @@
 """nbtrain.runs.compare: runs side by side, from results or from the run store, without Jupyter."""
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import nbtrain
 from nbtrain import TrainConfig
-from nbtrain.runs.compare import smoothed, time_to_loss
+from nbtrain.runs.compare import smoothed, time_to_loss, versus
 from nbtrain.demo import DigitsDataset, digits_recipe
 from nbtrain.format import number
 from nbtrain.runs.store import RunStore, StoreError
@@ -147,3 +149,39 @@ def test_a_long_history_is_drawn_with_at_most_max_points_a_line():
     assert all(len(line.get_xdata()) <= 50 for ax in figure.axes for line in ax.get_lines())
     held = {line.get_label(): line for ax in figure.axes for line in ax.get_lines()}["held-out loss"]
     assert held.get_xdata()[-1] == 20_000  # the latest validation is always drawn
+
+
+def _run_of(durations, batch=64, name=None):
+    """A run whose steps took `durations` seconds (its summary made the way a real run's is)."""
+    from nbtrain.metrics import MetricsLog
+    from nbtrain.runs.result import RunResult, summarize
+    log = MetricsLog()
+    log.emit({"type": "start", "config": {"log_every_n_steps": 1}, "info": {"samples_start": 0}})
+    times = np.cumsum(durations).tolist()
+    steps = list(range(1, len(times) + 1))
+    log.emit({"type": "steps", "rows": {"step": steps, "samples": [batch * s for s in steps], "time": times,
+                                        "loss": [1.0] * len(steps), "lr": [0.1] * len(steps)}})
+    return RunResult(TrainConfig(batch_size=batch), log, summarize(log, {}), name=name)
+
+
+def test_vs_first_is_the_ratio_of_the_samples_per_s_shown_and_its_interval_holds_it():
+    # The issue's case: the second run's load came in bursts (a third of its blocks 3x slower), so the
+    # median of its block rates (what the column divided before) sits far above its steady rate (the
+    # samples/s shown beside it): 8,554 vs 5,524 on screen was called x0.80.
+    rng = np.random.default_rng(0)
+    first = _run_of(64 / 8554 * (1 + 0.02 * rng.standard_normal(400)), name="first")
+    bursty = 64 / 8554 * (1 + 0.02 * rng.standard_normal(400))
+    for start in range(0, 400, 60):
+        bursty[start:start + 20] *= 3
+    second = _run_of(bursty, name="second")
+    rows = nbtrain.compare(first, second).rows
+    shown = [float(row["samples/s"].split(" ")[0].replace(",", "")) for row in rows]
+    found = re.fullmatch(r"x([\d.]+) \(([\d.]+)-([\d.]+)\)", rows[1]["vs first"])
+    assert found, rows[1]["vs first"]
+    ratio, low, high = map(float, found.groups())
+    assert ratio == pytest.approx(shown[1] / shown[0], abs=0.006), (rows[0]["samples/s"], rows[1]["samples/s"], ratio)
+    assert low <= ratio <= high
+    # The verdict is the ratio of the two summaries' own rates, exactly.
+    verdict = versus(first, second)
+    assert verdict.ratio == pytest.approx(second.steady().rate / first.steady().rate, rel=1e-12)
+    assert verdict.low <= verdict.ratio <= verdict.high and not verdict.paired

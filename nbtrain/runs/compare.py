@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..measure.steady import block_rates, columns_series
-from ..measure.verdict import Verdict, unpaired
+from ..measure.steady import columns_series
+from ..measure.verdict import Verdict, steady_ratio
 from ..plotting import held_out_series
 from ..format import number
 from .result import RunResult
@@ -143,13 +143,14 @@ def held_out_text(summary: dict) -> str:
 
 
 def versus(first: RunResult, other: RunResult) -> Verdict:
-    """`other`'s steady throughput over `first`'s, with its interval (runs measured apart: unpaired).
+    """`other`'s steady throughput over `first`'s: the ratio of the samples/s the two runs show, with its
+    interval (runs measured apart: unpaired).
 
     Two runs taken at different times cannot see a load that changed between them; for a
     verdict on one config against another, `nbtrain.ab` measures them in alternation.
     """
-    return unpaired(block_rates(*columns_series(first.history, _samples_start(first))),
-                    block_rates(*columns_series(other.history, _samples_start(other))))
+    return steady_ratio(columns_series(first.history, _samples_start(first)),
+                        columns_series(other.history, _samples_start(other)))
 
 
 def _samples_start(run: RunResult) -> int:
