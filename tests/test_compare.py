@@ -83,7 +83,7 @@ def test_vs_first_states_the_ratio_with_its_interval_or_no_measurable_difference
         runs.append(nbtrain.fit(model, data, loss_fn=nn.MSELoss(), batch_size=batch, max_steps=120,
                                 name=f"b{batch}"))
     cell = nbtrain.compare(*runs).rows[1]["vs first"]
-    found = re.fullmatch(r"x([\d.]+) \(([\d.]+)-([\d.]+)\)|(?:no measurable difference|too noisy to tell) \(([\d.]+)-([\d.]+)\)", cell)
+    found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)|(?:no measurable difference|too noisy to tell) \(([\d.]+)-([\d.]+)\)", cell)
     assert found, cell
     if found.group(1):  # a measured difference: the interval holds the ratio and excludes 1
         ratio, low, high = map(float, found.group(1, 2, 3))
@@ -176,7 +176,7 @@ def test_vs_first_is_the_ratio_of_the_samples_per_s_shown_and_its_interval_holds
     second = _run_of(bursty, name="second")
     rows = nbtrain.compare(first, second).rows
     shown = [float(row["samples/s"].split(" ")[0].replace(",", "")) for row in rows]
-    found = re.fullmatch(r"x([\d.]+) \(([\d.]+)-([\d.]+)\)", rows[1]["vs first"])
+    found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)", rows[1]["vs first"])
     assert found, rows[1]["vs first"]
     ratio, low, high = map(float, found.groups())
     assert ratio == pytest.approx(shown[1] / shown[0], abs=0.006), (rows[0]["samples/s"], rows[1]["samples/s"], ratio)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from ..format import ratio as ratio_text
 from .steady import resampled_rates, steady_rate, steady_steps
 
 # A ratio within 2% of 1 is not called a difference even when its interval excludes 1: below
@@ -59,7 +60,7 @@ class Verdict:
         if not math.isfinite(self.ratio):
             return head + "not measured"
         if not math.isfinite(self.low):
-            return head + f"x{self.ratio:.2f}, too few measurements to tell"
+            return head + f"{ratio_text(self.ratio)}, too few measurements to tell"
         if self.too_noisy:
             return head + f"too noisy to tell (95% interval {self.interval_text()})"
         if not self.measurable:
@@ -67,19 +68,19 @@ class Verdict:
         word = "faster" if self.ratio > 1 else "slower"
         shown = self.ratio if self.ratio > 1 else 1 / self.ratio
         interval = f"{self.low:.2f}-{self.high:.2f}" if self.ratio > 1 else f"{1 / self.high:.2f}-{1 / self.low:.2f}"
-        return head + f"{shown:.2f}x {word} (95% interval {interval})"
+        return head + f"{ratio_text(shown)} {word} (95% interval {interval})"
 
     def short(self) -> str:
-        """For a table cell: 'x1.31 (1.24-1.38)' or 'no measurable difference'."""
+        """For a table cell: '1.31x (1.24-1.38)' or 'no measurable difference'."""
         if not math.isfinite(self.ratio):
             return "-"
         if not math.isfinite(self.low):
-            return f"x{self.ratio:.2f}, too few steps to tell"
+            return f"{ratio_text(self.ratio)}, too few steps to tell"
         if self.too_noisy:
             return f"too noisy to tell ({self.interval_text()})"
         if not self.measurable:
             return f"no measurable difference ({self.interval_text()})"
-        return f"x{self.ratio:.2f} ({self.interval_text()})"
+        return f"{ratio_text(self.ratio)} ({self.interval_text()})"
 
 
 UNMEASURED = Verdict(float("nan"), float("nan"), float("nan"), 0)
