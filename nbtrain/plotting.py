@@ -140,16 +140,14 @@ def _draw_loss(log, ax, title, max_points: int, crowded: bool = False) -> None:
     metric_ax = _metric_axis(ax, bool(held), crowded)
     percent = list(held) == ["val_acc"]  # accuracy alone: in percent, as the summary says it (96.94%)
     for i, (name, (steps, values)) in enumerate(held.items()):
+        # The latest accuracy in the summary's own words, in its legend entry (beside the point, it sat on
+        # the line into it).
+        label = f"held-out accuracy, latest {number(100 * values[-1], '%')}" if percent else _label(name)
         metric_ax.plot(steps, [100 * v for v in values] if percent else values, lw=1, ls=":", ms=3.5,
-                       color=_METRIC_COLORS[i % len(_METRIC_COLORS)], marker="sD^v<>"[i % 6], label=_label(name))
+                       color=_METRIC_COLORS[i % len(_METRIC_COLORS)], marker="sD^v<>"[i % 6], label=label)
     if percent:
         metric_ax.yaxis.set_major_formatter(lambda value, _position: f"{value:g}%")
         metric_ax.set_ylabel("held-out accuracy", fontsize=8)
-        steps, values = held["val_acc"]
-        # The latest accuracy in the summary's own words (96.94%), beside its point.
-        metric_ax.annotate(number(100 * values[-1], "%"), (steps[-1], 100 * values[-1]), fontsize=7,
-                           color=_METRIC_COLORS[0], xytext=(-5, 0), textcoords="offset points", ha="right",
-                           va="center")
     handles = [h for a in (ax, metric_ax) if a is not None for h in a.get_legend_handles_labels()[0]]
     if len(handles) > 1:  # above the panel, under the title: inside, it would hide the points it names
         ax.legend(handles=handles, title=title, fontsize=6.5, title_fontsize=9, loc="lower center",

@@ -250,6 +250,6 @@ def test_held_out_accuracy_is_drawn_in_percent_with_the_summarys_latest_figure()
     figure.canvas.draw()  # (pyplot's Agg canvas: the tick labels are made)
     metric = next(ax for ax in figure.axes if ax.get_ylabel() == "held-out accuracy")
     shown = dict(run.rows())["held-out loss / accuracy"].split(" / ")[1]  # '96.94%'
-    assert [t.get_text() for t in metric.texts] == [shown]
+    assert [line.get_label() for line in metric.get_lines()] == [f"held-out accuracy, latest {shown}"]
     assert all(t.get_text().endswith("%") for t in metric.get_yticklabels() if t.get_text())
     assert metric.get_lines()[0].get_ydata()[-1] == pytest.approx(100 * run.summary["val_acc"])
