@@ -260,7 +260,9 @@ class NbtrainMagics(Magics):
     def _views(self, log: MetricsLog, args) -> list:
         """The live progress bar and plot, subscribed to `log`, unless the flags turned them off."""
         progress = None if self._option(args, "no_progress") else log.subscribe(Progress(args.name or ""))
-        plot = None if self._option(args, "no_plot") else LivePlot(title=args.name).follow(log)
+        # A terminal IPython shows no pictures: there each frame was a line of text, printed into the bar.
+        draws = "image/png" in self.shell.display_formatter.active_types
+        plot = None if self._option(args, "no_plot") or not draws else LivePlot(title=args.name).follow(log)
         return [view for view in (progress, plot) if view is not None]
 
     def _train(self, recipe: Recipe, config: TrainConfig, args) -> RunResult | None:
