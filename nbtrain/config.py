@@ -43,15 +43,15 @@ class TrainConfig:
     accelerator: str = _opt("auto", "choice", "one of auto, cpu, cuda (or gpu), mps",
                             "device type; auto picks cuda, then mps, then cpu",
                             choices=ACCELERATORS, aliases={"gpu": "cuda"})
-    devices: int = _opt(1, "int", "a whole number >= 1 (processes per node; > 1 runs DDP)",
+    devices: int = _opt(1, "int", "a whole number >= 1",
                         "processes per node; more than 1 launches DDP workers", low=1)
     num_nodes: int = _opt(1, "int", "a whole number >= 1", "machines (multi-node DDP)", low=1)
     strategy: str = _opt("auto", "choice", "one of auto, ddp, dp, fsdp",
                          "multi-device strategy: ddp (default for devices > 1), fsdp (shard a model too big for "
                          "one device) or dp (DataParallel, for comparison)",
                          choices=STRATEGIES)
-    node_rank: int | None = _opt(None, "int", "a whole number >= 0 (this machine's place among num_nodes), or None "
-                                 "($NBTRAIN_NODE_RANK)", "this machine's place among num_nodes (multi-node)",
+    node_rank: int | None = _opt(None, "int", "a whole number >= 0, or None ($NBTRAIN_NODE_RANK)",
+                                 "this machine's place among num_nodes (multi-node)",
                                  low=0, nullable=True)
     rdzv_endpoint: str | None = _opt(None, "endpoint", "'host:port' with a port from 1 to 65535 (e.g. "
                                      "10.0.0.1:29400, [::1]:29400), or None ($NBTRAIN_RDZV_ENDPOINT)",
@@ -97,8 +97,8 @@ class TrainConfig:
                             "base learning rate (before scaling)", low=1e-300, nullable=True)
     scale_lr: str = _opt("none", "choice", "one of none, linear, sqrt",
                          "scale the rate with global batch / base_batch_size", choices=LR_RULES)
-    base_batch_size: int | None = _opt(None, "int", "a whole number >= 1 (the global batch the rate was tuned for)",
-                                       "global batch the base learning rate belongs to", low=1, nullable=True)
+    base_batch_size: int | None = _opt(None, "int", "a whole number >= 1",
+                                       "the global batch the base learning rate was tuned for (scale_lr)", low=1, nullable=True)
     warmup_steps: int = _opt(0, "int", "a whole number >= 0",
                              "linear warm-up steps from the base to the scaled rate", low=0)
     gradient_clip_val: float | None = _opt(None, "float", "a number > 0, or None",
@@ -131,7 +131,7 @@ class TrainConfig:
     val_every_n_steps: int | None = _opt(None, "int", "a whole number >= 1, or None (at the end of each epoch)",
                                          "how often the held-out data is evaluated", low=1, nullable=True)
     monitor: str | None = _opt(None, "text", "a held-out number such as val_loss, val_acc or val_<metric>, or None",
-                               "the held-out number early stopping and restore_best watch")
+                               "what early stopping and restore_best watch")
     mode: str = _opt("auto", "choice", "one of auto, min, max (auto: max for accuracy-like names, else min)",
                      "whether the monitored number should go down (min) or up (max)", choices=("auto", "min", "max"))
     patience: int | None = _opt(None, "int", "a whole number >= 1, or None (no early stopping)",

@@ -13,6 +13,11 @@ def number(value, unit: str = "") -> str:
     return f"{value:,}{unit}"
 
 
+def ratio(value: float, digits: int = 2) -> str:
+    """A ratio of two speeds, one form in every table, verdict and figure: '3.37x' ('1.26x slower')."""
+    return f"{value:.{digits}f}x"
+
+
 def duration(seconds) -> str:
     """A duration as people read it: 58.5 ms, 4.2 s, 3 min 20 s."""
     if seconds is None or not math.isfinite(seconds):

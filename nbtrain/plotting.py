@@ -11,6 +11,8 @@ from array import array
 
 import numpy as np
 
+from .format import number
+
 MAX_POINTS = 1000  # points a line draws: enough for any figure's width
 
 
@@ -136,9 +138,16 @@ def _draw_loss(log, ax, title, max_points: int, crowded: bool = False) -> None:
     if "val_loss" in held:
         ax.plot(*held.pop("val_loss"), color="tab:red", lw=1, marker="o", ms=3.5, label="held-out loss")
     metric_ax = _metric_axis(ax, bool(held), crowded)
+    percent = list(held) == ["val_acc"]  # accuracy alone: in percent, as the summary says it (96.94%)
     for i, (name, (steps, values)) in enumerate(held.items()):
-        metric_ax.plot(steps, values, color=_METRIC_COLORS[i % len(_METRIC_COLORS)], lw=1, ls=":",
-                       marker="sD^v<>"[i % 6], ms=3.5, label=_label(name))
+        # The latest accuracy in the summary's own words, in its legend entry (beside the point, it sat on
+        # the line into it).
+        label = f"held-out accuracy, latest {number(100 * values[-1], '%')}" if percent else _label(name)
+        metric_ax.plot(steps, [100 * v for v in values] if percent else values, lw=1, ls=":", ms=3.5,
+                       color=_METRIC_COLORS[i % len(_METRIC_COLORS)], marker="sD^v<>"[i % 6], label=label)
+    if percent:
+        metric_ax.yaxis.set_major_formatter(lambda value, _position: f"{value:g}%")
+        metric_ax.set_ylabel("held-out accuracy", fontsize=8)
     handles = [h for a in (ax, metric_ax) if a is not None for h in a.get_legend_handles_labels()[0]]
     if len(handles) > 1:  # above the panel, under the title: inside, it would hide the points it names
         ax.legend(handles=handles, title=title, fontsize=6.5, title_fontsize=9, loc="lower center",
@@ -173,6 +182,20 @@ def _draw_lr(log, ax, max_points: int) -> None:
     ax.yaxis.get_offset_text().set_fontsize(7)
 
 
+def _lr_panel(log, rate_ax, lr_ax) -> bool:
+    """Whether the learning rate gets its panel: only when it changes (a warm-up, a schedule, a change
+    made live); a constant rate is the summary's one number, and samples/s takes the panel's room."""
+    lrs = _numbers(log.read("lr")["lr"])
+    changes = len(lrs) > 1 and bool(np.nanmax(lrs) > np.nanmin(lrs))
+    spec = getattr(lr_ax, "_nbtrain_spec", None)
+    if spec is None:  # the stacked layout history_axes made: samples/s above the learning rate
+        spec = lr_ax._nbtrain_spec = (rate_ax.get_subplotspec(), lr_ax.get_subplotspec())
+    rate_spec, lr_spec = spec
+    lr_ax.set_visible(changes)
+    rate_ax.set_subplotspec(rate_spec if changes else rate_spec.get_gridspec()[:, lr_spec.colspan.start])
+    return changes
+
+
 def _step_text(step, _position=None) -> str:
     """A step tick as people read it: 250k, not 250000 running into its neighbour."""
     return f"{step / 1e6:g}M" if abs(step) >= 1e6 else f"{step / 1e3:g}k" if abs(step) >= 1e4 else f"{step:g}"
@@ -182,7 +205,8 @@ def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS, lr_ax=
     """Draw (or redraw in place) a run's history: the training loss (raw, faint, and smoothed) with
     the held-out numbers, samples/s, and the learning rate on `lr_ax` when given. At most
     `max_points` points a line, so a redraw costs the same however long the run."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator, StrMethodFormatter
+    thousands = StrMethodFormatter("{x:,.0f}")  # 8,554 as the tables write it, not 8.55e+03
     panels = [ax for ax in (loss_ax, rate_ax, lr_ax) if ax is not None]
     for ax in panels:
         ax.clear()
@@ -191,9 +215,13 @@ def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS, lr_ax=
     steps, rates = throughput_series(log, max_points)
     rate_ax.plot(steps, rates, color="tab:orange", lw=1.2, marker="o" if len(steps) < 200 else None, ms=2)
     rate_ax.set_ylabel("samples/s")
+    rate_ax.yaxis.set_major_formatter(thousands)
     if twin:
         rate_ax.yaxis.set_label_position("right")  # clear() put it back on the left, over the loss's
-    if lr_ax is not None:
+    if lr_ax is not None and not _lr_panel(log, rate_ax, lr_ax):
+        panels.remove(lr_ax)
+        lr_ax = None
+    elif lr_ax is not None:
         _draw_lr(log, lr_ax, max_points)
     stacked = lr_ax is not None and lr_ax.get_shared_x_axes().joined(rate_ax, lr_ax)  # one step axis, below
     for ax in panels:
@@ -201,7 +229,8 @@ def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS, lr_ax=
         ax.xaxis.set_major_formatter(_step_text)
         if ax is rate_ax and stacked:
             ax.tick_params(labelbottom=False)
-        else:
+        else:  # (samples/s alone, once the learning rate's panel went: its steps shown again)
+            ax.tick_params(labelbottom=True)
             ax.set_xlabel("optimizer step", fontsize=8 if ax is lr_ax else None)
     for event in log.of_type("change"):
         label = ", ".join(f"{k} {v[0]}→{v[1]}" for k, v in event["changes"].items())

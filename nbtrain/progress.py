@@ -3,7 +3,9 @@ kernel and the text bar elsewhere, so the magic, `python -m nbtrain demo` and an
 train.py show one bar with the same numbers."""
 from __future__ import annotations
 
+import sys
 import time
+import warnings
 
 from .measure.steady import WindowRate
 
@@ -18,6 +20,7 @@ class Progress:
         self.bar = None
         self.cost_s = 0.0  # spent inside the training loop, so a benchmark (and a user) can check it
         self.rate = WindowRate()
+        self._showwarning = None  # warnings.showwarning while a text bar holds the terminal's line
 
     def update(self, event: dict, log) -> None:
         started = time.perf_counter()
@@ -28,6 +31,8 @@ class Progress:
             self.bar = tqdm(total=event["info"]["planned_steps"], unit="step", desc=self.description,
                             dynamic_ncols=True, **self.options)
             self.rate.start(event["info"])
+            if not _in_a_notebook(self.bar):
+                self._route_warnings()
         elif self.bar is not None and kind == "steps" and event["rows"]["step"]:
             rows = event["rows"]
             self.bar.update(len(rows["step"]))
@@ -47,6 +52,24 @@ class Progress:
 
     def close(self) -> None:
         """End the bar (also when training failed and no end event came)."""
+        if self._showwarning is not None:
+            warnings.showwarning, self._showwarning = self._showwarning, None
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+    def _route_warnings(self) -> None:
+        """A warning from the user's code, written to the terminal as it is, landed inside the bar's line
+        (and the bar was drawn again below it): through tqdm.write it gets a line of its own, above the bar."""
+        shown, bar = warnings.showwarning, self.bar
+
+        def above_the_bar(message, category, filename, lineno, file=None, line=None):
+            if file not in (None, sys.stderr) or self.bar is not bar:
+                return shown(message, category, filename, lineno, file, line)
+            bar.write(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"), file=sys.stderr)
+        self._showwarning, warnings.showwarning = shown, above_the_bar
+
+
+def _in_a_notebook(bar) -> bool:
+    """tqdm.auto's notebook widget (its output has an area of its own), told without importing it."""
+    return any(cls.__module__ == "tqdm.notebook" for cls in type(bar).__mro__)

@@ -7,6 +7,8 @@ left out is the extra index of CPU torch builds: this machine reaches only PyPI,
 pinned torch lies on its disk (pip's find-links), so only that line is dropped.
 """
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,6 +41,51 @@ def test_binder_requirements_install_this_package_and_a_cpu_torch():
     kept, dropped = _offline_requirements(text)
     assert all("download.pytorch.org/whl/cpu" in line for line in dropped) and len(dropped) == 1
     assert (ROOT / "binder" / "runtime.txt").read_text().strip().startswith("python-3.")
+
+
+def _readme_install_lines() -> list[str]:
+    """The README's first code block: the lines a newcomer pastes into a terminal."""
+    text = (ROOT / "README.md").read_text()
+    return text.split("```\n", 2)[1].splitlines()
+
+
+def test_the_readmes_cpu_line_installs_torch_and_torchvision_together_before_the_package():
+    # Torch alone from the CPU index, then `pip install -e .`: pip took the newest torchvision from PyPI,
+    # which needs a newer torch, so the CPU torch was replaced by the CUDA build (~3 GB of nvidia-* wheels).
+    lines = _readme_install_lines()
+    cpu = [i for i, line in enumerate(lines) if "download.pytorch.org/whl/cpu" in line]
+    assert len(cpu) == 1, lines
+    words = shlex.split(lines[cpu[0]], comments=True)  # a commented-out line is not run by the block
+    assert words[:2] == ["pip", "install"] and "--index-url" in words, lines[cpu[0]]
+    packages = [w for w in words[2:] if not w.startswith("-") and "://" not in w]
+    assert sorted(re.split(r"[=<>!~]", p)[0] for p in packages) == ["torch", "torchvision"], lines[cpu[0]]
+    package = lines.index("pip install -e .")
+    assert cpu[0] < package, "the CPU builds go in first, so that `pip install -e .` keeps them"
+    versions = dict(re.fullmatch(r"(torch|torchvision)==([\d.]+)", p).groups() for p in packages if "==" in p)
+    if versions:  # pinned: a pair made for each other
+        _a_pair(versions["torch"], versions["torchvision"])
+
+
+def _a_pair(torch_version: str, torchvision_version: str) -> None:
+    """torchvision 0.(N+15) is built against torch 2.N (0.15 with 2.0 ... 0.28 with 2.13)."""
+    t, v = (tuple(int(x) for x in s.split(".")[:2]) for s in (torch_version, torchvision_version))
+    assert t[0] == 2 and v == (0, t[1] + 15), f"torch {torch_version} with torchvision {torchvision_version}"
+
+
+def test_binder_and_the_package_ask_for_a_torch_and_torchvision_made_for_each_other():
+    pins = dict(re.findall(r"^(torch|torchvision)==([\d.]+)", REQUIREMENTS.read_text(), re.M))
+    _a_pair(pins["torch"], pins["torchvision"])
+    lowest = dict(re.findall(r'"(torch|torchvision)>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()))
+    _a_pair(lowest["torch"], lowest["torchvision"])
+
+
+def test_no_binder_badge_points_at_a_placeholder_account():
+    # A badge to mybinder.org/v2/gh/OWNER/nbtrain opened nothing: the account that publishes this repository
+    # is not known to its files, so the READMEs say how to open it on Binder instead of linking a guess.
+    for readme in (ROOT / "README.md", ROOT / "notebooks" / "README.md"):
+        text = readme.read_text()
+        assert "OWNER" not in text and "mybinder.org/v2/gh/" not in text, readme
+        assert "binder/requirements.txt" in text or "`binder/`" in text, f"{readme} says where Binder's files are"
 
 
 @pytest.mark.slow

@@ -1,3 +1,7 @@
+import re
+import subprocess
+import sys
+
 import pytest
 
 from nbtrain import ConfigError, TrainConfig
@@ -149,3 +153,17 @@ def test_a_checkpoint_interval_is_read_once_into_a_typed_value():
     # Its canonical text is what is printed, stored and read back.
     assert by_time.checkpoint_every == "600s" and json.loads(json.dumps(by_time.to_dict()))["checkpoint_every"] == "600s"
     assert TrainConfig.from_dict(by_time.to_dict()).checkpoint_every.seconds == 600.0
+
+
+def test_the_demos_help_says_each_flags_meaning_once():
+    # `--devices INT  processes per node; more than 1 launches DDP workers; a whole number >= 1 (processes
+    # per node; > 1 runs DDP)`: an option's help said what it does and its allowed values said it again.
+    text = subprocess.run([sys.executable, "-m", "nbtrain", "demo", "--help"], capture_output=True, text=True,
+                          check=True).stdout
+    paragraphs = re.split(r"\n(?=  --)", text.split("training configuration", 1)[1])
+    assert len(paragraphs) > 40, paragraphs[:3]
+    for paragraph in paragraphs:
+        words = re.findall(r"[a-z0-9_<>=$]+", paragraph.split(None, 2)[-1].lower())
+        phrases = [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
+        repeated = {" ".join(p) for p in phrases if phrases.count(p) > 1}
+        assert not repeated, f"said twice in {paragraph.split()[0]}: {repeated}\n{paragraph}"

@@ -21,7 +21,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
                                      "(e.g. 10.0.0.1:29400, [::1]:29400)"),
     ({"rdzv_endpoint": "bad host:29400"}, "rdzv_endpoint='bad host:29400': 'host:port'"),
     ({"rdzv_host": "a;b"}, "rdzv_host='a;b': a host name or IP address of this machine, or None (127.0.0.1)"),
-    ({"node_rank": -1}, "node_rank=-1: a whole number >= 0 (this machine's place among num_nodes), or None"),
+    ({"node_rank": -1}, "node_rank=-1: a whole number >= 0, or None ($NBTRAIN_NODE_RANK)"),
     ({"node_rank": 2, "num_nodes": 2}, "node_rank=2: a whole number from 0 to 1 (this machine's place among "
                                        "num_nodes=2)"),
     ({"node_rank": 1}, "node_rank=1: a whole number from 0 to 0"),

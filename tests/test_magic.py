@@ -122,8 +122,21 @@ def test_next_cell_continues_the_same_model_unless_it_builds_one(ip):
 
 def test_unknown_flag_names_it_and_suggests_nothing_runs(ip, capsys):
     text = fails_with(ip, capsys, "%%nbtrain --max-steps 2 --bath-size 32\nran = True")
-    assert "%%nbtrain: unknown flag --bath-size 32; did you mean --batch-size? allowed flags: --name," in text
+    assert ("%%nbtrain: unknown flag --bath-size 32 (did you mean --batch-size?); allowed: the flags that "
+            "%%nbtrain? lists") in text
     assert "ran" not in ip.user_ns
+
+
+def test_every_unknown_flag_is_named_with_its_neighbour_and_the_help_not_all_flags_is_pointed_to(ip, capsys):
+    text = fails_with(ip, capsys, "%%nbtrain --bath-size 32 --max-step=3 --no-plott --zzzz 1 7\nran = True")
+    line = next(row for row in text.splitlines() if "unknown flags" in row)
+    assert line.endswith("%%nbtrain: unknown flags --bath-size 32 (did you mean --batch-size?), --max-step 3 "
+                         "(did you mean --max-steps?), --no-plott (did you mean --no-plot?), --zzzz 1, "
+                         "unexpected value '7'; allowed: the flags that %%nbtrain? lists"), line
+    assert len(line) < 300 and "--precision" not in text  # not a list of every flag
+    assert "ran" not in ip.user_ns
+    text = fails_with(ip, capsys, "%nbtrain --bath-size 32")  # the line magic names itself
+    assert "%nbtrain: unknown flag --bath-size 32 (did you mean --batch-size?)" in text
 
 
 def test_bad_values_are_all_named_with_what_is_allowed(ip, capsys):

@@ -243,7 +243,7 @@ JUDGED_BY_THE_TOOL = {"%%nbtrain --find-batch-size --max-batch 99999", "%%nbtrai
                                                 "of " + ", ".join(CHECKLIST_ITEMS)),
     ("%nbtrain_checklist --budget 0.01", "%nbtrain_checklist: --checklist: --budget 0.01 left no time to measure the "
                                          "starting config against one candidate for 3 rounds; allow more (e.g. --budget 30)"),
-    ("%nbtrain_checklist --bugdet 5", "%nbtrain_checklist: unknown flag --bugdet 5; did you mean --budget?"),
+    ("%nbtrain_checklist --bugdet 5", "%nbtrain_checklist: unknown flag --bugdet 5 (did you mean --budget?)"),
 ])
 def test_bad_tool_input_is_one_line_naming_the_flag_the_value_and_what_is_allowed(ip, capsys, line, expected):
     ip.run_cell(DIGITS)

@@ -168,3 +168,21 @@ def test_ab_stops_and_says_so_when_a_timed_block_diverges_instead_of_timing_nan_
         nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), optimizer=sgd,
                    a={"lr": 1e12, "on_nonfinite_loss": "continue"}, b={}, block_steps=7, min_pairs=2, max_pairs=2)
     assert same_weights(before, weights(model))
+
+
+def test_every_ratio_reads_one_way_the_number_then_x():
+    # Tables said 'x3.37' where the verdicts said '3.71x faster': one form, from nbtrain.format.ratio.
+    import pathlib
+    import re
+
+    from nbtrain.format import ratio
+    from nbtrain.measure.verdict import Verdict
+    measured, unsure = Verdict(1.31, 1.24, 1.38, 8), Verdict(0.8, float("nan"), float("nan"), 1)
+    assert ratio(3.37) == "3.37x" and ratio(2.04, 1) == "2.0x"
+    assert measured.short() == "1.31x (1.24-1.38)" and measured.text() == "1.31x faster (95% interval 1.24-1.38)"
+    assert Verdict(0.5, 0.4, 0.6, 8).text() == "2.00x slower (95% interval 1.67-2.50)"
+    assert unsure.short() == "0.80x, too few steps to tell" and unsure.text() == "0.80x, too few measurements to tell"
+    package = pathlib.Path(nbtrain.__file__).parent
+    written = [f"{p.relative_to(package)}: {m.group()}" for p in package.rglob("*.py")
+               for m in re.finditer(r"\bx\{[^}]*:[,]?\.\d+f\}", p.read_text())]
+    assert written == [], "a ratio written 'x1.31'; use nbtrain.format.ratio"

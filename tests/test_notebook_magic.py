@@ -129,7 +129,7 @@ def test_two_cells_trained_compared_interrupted_and_compared_again_after_a_resta
 
     # A bad flag is one line and nothing runs; a failure in user code shows the user's frames only.
     text = text_of(bad_flag)
-    assert "UsageError: %%nbtrain: unknown flag --bath-size 3; did you mean --batch-size?" in text
+    assert "UsageError: %%nbtrain: unknown flag --bath-size 3 (did you mean --batch-size?)" in text
     assert "Traceback" not in text
     error = [o for o in user_error.outputs if o.output_type == "error"][0]
     frames = "\n".join(error["traceback"])

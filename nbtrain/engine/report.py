@@ -8,6 +8,7 @@ import statistics
 import torch
 
 from . import data, fsdp
+from ..format import ratio as ratio_text
 
 
 class RunReport:
@@ -38,7 +39,7 @@ class RunReport:
         if gain <= 0:
             return [note + f" vs {1000 * self._eager_step_s:.2f} ms eager: no speed-up at this size, it never pays off"]
         pays = f"pays off after ~{math.ceil(cost / gain):,} steps" if cost >= 0.05 else "pays off at once"
-        return [note + f" vs {1000 * self._eager_step_s:.2f} ms eager ({self._eager_step_s / steady:.2f}x): {pays}"]
+        return [note + f" vs {1000 * self._eager_step_s:.2f} ms eager ({ratio_text(self._eager_step_s / steady)}): {pays}"]
 
     def _planned_steps(self) -> int:
         c = self.config

@@ -27,6 +27,7 @@ from ..tools import trial
 from ..config import TrainConfig
 from ..engine.data import to_device
 from ..engine.toggles import to_channels_last
+from ..format import ratio as ratio_text
 from .steady import SteadyRate, block_rates, steady_rate
 from .verdict import Verdict, unpaired
 
@@ -70,9 +71,9 @@ class Ceilings:
         """By how much the binding ceiling binds, with its 95% interval."""
         v = self.ratio
         if self.kind == "data-bound":
-            return f"the model could go {v.ratio:.1f}x faster; 95% interval {v.interval_text()}"
+            return f"the model could go {ratio_text(v.ratio, 1)} faster; 95% interval {v.interval_text()}"
         if self.kind == "compute-bound":
-            return f"the loader has {1 / v.ratio:.1f}x to spare; 95% interval {1 / v.high:.2f}-{1 / v.low:.2f}"
+            return f"the loader has {ratio_text(1 / v.ratio, 1)} to spare; 95% interval {1 / v.high:.2f}-{1 / v.low:.2f}"
         return f"ratio {v.interval_text()}"
 
     @property

@@ -88,14 +88,20 @@ def warmup_length(durations) -> int:
     return n // 2
 
 
+def steady_steps(durations, samples) -> tuple[int, np.ndarray, np.ndarray]:
+    """(warm-up length, durations, samples) of the steps after the warm-up."""
+    d = np.asarray(list(durations), dtype=float)
+    s = np.asarray(list(samples), dtype=float)
+    warm = warmup_length(d) if len(d) and np.all(np.isfinite(d)) else 0
+    return warm, d[warm:], s[warm:]
+
+
 def steady_rate(durations, samples, *, seed: int = 0) -> SteadyRate:
     """The steady rate of steps taking `durations` seconds and holding `samples` samples each."""
     d = np.asarray(list(durations), dtype=float)
-    s = np.asarray(list(samples), dtype=float)
     if len(d) == 0 or not np.all(np.isfinite(d)):
         return NOTHING
-    warm = warmup_length(d)
-    steady_d, steady_s = d[warm:], s[warm:]
+    warm, steady_d, steady_s = steady_steps(d, samples)
     total = float(d.sum())
     if steady_d.sum() <= 0:
         return SteadyRate(float("nan"), float("nan"), float("nan"), float("nan"), warm, float(d[:warm].sum()),
@@ -108,19 +114,27 @@ def steady_rate(durations, samples, *, seed: int = 0) -> SteadyRate:
     return SteadyRate(rate, low, high, spread, warm, float(d[:warm].sum()), len(steady_d), total)
 
 
-def _interval(d: np.ndarray, s: np.ndarray, seed: int) -> tuple[float, float, float]:
-    """Moving-block bootstrap 95% interval of sum(s)/sum(d), and the IQR/median of block rates."""
+def resampled_rates(d: np.ndarray, s: np.ndarray, seed: int, resamples: int = _RESAMPLES) -> np.ndarray | None:
+    """sum(s)/sum(d) of `resamples` moving-block bootstrap draws of the steps (None: under 6 steps, too few)."""
     n = len(d)
     if n < 6:
-        return float("nan"), float("nan"), float("nan")
+        return None
     length = max(2, int(round(math.sqrt(n))))
     starts = np.arange(0, n - length + 1)
     cd, cs = np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.cumsum(s)])
     block_d, block_s = cd[starts + length] - cd[starts], cs[starts + length] - cs[starts]
-    count = math.ceil(n / length)
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(starts), size=(_RESAMPLES, count))
-    rates = block_s[picks].sum(1) / block_d[picks].sum(1)
+    picks = np.random.default_rng(seed).integers(0, len(starts), size=(resamples, math.ceil(n / length)))
+    return block_s[picks].sum(1) / block_d[picks].sum(1)
+
+
+def _interval(d: np.ndarray, s: np.ndarray, seed: int) -> tuple[float, float, float]:
+    """Moving-block bootstrap 95% interval of sum(s)/sum(d), and the IQR/median of block rates."""
+    rates = resampled_rates(d, s, seed)
+    if rates is None:
+        return float("nan"), float("nan"), float("nan")
+    n = len(d)
+    length = max(2, int(round(math.sqrt(n))))
+    cd, cs = np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.cumsum(s)])
     low, high = _quantiles(rates, (0.025, 0.975))
     disjoint = np.arange(0, n - length + 1, length)  # non-overlapping blocks for the spread
     block_rates = (cs[disjoint + length] - cs[disjoint]) / (cd[disjoint + length] - cd[disjoint])

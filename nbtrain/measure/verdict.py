@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from ..format import ratio as ratio_text
+from .steady import resampled_rates, steady_rate, steady_steps
+
 # A ratio within 2% of 1 is not called a difference even when its interval excludes 1: below
 # that, a shared machine's systematic wobble (cache state, frequency) is as large as the effect.
 MIN_EFFECT = 0.02
@@ -57,7 +60,7 @@ class Verdict:
         if not math.isfinite(self.ratio):
             return head + "not measured"
         if not math.isfinite(self.low):
-            return head + f"x{self.ratio:.2f}, too few measurements to tell"
+            return head + f"{ratio_text(self.ratio)}, too few measurements to tell"
         if self.too_noisy:
             return head + f"too noisy to tell (95% interval {self.interval_text()})"
         if not self.measurable:
@@ -65,19 +68,19 @@ class Verdict:
         word = "faster" if self.ratio > 1 else "slower"
         shown = self.ratio if self.ratio > 1 else 1 / self.ratio
         interval = f"{self.low:.2f}-{self.high:.2f}" if self.ratio > 1 else f"{1 / self.high:.2f}-{1 / self.low:.2f}"
-        return head + f"{shown:.2f}x {word} (95% interval {interval})"
+        return head + f"{ratio_text(shown)} {word} (95% interval {interval})"
 
     def short(self) -> str:
-        """For a table cell: 'x1.31 (1.24-1.38)' or 'no measurable difference'."""
+        """For a table cell: '1.31x (1.24-1.38)' or 'no measurable difference'."""
         if not math.isfinite(self.ratio):
             return "-"
         if not math.isfinite(self.low):
-            return f"x{self.ratio:.2f}, too few steps to tell"
+            return f"{ratio_text(self.ratio)}, too few steps to tell"
         if self.too_noisy:
             return f"too noisy to tell ({self.interval_text()})"
         if not self.measurable:
             return f"no measurable difference ({self.interval_text()})"
-        return f"x{self.ratio:.2f} ({self.interval_text()})"
+        return f"{ratio_text(self.ratio)} ({self.interval_text()})"
 
 
 UNMEASURED = Verdict(float("nan"), float("nan"), float("nan"), 0)
@@ -112,3 +115,21 @@ def unpaired(blocks_a, blocks_b, *, seed: int = 0, resamples: int = 2000) -> Ver
     mb = np.median(b[rng.integers(0, len(b), (resamples, len(b)))], axis=1)
     low, high = np.percentile(mb / ma, [2.5, 97.5])
     return Verdict(ratio, float(low), float(high), min(len(a), len(b)), paired=False)
+
+
+def steady_ratio(series_a, series_b, *, resamples: int = 2000) -> Verdict:
+    """B's steady rate over A's, each the samples/s a run's summary shows (`steady_rate` of its
+    (durations, samples) series), so the ratio is the ratio of the two figures on screen; its 95%
+    interval comes from independent moving-block bootstraps of each run's steady steps (the ones
+    that give each rate its interval) and holds the ratio. Runs measured apart: unpaired."""
+    a, b = steady_rate(*series_a), steady_rate(*series_b)
+    if not (a.rate > 0 and b.rate > 0):
+        return UNMEASURED
+    ratio = b.rate / a.rate
+    (_, da, sa), (_, db, sb) = steady_steps(*series_a), steady_steps(*series_b)
+    pairs = min(a.steady_steps, b.steady_steps)
+    ra, rb = resampled_rates(da, sa, 0, resamples), resampled_rates(db, sb, 1, resamples)
+    if ra is None or rb is None:
+        return Verdict(ratio, float("nan"), float("nan"), pairs, paired=False)
+    low, high = np.percentile(rb / ra, [2.5, 97.5])
+    return Verdict(ratio, min(float(low), ratio), max(float(high), ratio), pairs, paired=False)

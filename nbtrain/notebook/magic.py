@@ -91,20 +91,29 @@ def _known_flags(parser) -> list[str]:
     return [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
 
 
-def _unknown_flag_error(parser, unknown: list[str]) -> UsageError:
-    token = unknown[0]
-    if not token.startswith("-"):
-        return UsageError(f"%%nbtrain: unexpected value {token!r}; allowed: flags written --flag VALUE, "
+def _unknown_flag_error(parser, unknown: list[str], magic: str = "%%nbtrain") -> UsageError:
+    """Every unknown flag (with its value and nearest known flag) in one line that points to the help,
+    not a list of all eighty flags."""
+    if not unknown[0].startswith("-"):
+        return UsageError(f"{magic}: unexpected value {unknown[0]!r}; allowed: flags written --flag VALUE, "
                           "one value each (see %%nbtrain?)")
-    name, _, value = token.partition("=")
-    if not value and len(unknown) > 1 and not unknown[1].startswith("--"):
-        value = unknown[1]
     known = _known_flags(parser)
-    # A flag cut short (--batch for --batch-size) beats a spelling neighbour (--sbatch).
-    near = [k for k in known if k.startswith(name + "-")][:1] or difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {near[0]}? " if near else ""
-    shown = f" {value}" if value else ""
-    return UsageError(f"%%nbtrain: unknown flag {name}{shown}; {hint}allowed flags: {', '.join(known)}")
+    named, i = [], 0
+    while i < len(unknown):
+        token = unknown[i]
+        i += 1
+        if not token.startswith("-"):
+            named.append(f"unexpected value {token!r}")
+            continue
+        name, _, value = token.partition("=")
+        if not value and i < len(unknown) and not unknown[i].startswith("--"):
+            value, i = unknown[i], i + 1
+        # A flag cut short (--batch for --batch-size) beats a spelling neighbour (--sbatch).
+        near = [k for k in known if k.startswith(name + "-")][:1] or difflib.get_close_matches(name, known, n=1)
+        named.append(name + (f" {value}" if value else "") + (f" (did you mean {near[0]}?)" if near else ""))
+    flags = sum(not n.startswith("unexpected") for n in named)
+    return UsageError(f"{magic}: unknown flag{'s' if flags > 1 else ''} {', '.join(named)}; "
+                      "allowed: the flags that %%nbtrain? lists")
 
 
 @magics_class
@@ -120,7 +129,7 @@ class NbtrainMagics(Magics):
     def _parse(self, line: str, magic: str = "%%nbtrain"):
         args, unknown = self.parser.parse_known_args(arguments.split(magic, line))
         if unknown:
-            raise _unknown_flag_error(self.parser, unknown)
+            raise _unknown_flag_error(self.parser, unknown, magic)
         given = {k: v for k, v in vars(args).items() if k not in _RUN_OPTIONS}
         return args, given
 
@@ -252,7 +261,9 @@ class NbtrainMagics(Magics):
     def _views(self, log: MetricsLog, args) -> list:
         """The live progress bar and plot, subscribed to `log`, unless the flags turned them off."""
         progress = None if self._option(args, "no_progress") else log.subscribe(Progress(args.name or ""))
-        plot = None if self._option(args, "no_plot") else LivePlot(title=args.name).follow(log)
+        # A terminal IPython shows no pictures: there each frame was a line of text, printed into the bar.
+        draws = "image/png" in self.shell.display_formatter.active_types
+        plot = None if self._option(args, "no_plot") or not draws else LivePlot(title=args.name).follow(log)
         return [view for view in (progress, plot) if view is not None]
 
     def _train(self, recipe: Recipe, config: TrainConfig, args, taken: dict) -> RunResult | None:

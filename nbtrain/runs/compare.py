@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..measure.steady import block_rates, columns_series
-from ..measure.verdict import Verdict, unpaired
+from ..measure.steady import columns_series
+from ..measure.verdict import Verdict, steady_ratio
 from ..plotting import held_out_series
 from ..format import number
-from .result import RunResult
+from .result import RunResult, peak_memory, peak_memory_text
 
 
 def smoothed(losses: list[float], window: int) -> list[float]:
@@ -119,7 +119,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
                      "samples/s": run.steady().text(""),
                      "vs first": "-" if run is base else versus(base, run).short(),
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
-                     "peak memory": number(s.get("peak_mem_mb"), " MB"), "last loss": number(s["last_loss"]),
+                     "peak memory": peak_memory_text(s), "last loss": number(s["last_loss"]),
                      "held-out": held_out_text(s), "changed from first": changes or "-"})
     if all(row["held-out"] == "-" for row in rows):  # no run validated: no column of dashes
         for row in rows:
@@ -143,13 +143,14 @@ def held_out_text(summary: dict) -> str:
 
 
 def versus(first: RunResult, other: RunResult) -> Verdict:
-    """`other`'s steady throughput over `first`'s, with its interval (runs measured apart: unpaired).
+    """`other`'s steady throughput over `first`'s: the ratio of the samples/s the two runs show, with its
+    interval (runs measured apart: unpaired).
 
     Two runs taken at different times cannot see a load that changed between them; for a
     verdict on one config against another, `nbtrain.ab` measures them in alternation.
     """
-    return unpaired(block_rates(*columns_series(first.history, _samples_start(first))),
-                    block_rates(*columns_series(other.history, _samples_start(other))))
+    return steady_ratio(columns_series(first.history, _samples_start(first)),
+                        columns_series(other.history, _samples_start(other)))
 
 
 def _samples_start(run: RunResult) -> int:
@@ -159,33 +160,47 @@ def _samples_start(run: RunResult) -> int:
 
 def _draw(results, labels, target, times):
     from matplotlib.figure import Figure
-    figure = Figure(figsize=(13, 3.2), layout="constrained")
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import StrMethodFormatter
+    figure = Figure(figsize=(13, 3.5), layout="constrained")
     loss_ax, time_ax, rate_ax, mem_ax = figure.subplots(1, 4)
     colors = [f"C{i % 10}" for i in range(len(results))]
+    handles, held = [], False
     for run, label, color in zip(results, labels, colors):
         cols = run.history
-        loss_ax.plot(cols["time"], smoothed(cols["loss"], _window(run)), color=color, lw=1.3, label=label)
+        handles += loss_ax.plot(cols["time"], smoothed(cols["loss"], _window(run)), color=color, lw=1.3, label=label)
         steps, values = held_out_series(run.log).get("val_loss", ([], []))
         if steps:  # validations happen at steps: placed at the training time of that step
+            held = True
             loss_ax.plot(np.interp(steps, cols["step"], cols["time"]), values, color=color, ls="none", marker="o",
                          ms=3.5, mfc="white", label=f"{label} held-out")
     loss_ax.axhline(target, color="grey", ls="--", lw=0.8)
     loss_ax.set(xlabel="training time (s)", ylabel="training loss (smoothed)", title="loss against time")
-    loss_ax.legend(fontsize=8)
+    if held:  # one entry for every run's held-out points: their colour says whose
+        handles.append(Line2D([], [], color="grey", ls="none", marker="o", ms=3.5, mfc="white", label="held-out loss"))
+    # Below the panels, one row: inside the loss panel, five runs' entries covered their own curves.
+    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 8), fontsize=8,
+                  frameon=False)
     positions = range(len(results))
 
-    def bars(ax, values, title, unit, missing="n/a"):
+    def bars(ax, values, title, unit, missing="n/a", notes=None):
         heights = [0 if v is None or math.isnan(v) else v for v in values]
         ax.bar(positions, heights, color=colors)
         ax.set_xticks(list(positions), labels, rotation=20 if len(labels) > 3 else 0, fontsize=8)
         ax.set_title(title)
         ax.set_ylabel(unit)
-        for x, v, h in zip(positions, values, heights):
-            text = missing if v is None or math.isnan(v) else f"{v:,.3g}"
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.10g}"))  # 8,000 as the tables write it
+        for x, v, h, note in zip(positions, values, heights, notes or [""] * len(values)):
+            text = missing if v is None or math.isnan(v) else number(float(v)) + note
             ax.annotate(text, (x, h), ha="center", va="bottom", fontsize=8)
+        ax.margins(y=0.22 if any(notes or []) else 0.12)  # room above the tallest bar for its number
 
     bars(time_ax, times, f"time to loss {target:.3g}", "seconds", missing="not reached")
     bars(rate_ax, [r.summary["samples_per_s"] for r in results], "throughput", "samples/s")
     kinds = {r.summary.get("mem_kind", "memory") for r in results}
-    bars(mem_ax, [r.summary.get("peak_mem_mb") for r in results], "peak memory", f"MB ({', '.join(sorted(kinds))})")
+    memory = [peak_memory(r.summary) for r in results]
+    several = any(processes > 1 for _, processes in memory)
+    bars(mem_ax, [mb for mb, _ in memory], "peak memory" + (" (all processes)" if several else ""),
+         f"MB ({', '.join(sorted(kinds))})",
+         notes=[f"\n{processes} processes" if processes > 1 else "" for _, processes in memory])
     return figure

@@ -56,6 +56,21 @@ def held_out(log: MetricsLog) -> dict:
 
 
 
+def peak_memory(summary: dict) -> tuple[float | None, int]:
+    """(MB, processes): a run's peak memory over all its processes. A DDP run's rank 0 alone would look
+    like half the memory of the same run in one process."""
+    peaks = summary.get("peak_mem_mb_per_rank") or []
+    if len(peaks) > 1 and all(p is not None for p in peaks):
+        return float(sum(peaks)), len(peaks)
+    return summary.get("peak_mem_mb"), 1
+
+
+def peak_memory_text(summary: dict) -> str:
+    """'762 MB', or '891.6 MB in 2 processes' (their peaks summed)."""
+    mb, processes = peak_memory(summary)
+    return number(mb, " MB") + (f" in {processes} processes" if processes > 1 else "")
+
+
 def _per_rank(peaks) -> str:
     if not peaks or len(peaks) < 2:
         return ""
@@ -93,7 +108,7 @@ class RunResult:
             ("total time", f"{duration(s.get('train_time_s'))} for {s['steps']} steps"
                            + (f", {duration(s['time_per_epoch_s'])} per epoch"
                               if s.get("epochs_trained", 0) and s["epochs_trained"] >= 1 else "")),
-            ("peak memory", f"{number(s.get('peak_mem_mb'), ' MB')} ({s.get('mem_kind', '-')})"
+            ("peak memory", f"{peak_memory_text(s)} ({s.get('mem_kind', '-')})"
                             + _per_rank(s.get("peak_mem_mb_per_rank"))),
             ("step time by phase", phases or "-"),
             ("loss first -> last", f"{number(s['first_loss'])} -> {number(s['last_loss'])}"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .. import format
 from ..measure.steady import WIDE_SPREAD
+from .result import peak_memory_text
 
 COLUMNS = (("run", "the run's number and name"),
            ("differs from the first run", "the options this run changed from the table's first run"),
@@ -19,7 +20,8 @@ COLUMNS = (("run", "the run's number and name"),
            ("samples/s (95% interval)", "steady samples/s after the warm-up, with its 95% interval; "
                                         "the compare view says whether two runs differ"),
            ("held-out", "accuracy (and loss) on the held-out data at the run's end"),
-           ("peak memory", "peak memory of the training device (process RSS on the CPU)"))
+           ("peak memory", "peak memory of the training device (process RSS on the CPU), summed over a run's "
+                            "processes"))
 HEADS = tuple(name for name, _ in COLUMNS)
 
 # JupyterLab's theme colours (light or dark), with plain fallbacks; long values wrap inside their cell.
@@ -65,7 +67,7 @@ class Row:
         rate = format.rate_with_interval(s.get("samples_per_s"), steady.get("low"), steady.get("high"),
                                          _wide(steady.get("spread")))
         return (label, self.differs_from(first), self.status, format.number(self.steps), rate,
-                format.held_out(s), format.number(s.get("peak_mem_mb"), " MB"))
+                format.held_out(s), peak_memory_text(s))
 
     def details(self) -> str:
         """Every other setting and measurement, one line."""

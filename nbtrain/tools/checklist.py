@@ -33,6 +33,7 @@ from .checklist_items import (FUNCTIONS as _ITEM_FUNCTIONS, ITEMS, Tried, batch_
 import numpy as np
 
 from ..config import TrainConfig
+from ..format import ratio as ratio_text
 from ..measure.ab import diverged_refusal, trial_rate
 from ..measure.race import Block, Entrant, race
 from ..measure.steady import NOTHING
@@ -113,7 +114,7 @@ class ChecklistResult:
         v = max([42] + [len(i.verdict_text()) for i in self.items])  # and verdicts
         interval = f", 95% interval {total.interval_text()}" if math.isfinite(total.low) and total.pairs else ""
         lines = [f"nbtrain checklist walk on {self.device}: {self.baseline:,.0f} -> {self.final:,.0f} samples/s "
-                 f"(x{self.final / self.baseline:.2f}{interval}), {self.blocks} blocks in {self.rounds} rounds"
+                 f"({ratio_text(self.final / self.baseline)}{interval}), {self.blocks} blocks in {self.rounds} rounds"
                  + (f" and {self.trials} separate trials" if self.trials else "")
                  + f" in {self.elapsed_s:.1f} s of a {self.budget_s:.0f} s budget",
                  f"  {'item':<{w}} {'head to head vs current (95% interval)':<{v}} {'kept':<4}  "
@@ -135,7 +136,7 @@ class ChecklistResult:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"ChecklistResult(x{self.final / self.baseline:.2f}: {self.changes()})"
+        return f"ChecklistResult({ratio_text(self.final / self.baseline)}: {self.changes()})"
 
     def plot(self, path=None, ax=None):
         """Waterfall: the starting throughput, each item's measured change, the result."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import plotting
+from ..format import ratio as ratio_text
 
 _LINE = 16  # characters: a bar's label wider than this runs into its neighbours'
 
@@ -31,7 +32,7 @@ def waterfall(walk, path=None, ax=None):
                 change = item.after - level
                 ax.bar(x, change, bottom=level, color="tab:green" if change >= 0 else "tab:red")
                 interval = f"\n({item.verdict.interval_text()})" if item.verdict.pairs else ""
-                text = f"x{item.speedup:.2f}{interval}\n{_lines(item.chosen)}"
+                text = f"{ratio_text(item.speedup)}{interval}\n{_lines(item.chosen)}"
                 level = item.after
             else:
                 ax.plot([x - 0.4, x + 0.4], [level, level], color="tab:grey", lw=1.5)
@@ -42,7 +43,7 @@ def waterfall(walk, path=None, ax=None):
         ax.bar(last, level, color="tab:blue")
         total = walk.overall()
         interval = f"\n({total.interval_text()})" if total.pairs else ""
-        ax.annotate(f"{level:,.0f}\nx{level / walk.baseline:.2f}{interval}", (last, level), ha="center", va="bottom",
+        ax.annotate(f"{level:,.0f}\n{ratio_text(level / walk.baseline)}{interval}", (last, level), ha="center", va="bottom",
                     fontsize=7)
         ax.set_xticks(range(len(labels)), labels, fontsize=8)
         ax.set_ylabel("samples/s (measured)")

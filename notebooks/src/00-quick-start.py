@@ -106,7 +106,7 @@ except UsageError as error:
 # `train_data`, `loss_fn` (and `val_data`, `optimizer`) — so it trains the model defined above (from
 # Python: `nbtrain.panel(globals())`). In JupyterLab it looks like this:
 #
-# ![the nbtrain control panel in JupyterLab](../docs/panel.png)
+# ![the nbtrain control panel in JupyterLab](images/panel.png)
 
 # %%
 %nbtrain --panel --name panel
@@ -138,9 +138,10 @@ bf16_verdict = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 1
 print(bf16_verdict.text())
 
 # %% [markdown]
-# On this CPU and this small model, bf16-mixed buys no large speed-up — whatever the two panel runs seemed
-# to show. Whether it helps depends on the processor and the model: notebook 6 measures it head to head on
-# this MLP and on a convolutional network.
+# On this CPU and this small model, bf16-mixed is no speed-up: head to head it measures slower (or, on a
+# busy machine, too noisy to tell) — whatever the two panel runs seemed to show. The model's matrix
+# multiplications are too small to gain from bf16, and autocast still pays to convert around each layer. Whether it helps depends on the processor and the model: notebook 6 measures
+# it head to head on this MLP and on a convolutional network.
 #
 # ## Checks
 
@@ -154,5 +155,5 @@ assert "--batch-size" in flag_message and "fp8" in flag_message
 assert [r.status for r in panel.runs] == ["completed", "completed"], [(r.status, r.error) for r in panel.runs]
 assert panel.runs[1].config.precision == "bf16-mixed" and panel.runs[0].config.batch_size == 128
 assert panel_trained  # the panel trained this notebook's live model
-assert not bf16_verdict.verdict.above(0.5), bf16_verdict.text()  # no large bf16 speed-up on this CPU
+assert not bf16_verdict.verdict.faster, bf16_verdict.text()  # no bf16 speed-up on this CPU (slower where it measured)
 print("all checks passed")
