@@ -53,6 +53,10 @@ def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
     engine.recipe = recipe
     if not _same_function(old.optimizer, recipe.optimizer):
         engine.replace_optimizer()
+    elif not _same_function(old.scheduler, recipe.scheduler):
+        engine.replace_schedule()  # given, replaced or removed (None) in this call: it takes effect now
+    elif engine.schedule is not None:
+        engine.schedule.interval = recipe.scheduler_interval
     if old.train_data is not recipe.train_data or old.collate_fn is not recipe.collate_fn:
         engine.rebuild_loader()
     engine.reconfigure(config)
@@ -93,7 +97,9 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         from .distributed.launch import fit_distributed
         result = fit_distributed(recipe, config, log=log, stop=stop)
     else:
-        result = engine_for(recipe, config).run(log=log, stop=stop)
+        engine = engine_for(recipe, config)
+        engine.check_schedule()
+        result = engine.run(log=log, stop=stop)
     result.name = name
     return result
 

@@ -36,6 +36,9 @@ class Validation:
         self._validated_at = self.step
         if emit:
             self.log.emit({"type": "epoch", "epoch": self.epoch, "step": self.step, "partial": True, **numbers})
+        if self.schedule is not None and self.schedule.on_plateau:
+            self.schedule.step_on(numbers, self.config, self.optimizer)
+            self.set_lr(self.step)
         if self._monitor is not None and self._monitor.update(numbers, self.step, self.model):
             self.stop("early_stopped")
         return numbers

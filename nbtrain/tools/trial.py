@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ctypes
+import functools
 import gc
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,21 +21,74 @@ import torch
 
 from ..config import TrainConfig
 from ..engine.state import Snapshot  # noqa: F401  (every tool's trials use it)
+from ..adapters.lightning import is_lightning_module
 from ..recipe import Recipe
+
+
+# The parts a tool inherits from the live engine's recipe when the call does not give them.
+_LIVE_PARTS = ("train_data", "optimizer", "scheduler", "scheduler_interval", "scheduler_monitor", "metrics",
+               "val_data", "collate_fn", "validation_step", "logged", "loader_settings", "fixed_loader")
 
 
 def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config: TrainConfig | None = None,
             loss_fn=None, training_step=None, optimizer=None, val_data=None, collate_fn=None):
-    """The live engine for a recipe (or for a model + data given like `nbtrain.fit`)."""
-    from ..api import engine_for
+    """The live engine for a recipe (or for a model + data given like `nbtrain.fit`).
+
+    A tool starts from the live engine as it is: what the call leaves out (the optimizer, its schedule,
+    the config, the loss) is the engine's own, not a default AdamW or TrainConfig().
+    """
+    from ..api import engine_for, live_engine
     if isinstance(model, Recipe):
         recipe, model = model, None
     if recipe is None:
         from ..adapters import recipe_for
         recipe = recipe_for(model, train_data, loss_fn=loss_fn, training_step=training_step, optimizer=optimizer,
                             val_data=val_data, collate_fn=collate_fn)
-    config = config or TrainConfig()
+        live = live_engine(recipe.model)
+        if live is not None and not live.running:
+            recipe = _with_live_parts(recipe, live.recipe, given={"train_data": train_data, "optimizer": optimizer,
+                                                                  "val_data": val_data, "collate_fn": collate_fn,
+                                                                  "loss": loss_fn or training_step})
+    live = live_engine(recipe.model)
+    if config is None:
+        config = live.config if live is not None and not live.running else TrainConfig()
     return engine_for(recipe, config)
+
+
+def _with_live_parts(recipe: Recipe, live: Recipe, given: dict) -> Recipe:
+    """`recipe` (just built for this call) with the live recipe's parts wherever the call gave none."""
+    data = getattr(given["train_data"], "dataset", given["train_data"])
+    comes_with_data = {"train_data", "loader_settings", "fixed_loader", "collate_fn"}
+    own = comes_with_data if data is not None and data is not live.train_data else set()
+    for name in _LIVE_PARTS:
+        if name not in own and given.get(name) is None and (name != "logged" or recipe.logged is None):
+            setattr(recipe, name, getattr(live, name))
+    if given["loss"] is None:
+        recipe.loss_fn, recipe.training_step = live.loss_fn, live.training_step
+    return recipe
+
+
+def keeps_live_setup(tool):
+    """A tool that leaves the live engine exactly as it found it: its optimizer object and state, schedule and
+    config, even when the call gave parts or a config of its own (only keep_best=True keeps a config)."""
+    @functools.wraps(tool)
+    def run(*args, **kwargs):
+        from ..api import live_engine
+        bound = inspect.signature(tool).bind(*args, **kwargs)
+        target = bound.arguments.get("recipe") or bound.arguments.get("model")
+        target = target.model if isinstance(target, Recipe) else target
+        if target is not None and is_lightning_module(target):
+            target = target.__dict__.get("_nbtrain_training")
+            target = target.value if target is not None else None
+        engine = live_engine(target) if target is not None else None
+        if engine is None or engine.running or bound.arguments.get("keep_best"):
+            return tool(*args, **kwargs)
+        setup = engine.setup()
+        try:
+            return tool(*args, **kwargs)
+        finally:
+            engine.use_setup(setup)
+    return run
 
 
 @dataclass
