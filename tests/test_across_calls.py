@@ -221,6 +221,17 @@ def test_a_tool_given_its_own_optimizer_and_config_puts_the_live_ones_back():
     assert torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"], state["momentum_buffer"])
 
 
+def test_a_tool_given_only_the_model_measures_the_live_data_loss_and_optimizer():
+    model, optimizer = plain_parts()
+    nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, max_steps=2, batch_size=64,
+                accelerator="cpu")
+    engine = live_engine(model)
+    recipe = engine.recipe
+    result = nbtrain.ab(model, a={}, b={"batch_size": 32}, block_steps=2, min_pairs=2, max_pairs=2)
+    assert result.a == nbtrain.tools.trial.plain_config(engine.config) and result.b.batch_size == 32
+    assert engine.recipe is recipe and engine.optimizer is optimizer
+
+
 # --- a kept larger batch and the user's schedule -----------------------------------------
 
 
