@@ -291,6 +291,21 @@ def test_reduce_lr_on_plateau_steps_on_the_monitored_held_out_loss_as_a_plain_lo
     assert optimizer.param_groups[0]["lr"] == ref_optimizer.param_groups[0]["lr"] < 0.1
 
 
+def test_reduce_lr_on_plateau_over_two_calls_steps_as_over_one():
+    # the held-out loss rises here: every plateau step after the first cuts the rate, so an extra step shows
+    plateau = lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o, factor=0.5, patience=0)  # noqa: E731
+    dataset, held = data(), data(64, 1)
+    rates = []
+    for calls in ((12,), (6, 6)):
+        model, optimizer = plain_parts()
+        for steps in calls:  # 8 steps an epoch: the two calls part mid-epoch, where a closing report is made
+            nbtrain.fit(model, dataset, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, scheduler=plateau,
+                        val_data=held, monitor="val_loss", batch_size=64, max_steps=steps, seed=3, accelerator="cpu")
+        rates.append((optimizer.param_groups[0]["lr"], model))
+    assert rates[0][0] == rates[1][0] == 0.1  # one plateau step (at the epoch's end), no cut
+    assert_same(rates[0][1], rates[1][1])
+
+
 def test_reduce_lr_on_plateau_without_a_monitored_number_is_refused_before_training():
     model, optimizer = plain_parts()
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -233,7 +233,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
                        f"or resume from a checkpoint written before step {bad_step}")
         if self.recipe.val_data is not None and self.epoch_offset and self._validates \
                 and self._validated_at != self.step:
-            self._validate()  # a run ending mid-epoch still reports held-out numbers
+            self._validate(closing=True)  # a run ending mid-epoch still reports held-out numbers
         if status == "early_stopped":  # a planned end, not a stop from outside
             status, message = "completed", self._monitor.stop_message(self.step)
         best = self._monitor.put_best_back(self.model) if self._monitor is not None and c.restore_best else None
