@@ -1,6 +1,8 @@
 """`nbtrain.fit`: train a model with a config, in this process or as DDP workers."""
 from __future__ import annotations
 
+import functools
+
 from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .engine.loop import Engine
 from .metrics import MetricsLog
@@ -30,6 +32,8 @@ def _same_function(a, b) -> bool:
         return True
     if getattr(a, "instance", None) is not None and getattr(a, "instance", None) is getattr(b, "instance", None):
         return True  # the same optimizer instance given again: keep the optimizer the engine steps
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):  # partial(StepLR, step_size=3)
+        return _same_function(a.func, b.func) and a.args == b.args and a.keywords == b.keywords
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
     if code_a is None or code_b is None or (code_a.co_code, code_a.co_consts) != (code_b.co_code, code_b.co_consts):
         return False

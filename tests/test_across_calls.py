@@ -8,6 +8,7 @@ monitored held-out number or is refused before training.
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -151,6 +152,22 @@ def test_a_scheduler_given_replaced_or_removed_in_a_later_call_takes_effect():
     assert lrs(replaced) == [0.1, 0.05]  # a fresh curve from the optimizer's rate
     removed = nbtrain.fit(model, data(), scheduler=None, max_steps=2, **common)
     assert lrs(removed) == [0.1, 0.1]
+
+
+@pytest.mark.parametrize("spelling", ["lambda", "partial"])
+def test_the_same_scheduler_written_again_in_a_later_call_carries_on(spelling):
+    model, optimizer = plain_parts()
+
+    def step_lr():  # a new object each call, as an inline argument or a cell run again makes it
+        if spelling == "partial":
+            return functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2, gamma=0.5)
+        return lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5)
+
+    common = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, batch_size=64, accelerator="cpu",
+                  log_every_n_steps=1)
+    first = nbtrain.fit(model, data(), scheduler=step_lr(), max_steps=3, **common)
+    second = nbtrain.fit(model, data(), scheduler=step_lr(), max_steps=3, **common)
+    assert lrs(first) + lrs(second) == [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
 
 
 def test_a_changed_scheduler_interval_takes_effect():
