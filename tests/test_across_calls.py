@@ -331,3 +331,16 @@ def test_reduce_lr_on_plateau_without_a_monitored_number_is_refused_before_train
         nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, max_steps=3,
                     scheduler=lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o), accelerator="cpu")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.timeout(180)
+def test_reduce_lr_on_plateau_on_two_processes_is_refused_before_training():
+    # only the first rank validates, so the ranks' rates would part at the first plateau step
+    model, optimizer = plain_parts()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(Exception, match="ReduceLROnPlateau steps on a held-out number that only the first of 2 "
+                                        "processes computes; allowed: devices=1"):
+        nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, val_data=data(64, 1),
+                    monitor="val_loss", scheduler=lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o),
+                    max_steps=3, devices=2, accelerator="cpu")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
