@@ -113,7 +113,7 @@ def run_tool(tool: str, model, train_data=None, **parts):
     elif tool == "ceilings":
         nbtrain.ceilings(model, train_data, steps=10, seconds=0.2, **parts)
     elif tool == "checklist":
-        nbtrain.checklist(model, train_data, budget_s=4, items=("batch_size",), **parts)
+        nbtrain.checklist(model, train_data, budget_s=5, items=("batch_size",), **parts)
 
 
 def test_two_lightning_cells_are_one_trainer_fit(shell):
@@ -210,7 +210,7 @@ def test_a_tool_measures_the_live_optimizer_and_config_and_leaves_them_exactly(t
         before = (engine.optimizer, engine.schedule, engine.config, engine.schedule.state_dict())
         if with_tool:
             if tool == "checklist":
-                result = nbtrain.checklist(model, data(), loss_fn=ce, budget_s=4, items=("batch_size",))
+                result = nbtrain.checklist(model, data(), loss_fn=ce, budget_s=5, items=("batch_size",))
                 assert result.start_config == nbtrain.tools.trial.plain_config(engine.config)
             else:
                 run_tool(tool, model, data(), loss_fn=ce)

@@ -395,7 +395,7 @@ def run_calls_tool(tool: str, model, dataset) -> None:
     if tool == "ab":
         nbtrain.ab(model, dataset, a={}, b={"batch_size": 4}, block_steps=2, min_pairs=2, max_pairs=2, **parts)
     elif tool == "checklist":
-        nbtrain.checklist(model, dataset, budget_s=3, items=("batch_size",), **parts)
+        nbtrain.checklist(model, dataset, budget_s=5, items=("batch_size",), **parts)
     elif tool == "ceilings":
         nbtrain.ceilings(model, dataset, steps=10, seconds=0.2, **parts)
     elif tool == "find_batch_size":
@@ -540,7 +540,7 @@ def test_keep_best_then_training_is_the_kept_config_asked_for_directly(optimizer
     (kept, kept_optimizer), (twin, twin_optimizer) = call_parts(case), call_parts(case)
     for model, made in ((kept, kept_optimizer), (twin, twin_optimizer)):
         nbtrain.fit(model, dataset, optimizer=made, max_steps=3, **options)
-    result = nbtrain.checklist(kept, dataset, loss_fn=nn.MSELoss(), budget_s=4, items=("batch_size",),
+    result = nbtrain.checklist(kept, dataset, loss_fn=nn.MSELoss(), budget_s=5, items=("batch_size",),
                                keep_best=True)
     best = result.best_config
     assert nbtrain.api.live_engine(kept).config == best and result.kept_on_engine
