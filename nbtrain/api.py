@@ -1,6 +1,8 @@
 """`nbtrain.fit`: train a model with a config, in this process or as DDP workers."""
 from __future__ import annotations
 
+import functools
+
 from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .engine.loop import Engine
 from .engine.loggers import check_folder
@@ -32,6 +34,8 @@ def _same_function(a, b) -> bool:
         return True
     if getattr(a, "instance", None) is not None and getattr(a, "instance", None) is getattr(b, "instance", None):
         return True  # the same optimizer instance given again: keep the optimizer the engine steps
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):  # partial(StepLR, step_size=3)
+        return _same_function(a.func, b.func) and a.args == b.args and a.keywords == b.keywords
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
     if code_a is None or code_b is None or (code_a.co_code, code_a.co_consts) != (code_b.co_code, code_b.co_consts):
         return False
@@ -55,6 +59,10 @@ def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
     engine.recipe = recipe
     if not _same_function(old.optimizer, recipe.optimizer):
         engine.replace_optimizer()
+    elif not _same_function(old.scheduler, recipe.scheduler):
+        engine.replace_schedule()  # given, replaced or removed (None) in this call: it takes effect now
+    elif engine.schedule is not None:
+        engine.schedule.interval = recipe.scheduler_interval
     if old.train_data is not recipe.train_data or old.collate_fn is not recipe.collate_fn:
         engine.rebuild_loader()
     engine.reconfigure(config)
@@ -97,7 +105,9 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         from .distributed.launch import fit_distributed
         result = fit_distributed(recipe, config, log=log, stop=stop)
     else:
-        result = engine_for(recipe, config).run(log=log, stop=stop)
+        engine = engine_for(recipe, config)
+        engine.check_schedule()
+        result = engine.run(log=log, stop=stop)
     result.name = name
     return result
 

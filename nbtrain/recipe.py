@@ -112,6 +112,7 @@ class Recipe:
     validation_step: Callable | None = None  # (model, batch) -> held-out loss; default: the training loss
     scheduler: Any = None  # factory optimizer -> LR scheduler (or a scheduler), stepped every scheduler_interval
     scheduler_interval: str = "step"  # "step" (every optimizer step) or "epoch"
+    scheduler_monitor: str | None = None  # ReduceLROnPlateau's held-out number (Lightning's "monitor" key)
     metrics: Mapping[str, Callable] | None = None  # held-out metrics: name -> fn(output, target) -> number
     logged: Any = None  # a collector of the user's own logged values (LightningModule.log), drained per window
     loader_settings: dict = field(default_factory=dict)  # from a given DataLoader: the starting config

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -285,3 +286,271 @@ def test_nbtrain_trains_exactly_as_the_plain_loop(case, preload_data, tmp_path):
     assert isinstance(engine.loader, nbtrain.engine.data.HeldBatches) == preload_data
     for (name, a), b in zip(trained.state_dict().items(), reference.model.state_dict().values()):
         assert torch.equal(a, b), f"{name} differs by {(a.float() - b.float()).abs().max().item():.3g} in {case}"
+
+
+# --- sequences that cross calls and tools (issue 27) ----------------------------------------
+#
+# A live model trained in several calls, as a notebook user drives it: a scheduler added, kept
+# (the same factory, or one of the same code and values, as a cell run again makes), replaced or
+# removed between calls, its interval changed, a call stopped part-way and the next continuing,
+# and a tool (ab, checklist, ceilings, find_batch_size) pointed at the model between two calls.
+# A tool changes nothing, so the reference (a plain loop over the same order) never sees it; a
+# scheduler given in a later call starts a fresh curve from the optimizer's configured rate.
+
+CALL_CASES = int(os.environ.get("NBTRAIN_DIFFERENTIAL_CALL_CASES", "12"))
+TOOLS = (None, None, "ab", "checklist", "ceilings", "find_batch_size")
+SCHEDULES = (("step", 2), ("step", 3), ("exp", 0.7), ("exp", 0.9))
+
+
+def make_scheduler(kind: str, value):
+    """A factory the user would write; the same (kind, value) twice is the same code over the same values."""
+    if kind == "step":
+        return lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, value, 0.5)
+    return lambda optimizer: torch.optim.lr_scheduler.ExponentialLR(optimizer, value)
+
+
+@dataclass
+class Call:
+    steps: int
+    schedule: tuple | None       # (kind, value) given in this call, or None (no scheduler)
+    interval: str = "step"
+    fresh: bool = False          # this call's scheduler differs from the last call's: a new curve
+    stop_after: int | None = None  # the call is stopped after this many of its steps
+    tool_before: str | None = None
+
+
+@dataclass
+class CallCase:
+    optimizer: str
+    batch: int
+    calls: list = field(default_factory=list)
+
+    def __str__(self):
+        words = [self.optimizer, f"b{self.batch}"]
+        for c in self.calls:
+            text = f"{c.steps}" + (f"/{c.schedule[0]}{c.schedule[1]}@{c.interval}" if c.schedule else "/none")
+            text += f"/stop@{c.stop_after}" if c.stop_after else ""
+            words.append((f"{c.tool_before}+" if c.tool_before else "") + text)
+        return " ".join(words)
+
+
+def generate_calls(rng: random.Random) -> CallCase:
+    case = CallCase(optimizer=rng.choice(("sgd-momentum", "adam")), batch=rng.choice((5, 8, 16)))
+    schedule, interval = rng.choice((None,) + SCHEDULES), "step"
+    for i in range(rng.randint(2, 4)):
+        if i:  # between calls: keep, replace, remove or add the scheduler, or change its interval
+            action = rng.choice(("keep", "keep", "replace", "remove", "interval"))
+            if action == "replace" or (action == "interval" and schedule is None):
+                schedule = rng.choice([s for s in SCHEDULES if s != schedule])
+            elif action == "remove":
+                schedule = None
+            elif action == "interval":
+                interval = "epoch" if interval == "step" else "step"
+        fresh = not case.calls or schedule != case.calls[-1].schedule
+        call = Call(steps=rng.randint(2, 6), schedule=schedule, interval=interval, fresh=fresh,
+                    tool_before=rng.choice(TOOLS) if i else None)
+        if rng.random() < 0.25:
+            call.stop_after = rng.randint(1, call.steps - 1)
+        case.calls.append(call)
+    return case
+
+
+def call_parts(case: CallCase):
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Linear(FEATURES, 12), nn.Tanh(), nn.Linear(12, 1))
+    if case.optimizer == "sgd-momentum":
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def play_calls_plainly(case: CallCase, seed: int) -> nn.Module:
+    model, optimizer = call_parts(case)
+    base_lr = optimizer.param_groups[0]["lr"]
+    dataset, step, epoch, offset, scheduler = data(), 0, 0, 0, None
+    torch.manual_seed(seed)
+    for call in case.calls:
+        if call.fresh:  # given anew: built over the optimizer's configured rate, as at a first call
+            for group in optimizer.param_groups:
+                group["lr"] = base_lr
+                group.pop("initial_lr", None)
+            scheduler = make_scheduler(*call.schedule)(optimizer) if call.schedule else None
+        for _ in range(call.stop_after or call.steps):
+            order = torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+            x, y = dataset[order[offset:offset + case.batch]]
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step, offset = step + 1, min(offset + case.batch, N_SAMPLES)
+            if scheduler is not None and call.interval == "step":
+                scheduler.step()
+            if offset == N_SAMPLES:
+                epoch, offset = epoch + 1, 0
+                if scheduler is not None and call.interval == "epoch":
+                    scheduler.step()
+    return model
+
+
+def run_calls_tool(tool: str, model, dataset) -> None:
+    parts = {"loss_fn": nn.MSELoss()} if dataset is not None else {}  # a LightningModule brings its own
+    if tool == "ab":
+        nbtrain.ab(model, dataset, a={}, b={"batch_size": 4}, block_steps=2, min_pairs=2, max_pairs=2, **parts)
+    elif tool == "checklist":
+        nbtrain.checklist(model, dataset, budget_s=5, items=("batch_size",), **parts)
+    elif tool == "ceilings":
+        nbtrain.ceilings(model, dataset, steps=10, seconds=0.2, **parts)
+    elif tool == "find_batch_size":
+        nbtrain.tune.find_batch_size(model, dataset, steps=2, max_batch=16, **parts)
+
+
+def live_setup(engine) -> tuple:
+    """What a tool must leave as it was: optimizer object and state, schedule and its state, config."""
+    return (engine.optimizer, copy.deepcopy(engine.optimizer.state_dict()), engine.schedule,
+            engine.schedule.state_dict() if engine.schedule is not None else None, engine.config)
+
+
+def assert_same_setup(before: tuple, after: tuple, what: str) -> None:
+    assert before[0] is after[0] and before[2] is after[2] and before[3] == after[3] and before[4] == after[4], what
+    for a, b in zip(before[1]["state"].values(), after[1]["state"].values()):
+        assert all(torch.equal(a[k], b[k]) for k in a), what
+    assert before[1]["param_groups"] == after[1]["param_groups"], what
+
+
+def play_calls_with_nbtrain(case: CallCase, seed: int) -> nn.Module:
+    model, optimizer = call_parts(case)
+    dataset = data()
+    for call in case.calls:
+        if call.tool_before:
+            engine = nbtrain.api.live_engine(model)
+            before = live_setup(engine)
+            run_calls_tool(call.tool_before, model, dataset)
+            assert_same_setup(before, live_setup(engine), f"{call.tool_before} changed the live engine in {case}")
+        stop = threading.Event()
+        loss = nn.MSELoss()
+        if call.stop_after:
+            calls = iter(range(1, call.stop_after + 1))
+            loss = lambda out, y: (stop.set() if next(calls, 0) == call.stop_after else None) or \
+                nn.functional.mse_loss(out, y)  # noqa: E731 - stops at this step's boundary
+        result = nbtrain.fit(model, dataset, loss_fn=loss, optimizer=optimizer, batch_size=case.batch,
+                             scheduler=make_scheduler(*call.schedule) if call.schedule else None,
+                             scheduler_interval=call.interval, max_steps=call.steps, seed=seed,
+                             accelerator="cpu", stop=stop)
+        assert result.summary["run_steps"] == (call.stop_after or call.steps), case
+    return model
+
+
+@pytest.mark.parametrize("case", [generate_calls(random.Random(SEED + i)) for i in range(CALL_CASES)], ids=str)
+def test_calls_schedulers_and_tools_train_exactly_as_the_plain_loop(case):
+    seed = 3000 + sum(map(ord, str(case))) % 1000
+    reference = play_calls_plainly(case, seed)
+    trained = play_calls_with_nbtrain(case, seed)
+    for (name, a), b in zip(trained.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(a, b), f"{name} differs by {(a - b).abs().max().item():.3g} in {case}"
+
+
+# A LightningModule trained in several calls (some stopped part-way, a tool between two) ends with
+# the weights of one lightning.Trainer fit of as many steps, and sees the Trainer's batch_idx.
+
+LIT_CASES = int(os.environ.get("NBTRAIN_DIFFERENTIAL_LIGHTNING_CASES", "6"))
+
+
+def lit_module(optimizer: str, schedule: str | None):
+    L = pytest.importorskip("lightning", reason="needs lightning (pip install -e '.[test]')")
+
+    class Sequenced(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(11)
+            self.net = nn.Sequential(nn.Linear(FEATURES, 12), nn.Tanh(), nn.Linear(12, 1))
+            self.batch_indices, self.recording = [], True
+
+        def training_step(self, batch, batch_idx):
+            if self.recording:
+                self.batch_indices.append(batch_idx)
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            made = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9) if optimizer == "sgd-momentum" \
+                else torch.optim.Adam(self.parameters(), lr=1e-2)
+            if schedule is None:
+                return made
+            return {"optimizer": made, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(made, 2, 0.5),
+                                                        "interval": schedule}}
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(data(), batch_size=8, shuffle=False)  # 7 batches an epoch
+
+    return L, Sequenced()
+
+
+def generate_lightning(rng: random.Random) -> dict:
+    calls = []
+    for i in range(rng.randint(2, 3)):
+        steps = rng.randint(2, 8)
+        calls.append({"steps": steps, "stop_after": rng.randint(1, steps - 1) if rng.random() < 0.3 else None,
+                      "tool": rng.choice((None, "ab", "ceilings", "find_batch_size")) if i else None})
+    return {"optimizer": rng.choice(("sgd-momentum", "adam")), "schedule": rng.choice((None, "step", "epoch")),
+            "calls": calls}
+
+
+def _lightning_id(case: dict) -> str:
+    return " ".join([case["optimizer"], str(case["schedule"])] + [
+        (f"{c['tool']}+" if c["tool"] else "") + f"{c['steps']}" + (f"/stop@{c['stop_after']}" if c["stop_after"] else "")
+        for c in case["calls"]])
+
+
+@pytest.mark.parametrize("case", [generate_lightning(random.Random(SEED + 100 + i)) for i in range(LIT_CASES)],
+                         ids=_lightning_id)
+def test_a_lightningmodule_over_calls_stops_and_tools_trains_as_one_trainer_fit(case):
+    module = lit_module(case["optimizer"], case["schedule"])[1]
+    trained = 0
+    for call in case["calls"]:
+        if call["tool"]:
+            engine = nbtrain.api.live_engine(module.__dict__["_nbtrain_training"].value)
+            before, module.recording = live_setup(engine), False
+            run_calls_tool(call["tool"], module, None)
+            module.recording = True
+            assert_same_setup(before, live_setup(engine), f"{call['tool']} changed the live engine")
+        stop, step = threading.Event(), module.training_step
+        if call["stop_after"]:
+            seen = len(module.batch_indices)
+            module.training_step = lambda batch, i: (stop.set() if len(module.batch_indices) - seen + 1 ==
+                                                     call["stop_after"] else None) or step(batch, i)
+        result = nbtrain.fit(module, max_steps=call["steps"], accelerator="cpu", stop=stop)
+        module.training_step = step
+        trained += result.summary["run_steps"]
+    L, reference = lit_module(case["optimizer"], case["schedule"])
+    L.Trainer(max_steps=trained, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False).fit(reference)
+    for (name, a), b in zip(module.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(a, b), f"{name} differs by {(a - b).abs().max().item():.3g}"
+    assert module.batch_indices == reference.batch_indices
+
+
+# keep_best: the checklist leaves the live engine on the config it kept, with the user's schedule
+# rescaled by the LR rule; the next call then trains as a twin asked for that config directly.
+
+
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "adam"])
+def test_keep_best_then_training_is_the_kept_config_asked_for_directly(optimizer):
+    dataset, seed = data(), 4242
+    step_lr = lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5)  # noqa: E731
+    options = dict(loss_fn=nn.MSELoss(), scheduler=step_lr, scale_lr="linear", base_batch_size=4, batch_size=4,
+                   seed=seed, accelerator="cpu", log_every_n_steps=1)
+    case = CallCase(optimizer=optimizer, batch=4)
+    (kept, kept_optimizer), (twin, twin_optimizer) = call_parts(case), call_parts(case)
+    for model, made in ((kept, kept_optimizer), (twin, twin_optimizer)):
+        nbtrain.fit(model, dataset, optimizer=made, max_steps=3, **options)
+    result = nbtrain.checklist(kept, dataset, loss_fn=nn.MSELoss(), budget_s=5, items=("batch_size",),
+                               keep_best=True)
+    best = result.best_config
+    assert nbtrain.api.live_engine(kept).config == best and result.kept_on_engine
+    if best.batch_size != 4:  # the summary says the user's schedule follows the rule
+        assert "the live StepLR's rates rescaled by the same factor" in result.lr_note, result.lr_note
+    later = {**options, "batch_size": best.batch_size, "max_steps": 4}
+    runs = [nbtrain.fit(model, dataset, optimizer=made, **later) for model, made in
+            ((kept, kept_optimizer), (twin, twin_optimizer))]
+    assert runs[0].log.columns["lr"] == runs[1].log.columns["lr"], (best.batch_size, runs[0].log.columns["lr"])
+    factor = best.batch_size / 4
+    assert runs[0].log.columns["lr"][-1] == pytest.approx(kept_optimizer.defaults["lr"] * factor * 0.5 ** 3)
+    for (name, a), b in zip(kept.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(a, b), f"{name} differs by {(a - b).abs().max().item():.3g} (kept batch {best.batch_size})"

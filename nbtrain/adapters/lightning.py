@@ -44,12 +44,18 @@ class LogCollector:
 
 
 class LightningTraining(nn.Module):
-    """Its forward is the LightningModule's training_step, counting batch_idx as Lightning does."""
+    """Its forward is the LightningModule's training_step, counting batch_idx as Lightning does: the
+    batch's index in its epoch (the engine sets it at every epoch start and continuation)."""
 
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
         self.batch_idx = 0
+        self.configured = None  # configure_optimizers()'s (optimizer, schedule), made once per live module
+        self.loaders: dict = {}  # train_dataloader() / val_dataloader(), called once per live module
+
+    def start_batches_at(self, batch_idx: int) -> None:
+        self.batch_idx = batch_idx
 
     def forward(self, batch):
         output = self.module.training_step(batch, self.batch_idx)
@@ -122,9 +128,10 @@ def _optimizer_and_schedule(module) -> tuple:
     schedule = None
     if scheduler is not None:
         if isinstance(scheduler, dict):
-            schedule = (scheduler["scheduler"], scheduler.get("interval", "epoch"), scheduler.get("frequency", 1))
+            schedule = (scheduler["scheduler"], scheduler.get("interval", "epoch"), scheduler.get("frequency", 1),
+                        scheduler.get("monitor"))
         else:
-            schedule = (scheduler, "epoch", 1)
+            schedule = (scheduler, "epoch", 1, None)
     return optimizer, schedule
 
 
@@ -149,18 +156,30 @@ def lightning_recipe(module, train_data=None, val_data=None, **parts) -> Recipe:
         if not _overrides(module, "train_dataloader"):
             raise RecipeError("train_data: none given and the LightningModule defines no train_dataloader(); "
                               "allowed: nbtrain.fit(module, train_data) or a train_dataloader() method")
-        train_data = module.train_dataloader()
+        # Once per live module too: a later call continues the same data (and its epoch), as one Trainer fit does.
+        if "train" not in wrapper.loaders:
+            wrapper.loaders["train"] = module.train_dataloader()
+        train_data = wrapper.loaders["train"]
     if val_data is None and _overrides(module, "val_dataloader"):
-        val_data = module.val_dataloader()
-    optimizer, schedule = _optimizer_and_schedule(module)
+        if "val" not in wrapper.loaders:
+            wrapper.loaders["val"] = module.val_dataloader()
+        val_data = wrapper.loaders["val"]
+    own = {id(p) for p in module.parameters()}
+    if wrapper.configured is None or any(id(p) not in own for g in wrapper.configured[0].param_groups
+                                         for p in g["params"]):
+        # Once per live module, as a Trainer calls it once per fit: every later call, cell, continuation
+        # and tool keeps the same optimizer (its momentum) and schedule (its position).
+        wrapper.configured = _optimizer_and_schedule(module)
+    optimizer, schedule = wrapper.configured
     scheduler, interval = (None, "step") if schedule is None else _stepped(schedule)
     return Recipe(model=wrapper, train_data=train_data, training_step=_training_step, optimizer=optimizer,
                   val_data=val_data, validation_step=_validation_step, scheduler=scheduler,
-                  scheduler_interval=interval, logged=collector, **parts)
+                  scheduler_interval=interval, scheduler_monitor=schedule[3] if schedule else None,
+                  logged=collector, **parts)
 
 
 def _stepped(schedule) -> tuple:
-    scheduler, interval, frequency = schedule
+    scheduler, interval, frequency, _ = schedule
     if interval not in ("step", "epoch"):
         raise RecipeError(f"lr_scheduler interval={interval!r}; allowed: 'step' or 'epoch'")
     if frequency != 1:

@@ -112,6 +112,7 @@ def _train(run: RunDir, local_main: bool) -> None:
     if resume is not None:  # a requeued SLURM job continues from its checkpoint
         config = config.replace(resume=str(resume))
     engine = Engine(recipe, config)
+    engine.check_schedule()
     log = MetricsLog()
     writer = run.event_writer() if local_main else None
     if writer:

@@ -47,7 +47,6 @@ from .monitor import Monitor, check_monitor
 from .precision import Precision
 from ..recipe import Recipe
 from ..runs.result import RunResult, summarize
-from .schedule import Schedule
 from .split import device_map, input_device
 from .stream import FixedLoader, StreamLoader
 
@@ -139,14 +138,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         self.optimizer = self.recipe.build_optimizer(self.model.parameters())
         self._use_optimizer_impl()
         self._optimizer_lrs = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
-        self.schedule = None
-        for group, lr in zip(self.optimizer.param_groups, self._target_lrs()):
-            group["lr"] = lr  # the scheduler is built over the scaled rates, the warm-up is laid on after
-        self.schedule = Schedule.build(self.recipe, self.optimizer)
-        if self.schedule is not None:  # an instance built before: its curve scaled to the rule's rates
-            base = getattr(self.schedule.scheduler, "base_lrs", self.schedule.lrs())
-            self.schedule.rescale([t / b if b else 1.0 for t, b in zip(self._target_lrs(), base)], "LR rule")
-        self.set_lr(self.step)
+        self.replace_schedule(fresh=False)
 
     @property
     def stopping(self) -> bool:
@@ -240,7 +232,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
                        f"or resume from a checkpoint written before step {bad_step}")
         if self.recipe.val_data is not None and self.epoch_offset and self._validates \
                 and self._validated_at != self.step:
-            self._validate()  # a run ending mid-epoch still reports held-out numbers
+            self._validate(closing=True)  # a run ending mid-epoch still reports held-out numbers
         if self._monitor is not None and self._monitor.failure:
             status, message = "failed", self._monitor.failure
         if status == "early_stopped":  # a planned end, not a stop from outside
@@ -275,6 +267,8 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         model, optimizer, scaler = self._train_model, self.optimizer, precision.scaler
         sampler = self.loader.sampler
         sampler.set_position(self.epoch, self.epoch_offset)
+        if hasattr(self.model, "start_batches_at"):  # a LightningModule's batch_idx: the batch's index in its epoch
+            self.model.start_batches_at(self.epoch_offset // c.batch_size)
         k, world = c.accumulate_grad_batches, self.world.size
         if sampler.per_epoch is None:  # a stream: as many batches as the budget needs, or until it ends
             sizes = None

@@ -18,6 +18,20 @@ import math
 from ..config import ConfigError, Problem
 
 
+# mode="auto": a name that says error or loss goes down, whatever else it says (val_top1_error, val_acc_loss);
+# otherwise an accuracy-like name goes up, and anything else down. "top" says neither (a top-1 error or hit rate).
+_GOES_DOWN = ("loss", "error", "mse", "mae", "nll", "perplexity")
+_GOES_UP = ("acc", "f1", "auc", "precision", "recall", "iou", "dice")
+
+
+def auto_mode(name: str) -> str:
+    """'min' or 'max' for a monitored name under mode='auto'."""
+    name = name.lower()
+    if any(word in name for word in _GOES_DOWN):
+        return "min"
+    return "max" if any(word in name for word in _GOES_UP) else "min"
+
+
 def up_front_names(recipe) -> list[str] | None:
     """The held-out numbers a run of `recipe` reports (evaluation.py), when they are known before it
     trains; None when a validation_step or a LightningModule's self.log(...) may add others."""
@@ -48,8 +62,7 @@ def check_monitor(config, recipe) -> None:
 class Monitor:
     def __init__(self, name: str, mode: str, patience: int | None, restore_best: bool):
         self.name, self.patience, self.keeps_best = name, patience, restore_best
-        self.mode = mode if mode != "auto" else ("max" if any(w in name for w in ("acc", "f1", "auc", "precision",
-                                                                                      "recall", "top")) else "min")
+        self.mode = mode if mode != "auto" else auto_mode(name)
         self.best: float | None = None
         self.best_step: int | None = None
         self.best_weights: dict | None = None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..config import TrainConfig
+from .schedule import Schedule
 
 
 class LearningRates:
@@ -11,6 +12,29 @@ class LearningRates:
     def base_lrs(self) -> list[float]:
         """Each param group's own rate before the LR rule and warm-up (the optimizer's, as given)."""
         return list(self._optimizer_lrs)
+
+    def replace_schedule(self, fresh: bool = True) -> None:
+        """The recipe's scheduler (or none) over the live optimizer, from the rule's rates.
+
+        A scheduler given, replaced or removed in a later call takes effect from that call: a
+        factory's curve starts afresh from the optimizer's configured rates (`fresh` drops the
+        `initial_lr` an earlier scheduler left in the groups, which torch would start it from).
+        """
+        self.schedule = None
+        for group, lr in zip(self.optimizer.param_groups, self._target_lrs()):
+            group["lr"] = lr  # the scheduler is built over the scaled rates, the warm-up is laid on after
+            if fresh and not hasattr(self.recipe.scheduler, "optimizer"):
+                group.pop("initial_lr", None)
+        self.schedule = Schedule.build(self.recipe, self.optimizer)
+        if self.schedule is not None:  # an instance built before: its curve scaled to the rule's rates
+            base = getattr(self.schedule.scheduler, "base_lrs", self.schedule.lrs())
+            self.schedule.rescale([t / b if b else 1.0 for t, b in zip(self._target_lrs(), base)], "LR rule")
+        self.set_lr(self.step)
+
+    def check_schedule(self) -> None:
+        """Before a run (not a trial, which never validates): a plateau schedule has a number to step on."""
+        if self.schedule is not None:
+            self.schedule.check(self.config, self.recipe.val_data is not None, self.world.size)
 
     def _target_lrs(self, config: TrainConfig | None = None) -> list[float]:
         config = config or self.config

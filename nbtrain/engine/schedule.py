@@ -19,10 +19,40 @@ def _is_scheduler(obj) -> bool:
 
 
 class Schedule:
-    def __init__(self, scheduler, interval: str):
+    def __init__(self, scheduler, interval: str, monitor: str | None = None):
         self.scheduler = scheduler
         self.interval = interval
+        self.monitor = monitor  # ReduceLROnPlateau's held-out number (Lightning's "monitor"); else config.monitor
         self.notes: list[str] = []
+
+    @property
+    def on_plateau(self) -> bool:
+        """ReduceLROnPlateau: stepped with a held-out number after each validation, as Lightning does."""
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def check(self, config, has_val_data: bool, world_size: int) -> None:
+        """Refuse, before training, a plateau schedule that would have no held-out number to step on."""
+        if not self.on_plateau or (has_val_data and (self.monitor or config.monitor) and world_size == 1):
+            return
+        if world_size > 1:  # only the first rank validates: the ranks' rates would part
+            raise RecipeError("scheduler: ReduceLROnPlateau steps on a held-out number that only the first of "
+                              f"{world_size} processes computes; allowed: devices=1, or another scheduler")
+        needs = "val_data and monitor (e.g. monitor='val_loss')" if not has_val_data else "monitor='val_loss' (or " \
+            "another held-out number)"
+        raise RecipeError(f"scheduler: ReduceLROnPlateau steps on a monitored held-out number, and this run has no "
+                          f"{'val_data' if not has_val_data else 'monitor'}; allowed: give {needs} (it is then "
+                          "stepped with that number after each validation), or another scheduler")
+
+    def step_on(self, numbers: dict, config, optimizer: torch.optim.Optimizer) -> None:
+        """A plateau schedule's step with this validation's monitored number."""
+        name = self.monitor or config.monitor
+        if name not in numbers or numbers[name] is None:
+            known = ", ".join(k for k, v in numbers.items() if v is not None)
+            raise RecipeError(f"scheduler: ReduceLROnPlateau monitors {name!r}, not among the held-out numbers; "
+                              f"allowed: {known}")
+        for group, lr in zip(optimizer.param_groups, self.lrs()):
+            group["lr"] = lr
+        self.scheduler.step(float(numbers[name]))
 
     @classmethod
     def build(cls, recipe, optimizer: torch.optim.Optimizer) -> "Schedule | None":
@@ -46,12 +76,14 @@ class Schedule:
             if not _is_scheduler(scheduler):
                 raise RecipeError(f"scheduler: the factory returned a {type(scheduler).__name__}; allowed: a "
                                   "torch.optim.lr_scheduler scheduler")
-        return cls(scheduler, recipe.scheduler_interval)
+        return cls(scheduler, recipe.scheduler_interval, getattr(recipe, "scheduler_monitor", None))
 
     def lrs(self) -> list[float]:
         return list(self.scheduler.get_last_lr())
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.on_plateau:  # stepped with the held-out number instead (step_on)
+            return
         for group, lr in zip(optimizer.param_groups, self.lrs()):  # the scheduler's own rates, ramp removed
             group["lr"] = lr
         self.scheduler.step()

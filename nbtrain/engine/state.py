@@ -116,13 +116,42 @@ class Snapshot:
         """Put the state back; the engine ends configured with `config` (default: the one taken)."""
         engine = self.engine
         held = engine.held_data
-        engine.reconfigure(config or self.config)
+        engine.reconfigure(self.config)  # the config the state was taken under, then the state itself
         if held is not None and engine.held_data is None:
             self.spare_held = held  # the next trial that holds this data set again takes this copy
         engine.load_state_dict(self.state)
         for p, g in zip(engine.model.parameters(), self.grads):
             p.grad = None if g is None else g.clone().to(p.device)
+        if config is not None:  # a kept config is a change from the snapshot's: the LR rule rescales the schedule
+            engine.reconfigure(config)
         engine.set_lr(engine.step)
+
+
+class Setup:
+    """What an engine trains with, as objects (not what it learned): the recipe, config, optimizer and
+    schedule objects with their rates, the loader and the position. A tool that finds the engine with
+    parts or a config of its own puts this back afterwards (see tools/trial.py: keeps_live_setup)."""
+
+    def __init__(self, engine):
+        self.recipe, self.config, self.optimizer, self.schedule = (engine.recipe, engine.config, engine.optimizer,
+                                                                   engine.schedule)
+        self.base_lrs, self.loader, self.held = engine.base_lrs, engine.loader, engine.held_data
+        self.groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
+        self.schedule_state = copy.deepcopy(engine.schedule.state_dict()) if engine.schedule is not None else None
+        self.schedule_notes = list(engine.schedule.notes) if engine.schedule is not None else []
+        self.position = engine.position()
+
+    def put_back(self, engine) -> None:
+        engine.recipe, engine.optimizer, engine.schedule = self.recipe, self.optimizer, self.schedule
+        engine._optimizer_lrs = list(self.base_lrs)
+        engine.reconfigure(self.config)  # toggles, precision and device as they were
+        engine.loader, engine._held = self.loader, self.held
+        for group, saved in zip(self.optimizer.param_groups, self.groups):
+            group.update(saved)  # the rates exactly, not rescaled there and back
+        if self.schedule is not None:
+            self.schedule.load_state_dict(copy.deepcopy(self.schedule_state))
+            self.schedule.notes[:] = self.schedule_notes
+        engine.set_position(self.position)
 
 
 class StateAPI:
@@ -145,6 +174,14 @@ class StateAPI:
             yield self
         finally:
             snapshot.restore()
+
+    def setup(self) -> Setup:
+        """What this engine trains with (recipe, config, optimizer, schedule, loader), to put back later."""
+        return Setup(self)
+
+    def use_setup(self, setup: Setup) -> None:
+        """Train with `setup` again, exactly as it was taken (its optimizer object, rates and schedule)."""
+        setup.put_back(self)
 
     def position(self) -> dict:
         """Where training stands, for checkpoints: enough to continue exactly."""

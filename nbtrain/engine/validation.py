@@ -31,11 +31,16 @@ class Validation:
 
     _validated_at: int | None = None
 
-    def _validate(self, emit: bool = True) -> dict:
+    def _validate(self, emit: bool = True, closing: bool = False) -> dict:
+        """Held-out numbers now; `closing`: the report of a run ending mid-epoch, which a plateau schedule
+        does not step on (a run continued in the next call then steps where one longer run would)."""
         numbers = self.evaluate(self.recipe.val_data)
         self._validated_at = self.step
         if emit:
             self.log.emit({"type": "epoch", "epoch": self.epoch, "step": self.step, "partial": True, **numbers})
+        if self.schedule is not None and self.schedule.on_plateau and not closing:
+            self.schedule.step_on(numbers, self.config, self.optimizer)
+            self.set_lr(self.step)
         if self._monitor is not None and self._monitor.update(numbers, self.step, self.model):
             self.stop("failed" if self._monitor.problem else "early_stopped")
         return numbers

@@ -105,6 +105,7 @@ def steps_lasting(rate: float, config: TrainConfig, seconds: float, low: int = 6
     return int(min(max(round(rate * seconds / per_step), low), high))
 
 
+@trial.keeps_live_setup
 def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: dict | TrainConfig | None = None,
        recipe=None, config: TrainConfig | None = None, block_steps: int | None = None, block_s: float = 0.25,
        min_pairs: int = 4, max_pairs: int = 30, precision_target: float = 0.05, budget_s: float = 60.0,

@@ -113,6 +113,7 @@ def si(value: float) -> str:
     return f"{value:.3g} "
 
 
+@trial.keeps_live_setup
 def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 30,
              seconds: float = 5.0, **parts) -> Ceilings:
     """Measure the loader alone, the model alone and the step's FLOPs for the current config; see the module doc.

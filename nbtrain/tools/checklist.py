@@ -324,6 +324,8 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
                    f"vs {current.base_batch_size}" + (f", linear warm-up over {current.warmup_steps} steps"
                                                       if current.warmup_steps else
                                                       "; add warmup_steps (linear warm-up) for large scale-ups"))
+    if keep_best and finished and engine.schedule is not None and current.lr_factor() != start.lr_factor():
+        lr_note += f"; the live {type(engine.schedule.scheduler).__name__}'s rates rescaled by the same factor"
     lr_note = "; ".join(filter(None, [lr_note] + lr_checks))
     return ChecklistResult(start, current, base.samples_per_s, results, skipped, float(budget_s), clock() - t0,
                            walk.trials, str(engine.device), lr_note, keep_best, walk.blocks, base, walk.rounds)

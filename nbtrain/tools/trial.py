@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ctypes
+import functools
 import gc
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,21 +21,70 @@ import torch
 
 from ..config import TrainConfig
 from ..engine.state import Snapshot  # noqa: F401  (every tool's trials use it)
+from ..adapters.lightning import is_lightning_module
 from ..recipe import Recipe
 
 
 def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config: TrainConfig | None = None,
-            loss_fn=None, training_step=None, optimizer=None, val_data=None, collate_fn=None):
-    """The live engine for a recipe (or for a model + data given like `nbtrain.fit`)."""
+            **parts):
+    """The live engine for a recipe (or for a model + data given like `nbtrain.fit`).
+
+    A tool starts from the live engine as it is: what the call leaves out (the data, optimizer, its
+    schedule, loss, metrics and the config) is the engine's own, not a default AdamW or TrainConfig().
+    """
+    from ..adapters import recipe_for
     from ..api import engine_for
     if isinstance(model, Recipe):
         recipe, model = model, None
-    if recipe is None:
-        from ..adapters import recipe_for
-        recipe = recipe_for(model, train_data, loss_fn=loss_fn, training_step=training_step, optimizer=optimizer,
-                            val_data=val_data, collate_fn=collate_fn)
-    config = config or TrainConfig()
+    live = live_engine_of(recipe.model if recipe is not None else model)
+    if recipe is None and live is None:
+        recipe = recipe_for(model, train_data, **parts)
+    elif recipe is None and is_lightning_module(model):  # its own parts are the live ones (made once)
+        live_data = live.recipe.fixed_loader or live.recipe.train_data
+        recipe = recipe_for(model, train_data if train_data is not None else live_data, **parts)
+    elif recipe is None:
+        recipe = _live_recipe_with(live.recipe, train_data, parts)
+    if config is None:
+        config = live.config if live is not None else TrainConfig()
     return engine_for(recipe, config)
+
+
+def live_engine_of(model):
+    """The live engine (not running) of a model or a LightningModule, or None."""
+    from ..api import live_engine
+    if model is not None and is_lightning_module(model):
+        slot = model.__dict__.get("_nbtrain_training")
+        model = slot.value if slot is not None else None
+    engine = live_engine(model) if model is not None else None
+    return engine if engine is not None and not engine.running else None
+
+
+def _live_recipe_with(live: Recipe, train_data, parts: dict) -> Recipe:
+    """The live recipe with the parts this call gave (data comes with its own loader settings and collate)."""
+    given = {name: value for name, value in parts.items() if value is not None}
+    if train_data is not None:
+        given = {"loader_settings": {}, "fixed_loader": None, "collate_fn": None, **given, "train_data": train_data}
+    if "loss_fn" in given or "training_step" in given:  # a loss given replaces the live way to the loss
+        given = {"loss_fn": None, "training_step": None, **given}
+    return dataclasses.replace(live, **given)
+
+
+def keeps_live_setup(tool):
+    """A tool that leaves the live engine exactly as it found it: its optimizer object and state, schedule and
+    config, even when the call gave parts or a config of its own (only keep_best=True keeps a config)."""
+    @functools.wraps(tool)
+    def run(*args, **kwargs):
+        bound = inspect.signature(tool).bind(*args, **kwargs)
+        target = bound.arguments.get("recipe") or bound.arguments.get("model")
+        engine = live_engine_of(target.model if isinstance(target, Recipe) else target)
+        if engine is None or bound.arguments.get("keep_best"):
+            return tool(*args, **kwargs)
+        setup = engine.setup()
+        try:
+            return tool(*args, **kwargs)
+        finally:
+            engine.use_setup(setup)
+    return run
 
 
 @dataclass
