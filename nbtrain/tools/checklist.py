@@ -161,6 +161,7 @@ class _Walk:
         self.start_rates: list = []  # the starting config's block rates, from the first race
         self.retry_batch: int | None = None  # a larger batch the workers item races as well (checklist_items)
         self.snapshot = trial.Snapshot(engine)
+        self.start = trial.plain_config(engine.config)  # the user's own config: its errors are theirs
         self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" \
             else (None, "")
 
@@ -177,14 +178,17 @@ class _Walk:
 
     def _trial(self, config: TrainConfig, seconds: float):
         """(measurement or None, steady rate, block rates, why it failed) of `config` trained for `seconds`
-        on the live model, the state put back after it; out of memory is a result, anything else is raised."""
+        on the live model, the state put back after it; out of memory, or any error of a config the walk
+        chose, is a result ("failed: ..."); only the user's own starting config raises."""
         try:
             m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
             return m, steady, parts, m.error or self._over_memory(m)
         except Exception as error:  # noqa: BLE001 - see the docstring
-            if not _is_oom(error):
+            if _is_oom(error):
+                return None, NOTHING, [], "out of memory"
+            if config == self.start:
                 raise
-            return None, NOTHING, [], "out of memory"
+            return None, NOTHING, [], trial.failed(error)
         finally:
             self.snapshot.restore()
 
@@ -280,7 +284,12 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
     try:
         for name in items:
             walk.current = current
-            outcome = _ITEM_FUNCTIONS[name](walk, engine, start, current, target_global_batch)
+            try:
+                outcome = _ITEM_FUNCTIONS[name](walk, engine, start, current, target_global_batch)
+            except Exception as error:  # noqa: BLE001 - an item that fails is a row; the walk goes on
+                walk.snapshot.restore()
+                results.append(ItemResult(name, [], walk.rate, walk.rate, False, "", note=trial.failed(error)))
+                continue
             if isinstance(outcome, str):
                 skipped.append((name, outcome))
                 continue
