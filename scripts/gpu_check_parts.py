@@ -71,7 +71,7 @@ def walk() -> int:
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
     recipe = Recipe(model=model, train_data=data, loss_fn=nn.CrossEntropyLoss(),
                     optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
-    result = nbtrain.checklist(recipe, config=TrainConfig(accelerator="cuda", batch_size=32), budget_s=45)
+    result = nbtrain.checklist(recipe, config=TrainConfig(accelerator="cuda", batch_size=32), budget_s=40)
     print(result.table())
     return 0
 
