@@ -148,3 +148,13 @@ def test_reading_the_inventory_initialises_no_cuda(monkeypatch):
         hardware._probe.cache_clear()
     # Without NVML's compute capability (none here) bf16 is not claimed; is_bf16_supported() was not asked.
     assert calls == [] and found.cuda_devices == 1 and found.cuda_bf16 is False
+
+
+def test_the_zygote_reads_a_loaded_cuda_driver_as_unsafe_to_fork(tmp_path):
+    from nbtrain.distributed import zygote
+    clean, loaded = tmp_path / "clean", tmp_path / "loaded"
+    clean.write_text("7f00-7f10 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n")  # NVML: not the driver
+    loaded.write_text(clean.read_text() + "7f20-7f30 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libcuda.so.580.1\n")
+    assert not zygote.driver_loaded(str(clean)) and zygote.driver_loaded(str(loaded))
+    assert not zygote.driver_loaded(str(tmp_path / "absent"))
+    assert zygote.fork_unsafe() is None  # this process: no driver here, CUDA not initialised

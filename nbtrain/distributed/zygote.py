@@ -43,10 +43,23 @@ def _warm_up() -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: F401
 
 
+def driver_loaded(maps: str = "/proc/self/maps") -> bool:
+    """Whether the CUDA driver library is in this process: the CUDA runtime loads it when something
+    initialises the driver, which torch's own flag misses when a C++ call did it (not torch.cuda._lazy_init)."""
+    try:
+        with open(maps) as mapped:
+            return any("libcuda.so" in line for line in mapped)
+    except OSError:  # no /proc (not Linux): torch's flag is all there is to read
+        return False
+
+
 def fork_unsafe() -> str | None:
     """Why a fork of this process could not use CUDA (None: it can)."""
     if torch.cuda.is_initialized():
         return "CUDA was initialised in nbtrain's worker starter (the zygote), and a fork of it cannot use the GPU"
+    if driver_loaded():
+        return ("the CUDA driver was loaded in nbtrain's worker starter (the zygote), and a fork of it cannot use "
+                "the GPU")
     return None
 
 
