@@ -158,3 +158,18 @@ def test_the_zygote_reads_a_loaded_cuda_driver_as_unsafe_to_fork(tmp_path):
     assert not zygote.driver_loaded(str(clean)) and zygote.driver_loaded(str(loaded))
     assert not zygote.driver_loaded(str(tmp_path / "absent"))
     assert zygote.fork_unsafe() is None  # this process: no driver here, CUDA not initialised
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_the_inventory_reads_devices_and_bf16_from_nvml_without_initialising_cuda():
+    import subprocess
+    probe = ("import json, torch\nfrom nbtrain import hardware\ninv = hardware._probe()\n"
+             "print(json.dumps([torch.cuda.is_initialized(), inv.cuda_devices, inv.cuda_bf16, hardware.capability(0)]))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)  # as a user's kernel runs
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    initialised, devices, bf16, read = json.loads(out.stdout.strip().splitlines()[-1])
+    import torch
+    assert not initialised and devices == torch.cuda.device_count()  # this process may initialise: it is a test
+    assert tuple(read) == torch.cuda.get_device_capability(0) and bf16 == (tuple(read) >= (8, 0))
