@@ -3,8 +3,10 @@
 `python -m nbtrain.distributed.zygote` is started by the kernel (never forked from it). It imports
 torch, nbtrain and what a first optimizer step imports lazily, stays single-threaded and
 never touches CUDA, so forking it is as safe as starting a new interpreter and costs
-milliseconds instead of seconds. It checks that before every fork: were CUDA ever initialised
-here, it refuses, and the kernel starts that rank as a fresh interpreter (slower, correct). Protocol on its stdin/stdout, one JSON line each:
+milliseconds instead of seconds. It checks that before every fork (torch's flag, and whether the
+CUDA driver is loaded): were CUDA ever initialised here, it refuses, and the kernel starts that
+rank as a fresh interpreter (slower, correct) and says why. Protocol on its stdin/stdout, one
+JSON line each:
 
     kernel -> zygote   {"token": T, "run_dir": D, "env": {...}, "cwd": C, "sys_path": [...],
                         "stdout": F1, "stderr": F2}
