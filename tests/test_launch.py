@@ -129,7 +129,7 @@ def test_launch_runs_a_function_on_every_rank_returns_rank_zeros_value_and_prefi
 
 def _cuda_sum():
     import torch
-    return torch.ones(3, device="cuda").sum().item()
+    return torch.ones(3, device="cuda").sum().item(), os.getppid()
 
 
 def _what_a_rank_sees():
@@ -164,7 +164,7 @@ def test_two_launches_at_once_get_their_own_ports_and_answers():
 @pytest.mark.cuda
 def test_ranks_forked_by_the_zygote_can_use_cuda():
     # A fork of a process that initialised CUDA cannot use it; the zygote never does.
-    assert launch(_cuda_sum, nprocs=2, backend="gloo") == 3.0
+    assert launch(_cuda_sum, nprocs=2, backend="gloo") == (3.0, ZYGOTE.pids()[0])  # forked, not started fresh
 
 
 @pytest.mark.cuda

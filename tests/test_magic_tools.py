@@ -127,7 +127,7 @@ def test_find_leaks_names_the_line_that_keeps_graphs_and_stays_quiet_on_a_clean_
     assert "losses.append(loss)" in report.fix and ".item()" in report.fix
     # The place is named as the notebook shows it, never by the kernel's temporary file for the cell.
     line = next(i for i, text in enumerate(("%%nbtrain" + LEAKY).splitlines(), 1) if "losses.append(loss)" in text)
-    assert report.fix.startswith(f"cell [{ip.execution_count}], line {line}") and "ipykernel" not in out, out
+    assert report.fix.startswith(f"cell In[{ip.execution_count}], line {line}") and "ipykernel" not in out, out
     out = runs_ok(ip, capsys, "%%nbtrain --find-leaks --steps 5" + DIGITS + "training_step = None\n")
     assert not ip.user_ns["_nbtrain"].leaking and "clean:" in out
 

@@ -28,7 +28,7 @@ from ..config import TrainConfig
 from ..metrics import MetricsLog
 from . import plan as plans
 from .plan import LaunchPlan
-from .pool import ZYGOTE, FileTail, Relay, start, terminate, worker_env
+from .pool import ZYGOTE, FileTail, ForkRefused, Relay, start, start_rank, terminate, worker_env
 from ..recipe import Recipe
 from ..runs.result import RunResult, summarize
 from .rundir import RunDir
@@ -139,7 +139,11 @@ def _start_local(run: RunDir, plan: LaunchPlan) -> "_Job":
                 "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": "0", "MASTER_ADDR": host,
                 "MASTER_PORT": str(plan.store_port)})
             out, err = str(run.path / f"rank{rank}.out"), str(run.path / f"rank{rank}.err")
-            ranks.append(ZYGOTE.fork(str(run.path), rank, env, out, err))
+            try:
+                ranks.append(ZYGOTE.fork(str(run.path), rank, env, out, err))
+            except ForkRefused as refused:
+                sys.stderr.write(f"nbtrain: rank {rank} starts as a fresh interpreter (seconds slower): {refused}\n")
+                ranks.append(start_rank(str(run.path), env, out, err))
             outputs += [(FileTail(out), f"[rank {rank}] ", False), (FileTail(err), f"[rank {rank}] ", True)]
     except BaseException:  # an interrupt while starting: no rank may outlive this call
         terminate(ranks)

@@ -100,7 +100,7 @@ def for_function(nprocs: int, *, timeout=None, backend: str | None = None, host:
     """`nbtrain.launch(fn, nprocs)` on this machine; backend None: nccl when CUDA has a device per rank."""
     if backend is None:
         import torch
-        enough = torch.cuda.is_available() and torch.cuda.device_count() >= nprocs
+        enough = torch.cuda.device_count() >= nprocs  # NVML's count: is_available() would initialise CUDA
         backend = backend_for("cuda" if enough else "cpu")
     return LaunchPlan(backend=backend, procs_per_node=nprocs, threads_per_rank=_threads(nprocs),
                       timeout_s=_timeout(timeout), host=_host(host), **_owner())

@@ -42,6 +42,25 @@ def start(argv: list[str], env: dict, stdin=subprocess.DEVNULL) -> subprocess.Po
                             stderr=subprocess.PIPE, env=env, start_new_session=True)
 
 
+# A rank started as a fresh interpreter, with the kernel's import path (as a forked rank gets it): argv is
+# [sys.path as JSON, RUN_DIR]. It ends as worker.py's __main__ does (os._exit: a dead peer must not stall it).
+_FRESH_RANK = ("import json, os, sys; sys.path[:] = json.loads(sys.argv[1]); "
+               "from nbtrain.distributed.worker import main; code = main(sys.argv[2:]); "
+               "sys.stdout.flush(); sys.stderr.flush(); os._exit(code)")
+
+
+def start_rank(run_dir: str, env: dict, stdout: str, stderr: str) -> subprocess.Popen:
+    """A rank as a fresh interpreter (where the zygote cannot fork one): output to the run's files, in its own
+    session, in the kernel's current folder."""
+    with open(stdout, "ab") as out, open(stderr, "ab") as err:
+        return subprocess.Popen([sys.executable, "-u", "-c", _FRESH_RANK, json.dumps(sys.path), run_dir],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, start_new_session=True)
+
+
+class ForkRefused(RuntimeError):
+    """The zygote will not fork this rank (CUDA is initialised in it); the message says why."""
+
+
 class Zygote:
     """The kernel's handle on `python -m nbtrain.distributed.zygote`: started once, forks every run's ranks."""
 
@@ -49,6 +68,7 @@ class Zygote:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._started: dict[str, int] = {}
+        self._refused: dict[str, str] = {}
         self._exits: dict[int, int] = {}
         self._ready = threading.Event()
         self._changed = threading.Condition()
@@ -73,7 +93,8 @@ class Zygote:
         return self._ready.wait(timeout_s)
 
     def fork(self, run_dir: str, rank: int, env: dict, stdout: str, stderr: str) -> "ForkedRank":
-        """A new rank forked from the warm zygote, running `python -m nbtrain.distributed.worker`'s job."""
+        """A new rank forked from the warm zygote, running `python -m nbtrain.distributed.worker`'s job;
+        ForkRefused when the zygote finds CUDA initialised in itself."""
         self.prewarm()
         token = f"{run_dir}#{rank}"
         # The kernel's environment, folder and import path now, not when the zygote started:
@@ -86,6 +107,8 @@ class Zygote:
             proc.stdin.flush()
         with self._changed:
             while token not in self._started:
+                if token in self._refused:
+                    raise ForkRefused(self._refused.pop(token))
                 if proc.poll() is not None:
                     raise RuntimeError("nbtrain's worker starter (python -m nbtrain.distributed.zygote) exited with code "
                                        f"{proc.returncode}:\n{''.join(self._errors)}")
@@ -117,6 +140,8 @@ class Zygote:
                     # pids wrap (pid_max may be 32768): a new rank must not inherit the exit code of an
                     # earlier rank that had its pid, or it would be "failed" before it ran.
                     self._exits.pop(message["pid"], None)
+                elif "refused" in message:
+                    self._refused[message["refused"]] = message["why"]
                 elif "exited" in message:
                     self._exits[message["exited"]] = message["code"]
                 self._changed.notify_all()

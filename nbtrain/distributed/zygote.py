@@ -3,11 +3,15 @@
 `python -m nbtrain.distributed.zygote` is started by the kernel (never forked from it). It imports
 torch, nbtrain and what a first optimizer step imports lazily, stays single-threaded and
 never touches CUDA, so forking it is as safe as starting a new interpreter and costs
-milliseconds instead of seconds. Protocol on its stdin/stdout, one JSON line each:
+milliseconds instead of seconds. It checks that before every fork (torch's flag, and whether the
+CUDA driver is loaded): were CUDA ever initialised here, it refuses, and the kernel starts that
+rank as a fresh interpreter (slower, correct) and says why. Protocol on its stdin/stdout, one
+JSON line each:
 
     kernel -> zygote   {"token": T, "run_dir": D, "env": {...}, "cwd": C, "sys_path": [...],
                         "stdout": F1, "stderr": F2}
     zygote -> kernel   {"started": T, "pid": P}      a rank is running
+                       {"refused": T, "why": W}       CUDA is initialised here: start it fresh
                        {"exited": P, "code": C}      it ended (C < 0: killed by signal -C)
 
 Each rank takes the kernel's current environment, folder and sys.path, starts a new
@@ -17,6 +21,7 @@ the kernel (NBTRAIN_OWNER_PID) is gone; an empty stdin (the kernel closed it) en
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -29,12 +34,35 @@ from . import worker
 
 
 def _warm_up() -> None:
-    """Pay now for what the first step would import lazily (an optimizer imports torch._dynamo); CPU only."""
+    """Pay now for what the first step would import lazily (an optimizer's step imports torch._dynamo).
+
+    Imports only: running an optimizer step here would initialise CUDA on a GPU machine (its
+    graph-capture check asks for the current CUDA stream), and no fork of this process could
+    then use the GPU."""
     torch.set_num_threads(1)  # no OpenMP worker threads exist when the zygote forks
-    weight = torch.zeros(1, requires_grad=True)
-    torch.optim.AdamW([weight]).step()
+    importlib.import_module("torch._dynamo")  # what the first optimizer step would import: ~1 s
     from torch.nn import parallel  # noqa: F401  (DistributedDataParallel)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: F401
+
+
+def driver_loaded(maps: str = "/proc/self/maps") -> bool:
+    """Whether the CUDA driver library is in this process: the CUDA runtime loads it when something
+    initialises the driver, which torch's own flag misses when a C++ call did it (not torch.cuda._lazy_init)."""
+    try:
+        with open(maps) as mapped:
+            return any("libcuda.so" in line for line in mapped)
+    except OSError:  # no /proc (not Linux): torch's flag is all there is to read
+        return False
+
+
+def fork_unsafe() -> str | None:
+    """Why a fork of this process could not use CUDA (None: it can)."""
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised in nbtrain's worker starter (the zygote), and a fork of it cannot use the GPU"
+    if driver_loaded():
+        return ("the CUDA driver was loaded in nbtrain's worker starter (the zygote), and a fork of it cannot use "
+                "the GPU")
+    return None
 
 
 def _rank(job: dict) -> None:
@@ -83,6 +111,11 @@ def serve() -> int:
             *lines, pending = pending.split(b"\n")
             for line in filter(None, lines):
                 job = json.loads(line)
+                why = fork_unsafe()
+                if why is not None:  # the kernel starts this rank as a fresh interpreter instead
+                    reply.write(json.dumps({"refused": job["token"], "why": why}) + "\n")
+                    reply.flush()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     _rank(job)

@@ -13,7 +13,6 @@ them), and `nbtrain.fit` trains with live views subscribed to the run's MetricsL
 from __future__ import annotations
 
 import argparse
-import functools
 import difflib
 import keyword
 
@@ -31,7 +30,6 @@ from ..recipe import NAMES, Recipe, RecipeError
 from ..runs.result import RunResult
 from ..runs.store import RunStore, StoreError
 from ..runs.table import Row, RunsTable
-from .. import places
 from ..progress import Progress
 from ..session import Session, namespace_lr
 from . import arguments, earlier, errors, slurm_cell, tools
@@ -355,11 +353,3 @@ NbtrainMagics.nbtrain.__doc__ = build_parser().format_help()
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(NbtrainMagics)
-    places.register(functools.partial(cell_place, ipython))
-
-
-def cell_place(ipython, file: str, line: int) -> str | None:
-    """'cell [3], line 4' for code a cell of this kernel defined: its file is the kernel's temporary one.
-    IPython keeps which execution each such file holds (its tracebacks name cells the same way)."""
-    number = getattr(ipython.compile, "_filename_map", {}).get(file)
-    return None if number is None else f"cell [{number}], line {line}"

@@ -162,6 +162,7 @@ class _Walk:
         self.start_rates: list = []  # the starting config's block rates, from the first race
         self.retry_batch: int | None = None  # a larger batch the workers item races as well (checklist_items)
         self.snapshot = trial.Snapshot(engine)
+        self.start = trial.plain_config(engine.config)  # the user's own config: its errors are theirs
         self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" \
             else (None, "")
 
@@ -178,14 +179,17 @@ class _Walk:
 
     def _trial(self, config: TrainConfig, seconds: float):
         """(measurement or None, steady rate, block rates, why it failed) of `config` trained for `seconds`
-        on the live model, the state put back after it; out of memory and a candidate whose loss diverged are
-        results, anything else is raised (the current config diverging too: nothing could be compared with it)."""
+        on the live model, the state put back after it; out of memory, a candidate whose loss diverged, or any
+        error of a config the walk chose, is a result ("failed: ..."); only the user's own starting config raises
+        (and the current config diverging: nothing could be compared with it)."""
         try:
             m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
         except Exception as error:  # noqa: BLE001 - see the docstring
-            if not _is_oom(error):
+            if _is_oom(error):
+                return None, NOTHING, [], "out of memory"
+            if config == self.start:
                 raise
-            return None, NOTHING, [], "out of memory"
+            return None, NOTHING, [], trial.failed(error)
         finally:
             self.snapshot.restore()
         if m.diverged and config == self.current:  # a candidate that diverges leaves the race; the current
@@ -285,7 +289,12 @@ def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig |
     try:
         for name in items:
             walk.current = current
-            outcome = _ITEM_FUNCTIONS[name](walk, engine, start, current, target_global_batch)
+            try:
+                outcome = _ITEM_FUNCTIONS[name](walk, engine, start, current, target_global_batch)
+            except Exception as error:  # noqa: BLE001 - an item that fails is a row; the walk goes on
+                walk.snapshot.restore()
+                results.append(ItemResult(name, [], walk.rate, walk.rate, False, "", note=trial.failed(error)))
+                continue
             if isinstance(outcome, str):
                 skipped.append((name, outcome))
                 continue

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import ConfigError, TrainConfig
+from .. import hardware
+from ..config import ConfigError, TrainConfig, runnable_problems
+from . import trial
 from .diagnose import usable_cores
 from ..measure.steady import NOTHING, SteadyRate, block_rates, columns_series
 from ..measure.verdict import UNMEASURED, Verdict, unpaired
@@ -169,6 +171,16 @@ def ddp_candidate(current: TrainConfig, processes: int = 2) -> tuple[str, TrainC
     return label, config
 
 
+def _cannot_run_here(c: TrainConfig) -> str:
+    """Why this machine cannot run DDP config `c` (empty: it can)."""
+    inv = hardware.inventory()
+    if c.device_type == "cuda" and inv.cuda_devices < 2:
+        return (f"{inv.cuda_devices} CUDA device{'s' if inv.cuda_devices != 1 else ''} on this machine: "
+                f"{c.devices} DDP processes would share one GPU, which is slower by construction")
+    problems = runnable_problems(c, inv)
+    return ConfigError(problems).render() if problems else ""
+
+
 def ddp(walk, engine, start, current, target):
     """Two processes against the current config, at the same total of DataLoader workers.
 
@@ -187,6 +199,9 @@ def ddp(walk, engine, start, current, target):
         label, c = ddp_candidate(current)
     except ConfigError as error:
         return error.render()
+    cannot = _cannot_run_here(c)
+    if cannot:
+        return cannot
     needed = 2 * walk.trial_s + max(walk.overhead_s, _DDP_START_S)
     walk.ensure_rate()
     if walk.left() < needed:
@@ -197,6 +212,8 @@ def ddp(walk, engine, start, current, target):
     steps = max(10, int(walk.rate * walk.trial_s / c.global_batch_size / 2))
     try:
         result = fit(recipe=engine.recipe, config=c.replace(max_steps=steps, max_epochs=None))
+    except Exception as error:  # noqa: BLE001 - a candidate the walk chose is a row, never the walk's end
+        return [Tried(label, c, None, trial.failed(error))]
     finally:
         walk.snapshot.restore()
         walk.trials += 1

@@ -12,6 +12,7 @@ Both restore the model afterwards.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import linecache
@@ -19,7 +20,6 @@ import os
 import re
 import sys
 import sysconfig
-import traceback
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -37,24 +37,38 @@ from .tool_options import declare, option
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _NBTRAIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
+_INTERNALS = "nbtrain/torch internals (e.g. the log-window read-back)"
+
+
+def _is_stdlib(filename: str) -> bool:
+    # A conda or system Python keeps its site-packages inside the stdlib's folder: a package there is not
+    # Python's own (a user's package may be installed there).
+    if not filename.startswith(_STDLIB_DIR):
+        return False
+    return not filename[len(_STDLIB_DIR):].startswith(("site-packages", "dist-packages"))
 
 
 def _user_frame(frames):
     """The innermost (file, line) of the user's code, walking out from where a call happened.
 
-    torch's and the stdlib's frames are passed through (a user's forward runs inside
-    nn.Module.__call__); reaching nbtrain's own frames first means nbtrain made the call.
+    Frames are told apart by what is nbtrain's, torch's and Python's own, never by where the user's
+    file is (a notebook cell's temporary file, a test inside a repository, a module beside the
+    notebook, a package in site-packages): torch's and Python's frames are passed through (a user's
+    forward runs inside nn.Module.__call__); reaching nbtrain's own frames first means nbtrain made
+    the call.
     """
     for filename, lineno in frames:
         if filename.startswith(_NBTRAIN_DIR):
             return None
-        if filename.startswith((_TORCH_DIR, _STDLIB_DIR, "<frozen")):
+        if filename.startswith((_TORCH_DIR, "<frozen")) or _is_stdlib(filename):
             continue
         return filename, lineno
     return None
 
 
 def _stack_user_frame(skip: int = 2):
+    """_user_frame of the stack from `skip` frames out (1: this function's caller), so that the frames of
+    nbtrain's own hook (a TorchFunctionMode, a warning handler) are not what it finds first."""
     frame = sys._getframe(skip)
     frames = []
     while frame is not None:
@@ -229,6 +243,35 @@ class SyncReport:
                          "host/device syncs per site", "syncs", path, ax)
 
 
+class SyncCounter:
+    """Counts torch's sync warnings ("called a synchronizing CUDA operation") by the user's line that made
+    them; `watching()` handles every warning raised inside it."""
+
+    def __init__(self):
+        self.counts: dict = {}
+
+    def note(self, message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        # From the warnings module's frame out: this handler's own frame is nbtrain's, and would make
+        # every sync nbtrain's.
+        site = _stack_user_frame(skip=2)
+        key = place(*site) if site else _INTERNALS
+        text = linecache.getline(*site).strip() if site else ""
+        self.counts[(key, text)] = self.counts.get((key, text), 0) + 1
+
+    @contextlib.contextmanager
+    def watching(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = self.note
+            yield self
+
+    def sites(self) -> list:
+        """(where, source text, count), the most frequent first."""
+        return [(k, t, n) for (k, t), n in sorted(self.counts.items(), key=lambda kv: -kv[1])]
+
+
 @declare("find_sync", "nbtrain.leaks.find_sync_points", "sync-point detector (CUDA): where the step forces "
          "host/device synchronisation", (
              option("steps", "whole", "a whole number >= 1 (steps to watch)", "steps to watch", low=1, flag="steps"),),
@@ -241,23 +284,11 @@ def find_sync_points(model=None, train_data=None, *, recipe=None, config: TrainC
         return SyncReport(False, f"needs CUDA: this model trains on {engine.device.type}, and "
                                  "torch.cuda.set_sync_debug_mode only watches CUDA synchronisations")
     start = trial.plain_config(engine.config)
-    counts: dict = {}
-
-    def note(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message):
-            return
-        frames = [(f.filename, f.lineno) for f in reversed(traceback.extract_stack())]
-        site = _user_frame(frames)
-        key = place(*site) if site else "nbtrain/torch internals (e.g. the log-window read-back)"
-        text = linecache.getline(*site).strip() if site else ""
-        counts[(key, text)] = counts.get((key, text), 0) + 1
-
+    counter = SyncCounter()
     snapshot = trial.Snapshot(engine)
     previous = torch.cuda.get_sync_debug_mode()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = note
+        with counter.watching():
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 trial.measure(engine, start, steps=steps, warmup_steps=0)
@@ -265,8 +296,8 @@ def find_sync_points(model=None, train_data=None, *, recipe=None, config: TrainC
                 torch.cuda.set_sync_debug_mode(previous)
     finally:
         snapshot.restore()
-    sites = [(k, t, n) for (k, t), n in sorted(counts.items(), key=lambda kv: -kv[1])]
-    user = sum(n for k, _, n in sites if not k.startswith("nbtrain/"))
+    sites = counter.sites()
+    user = sum(n for k, _, n in sites if k != _INTERNALS)
     message = (f"{user} synchronisations from your code in {steps} steps" if user
                else f"no synchronisation from your code in {steps} steps")
     return SyncReport(True, message, sites)

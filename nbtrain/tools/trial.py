@@ -217,3 +217,14 @@ def plain_config(config: TrainConfig) -> TrainConfig:
     names = set(config.to_dict())
     changes.update({name: None for name in ("checkpoint_every", "resume") if name in names})
     return config.replace(**changes)
+
+
+def failed(error: BaseException) -> str:
+    """One line for a candidate a tool chose that raised: the tool shows it as a row and goes on (a config
+    the tool chose itself must never lose what the tool measured before it)."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        raise error
+    text = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if any("Traceback (most recent call last)" in line for line in text):  # a worker's error wraps its traceback: the cause is last
+        return f"failed: {text[-1][:200]}"
+    return f"failed: {type(error).__name__}" + (f": {text[0][:200]}" if text else "")

@@ -183,10 +183,10 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
         try:
             m = trial.measure(engine, start.replace(batch_size=b), steps=steps, warmup_steps=0)
             fits, peak, reason = m.ok, m.peak_bytes, m.error
-        except Exception as error:  # noqa: BLE001 - only out-of-memory is a verdict; anything else is raised
-            if not _is_oom(error):
+        except Exception as error:  # noqa: BLE001 - the user's own batch raises; a batch the search chose is a row
+            if not _is_oom(error) and b == start.batch_size:
                 raise
-            fits, peak, reason = False, None, "out of memory"
+            fits, peak, reason = False, None, "out of memory" if _is_oom(error) else trial.failed(error)
         finally:
             snapshot.restore()
             trial.release_memory()

@@ -11,6 +11,7 @@ search only moves off the starting setting when the head-to-head interval says i
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -19,7 +20,8 @@ from . import trial
 from ..config import TrainConfig
 from .diagnose import usable_cores
 from ..measure.ab import ABResult, compare_on, steps_lasting, trial_rate
-from ..measure.verdict import unpaired
+from ..measure.steady import NOTHING
+from ..measure.verdict import UNMEASURED, unpaired
 from .tool_options import declare, option
 
 
@@ -45,7 +47,7 @@ class WorkerSearch:
                  "each against the starting setting)"]
         for m, rate, v in zip(self.measurements, self.steady, self.versus):
             mark = "  <- best" if m.config == self.best else ""
-            against = "start" if m.config == self.start else v.short() + ", measured apart"
+            against = "start" if m.config == self.start else m.error or v.short() + ", measured apart"
             lines.append(f"  {self.label(m.config):<58} {rate.text(''):<34} {against}{mark}")
         lines.append(self.verdict())
         return "\n".join(lines)
@@ -89,14 +91,21 @@ def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfi
     measured, rates, blocks = [], [], []
 
     def run(c: TrainConfig):
-        m, rate, block = trial_rate(engine, c, seconds=seconds, warmup_steps=warmup_steps)
-        snapshot.restore()
+        try:
+            m, rate, block = trial_rate(engine, c, seconds=seconds, warmup_steps=warmup_steps)
+        except Exception as error:  # noqa: BLE001 - a setting the search chose that fails is a row
+            if c == start:
+                raise
+            m, rate, block = trial.Measurement(c, float("nan"), 0, 0.0, status="failed", error=trial.failed(error)), \
+                NOTHING, []
+        finally:
+            snapshot.restore()
         measured.append(m)
         rates.append(rate)
         blocks.append(block)
 
     def fastest() -> int:
-        return max(range(len(rates)), key=lambda i: rates[i].rate)
+        return max(range(len(rates)), key=lambda i: rates[i].rate if math.isfinite(rates[i].rate) else -math.inf)
 
     head_to_head = None
     try:
@@ -119,6 +128,6 @@ def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfi
     finally:
         snapshot.restore()
     s = next(k for k, m in enumerate(measured) if m.config == start)
-    versus = [unpaired(blocks[s], b) for b in blocks]
+    versus = [unpaired(blocks[s], b) if b else UNMEASURED for b in blocks]
     best = head_to_head.b if head_to_head is not None and head_to_head.verdict.faster else start
     return WorkerSearch(measured, best, rates[s].rate, rates, versus, start, head_to_head)
