@@ -208,6 +208,10 @@ def hold(dataset, config: TrainConfig, world: World, device: torch.device, colla
     if previous is not None and previous.dataset is dataset and previous.device == device \
             and previous.shard == (world.size > 1) and (wanted or previous.sources):  # (auto: TensorDatasets only)
         return previous, previous.note
+    gathered, where = _gather_cost(dataset)
+    if gathered > _SHARE * _free(where):  # a Subset's rows are gathered where its tensors are, before any move
+        return None, (f"preload_data: not used, the data ({size_text(gathered)}) is more than a quarter of the "
+                      f"free memory on {where} ({size_text(_free(where))})")
     with _rng_kept():  # reading samples must not move the random numbers the run then draws
         rows = _tensor_rows(dataset)
         sources = _tensor_sources(dataset) if rows is not None else ()
@@ -263,6 +267,21 @@ def _tensor_rows(dataset):
             index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
             return [t.index_select(0, index.to(t.device)) for t in rows]
     return None
+
+
+def _gather_cost(dataset) -> tuple[int, torch.device]:
+    """Bytes holding a Subset of a TensorDataset gathers its rows into, and where (0: nothing is gathered)."""
+    if type(dataset).__getitem__ is not Subset.__getitem__ or not _rows_of_tensors(dataset.dataset):
+        return 0, torch.device("cpu")
+    sources = _tensor_sources(dataset)
+    return len(dataset) * sum(t[0].nbytes for t in sources if len(t)), sources[0].device
+
+
+def _rows_of_tensors(dataset) -> bool:
+    """Whether `dataset` is a TensorDataset, or Subsets of one: what _tensor_rows reads."""
+    while type(dataset).__getitem__ is Subset.__getitem__:
+        dataset = dataset.dataset
+    return type(dataset).__getitem__ is TensorDataset.__getitem__
 
 
 def _tensor_sources(dataset) -> tuple:
