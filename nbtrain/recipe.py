@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from .options import ConfigError, Problem
-from .user_loader import FIXED_OPTIONS, adopt_loader, fixed_reason  # noqa: F401  (FIXED_OPTIONS: the engine's)
+from .user_loader import FIXED_OPTIONS, adopt_loader, fixed_reason
 
 # Conventional notebook names, first match wins.
 NAMES = {
