@@ -137,3 +137,16 @@ def test_a_given_batch_size_a_loader_read_as_it_is_cannot_follow_is_refused_befo
     assert same_weights(before, weights(model))
     result = nbtrain.fit(model, loader, training_step=_recording([]), max_steps=1, batch_size=10)
     assert result.status == "completed"
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_run_continuing_a_pass_says_so_where_the_loader_is_read_again(workers):
+    loader = DataLoader(ROWS, batch_size=10, sampler=SubsetRandomSampler(range(100)), num_workers=workers)
+    model = _net()
+    notes = [nbtrain.fit(model, loader, training_step=_recording([]), max_steps=steps, accelerator="cpu")
+             .summary["notes"] for steps in (3, 2, 5)]
+    said = [[n.split(" into")[0] for n in run if "read again" in n] for run in notes]
+    # without workers the pass a run left open is continued (its order kept); with workers, whose processes
+    # stop at each run's end, the loader is read again, and the run says its sampler may give a new order
+    again = ["the DataLoader was read again 30 samples", "the DataLoader was read again 50 samples"]
+    assert said == ([[]] + [[text] for text in again] if workers else [[], [], []])

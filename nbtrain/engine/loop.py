@@ -113,7 +113,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         if self._held is not None:  # the same batches in the same order, without the per-sample path
             return data.HeldBatches(self._held, config, self.world, self.seed)
         if self.recipe.fixed_loader is not None:
-            return FixedLoader(self.recipe.fixed_loader)
+            return FixedLoader(self.recipe.fixed_loader, lambda text: self._note("data order", text))
         if isinstance(self.recipe.train_data, IterableDataset):
             return StreamLoader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
         return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
@@ -194,6 +194,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         self._caller_stop = stop if stop is not None else _NEVER
         self._stop_reason = ""
         self._nonfinite = None
+        self.notes.pop("data order", None)  # this run's loader says it again where it applies
         self.running = True
         peak = PeakMemory(self.device)
         peak.start()

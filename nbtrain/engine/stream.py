@@ -83,11 +83,12 @@ class FixedLoader:
     exactly only where the loader's order is deterministic.)
     """
 
-    def __init__(self, loader):
+    def __init__(self, loader, note=lambda text: None):
         self.sampler = StreamPosition()
         self.batch_size = loader.batch_size
         self._loader = loader
         self._open: _Pass | None = None  # the pass a run left mid-way (num_workers=0 only)
+        self._note = note  # says where a pass is read again mid-way (what the run's summary then states)
 
     def batches_per_pass(self) -> int:
         return len(self._loader)
@@ -101,6 +102,10 @@ class FixedLoader:
         skipped = 0
         while skipped < start:
             skipped += batch_size(next(batches))
+        if start:
+            self._note(f"the DataLoader was read again {start} samples into a pass (its workers stop at each run's "
+                       "end, or a resume): the rest of the pass follows its sampler's new order, the same only "
+                       "where that order does not change between passes")
         open_pass = _Pass(batches, epoch, skipped)
         self._open = open_pass if not self._loader.num_workers else None
         return open_pass
