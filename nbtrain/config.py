@@ -86,13 +86,15 @@ class TrainConfig:
     shuffle: bool = _opt(True, "bool", "true or false", "reshuffle the training data every epoch")
     drop_last: bool = _opt(False, "bool", "true or false", "drop the last incomplete batch of an epoch")
     # Automatic by default: the batches are the DataLoader's, bit for bit (same sampler, seed and values),
-    # so it changes what runs, never what is learned. Auto holds only a TensorDataset (or a Subset of one),
-    # whose samples are rows of its tensors and nothing more; another Dataset's __getitem__ may make new
-    # samples at each read (augmentation), so holding one read of it is the user's call: true.
+    # so it changes what runs, never what is learned. When nbtrain may hold is one rule, stated in
+    # engine/data.py: auto holds only a TensorDataset (or a Subset of one), whose samples are rows of its
+    # tensors and nothing more; true also holds another Dataset, but only one whose samples are fixed
+    # (reading them twice gives the same values, or it says so), never a random augmentation's one read.
     preload_data: bool | None = _opt(None, "bool", "true, false or auto (a TensorDataset, when num_workers=0 "
                                      "and it fits)", "hold the training tensors in memory on the training device "
                                      "and cut each batch by index, in the DataLoader's order (no per-sample reads "
-                                     "and collate); num_workers >= 1 keeps the DataLoader", nullable=True)
+                                     "and collate); num_workers >= 1, a DataLoader's own sampler or samples that "
+                                     "change at each read keep the DataLoader", nullable=True)
     lr: float | None = _opt(None, "float", "a number > 0, or None (keep the optimizer's own rate)",
                             "base learning rate (before scaling)", low=1e-300, nullable=True)
     scale_lr: str = _opt("none", "choice", "one of none, linear, sqrt",
@@ -198,9 +200,17 @@ class TrainConfig:
     # --- changes ----------------------------------------------------------------------
 
     def replace(self, **changes) -> "TrainConfig":
-        """A new config with `changes` applied, validated again."""
+        """A new config with `changes` applied, validated again; what was given stays given."""
         _check_names(changes)
-        return dataclasses.replace(self, **changes)
+        new = dataclasses.replace(self, **changes)
+        object.__setattr__(new, "_given", self.given | frozenset(changes))
+        return new
+
+    @property
+    def given(self) -> frozenset:
+        """The options set on purpose (a keyword, a flag, a `replace`), even where the value equals the
+        default: an explicit batch_size=32 is the user's word, which a DataLoader's 64 must not overrule."""
+        return self.__dict__.get("_given", frozenset())
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
@@ -209,6 +219,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def given_dict(self) -> dict:
+        """The options given on purpose, with their values: this config as the user wrote it."""
+        return {name: getattr(self, name) for name in option_names() if name in self.given}
 
     def changed_from(self, other: "TrainConfig") -> dict:
         """The options whose values differ from `other`, as {name: (old, new)}."""
@@ -229,6 +243,19 @@ class TrainConfig:
         """A `TrainConfig(...)` expression that gives these settings."""
         changed = self.changed_from(TrainConfig())
         return "TrainConfig(" + ", ".join(f"{name}={value!r}" for name, (_, value) in changed.items()) + ")"
+
+
+def _recording_given(init):
+    """TrainConfig's __init__, also recording which options the caller named (see `TrainConfig.given`)."""
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        named = frozenset(option_names()[:len(args)]) | frozenset(kwargs)
+        object.__setattr__(self, "_given", named)  # not a field: equality, repr and to_dict are the values'
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
+    return __init__
+
+
+TrainConfig.__init__ = _recording_given(TrainConfig.__init__)
 
 
 def option_names() -> list[str]:

@@ -11,8 +11,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler,
-                              default_collate)
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from .options import ConfigError, Problem
+from .user_loader import FIXED_OPTIONS, adopt_loader, fixed_reason
 
 # Conventional notebook names, first match wins.
 NAMES = {
@@ -30,6 +32,7 @@ NAMES = {
 }
 
 
+WORKER_OPTIONS = ("persistent_workers", "prefetch_factor")  # settings of a DataLoader's workers, if it has any
 BATCH_NOTE = "nbtrain: the failing batch held"  # the note added to an error raised on a batch
 
 
@@ -160,10 +163,23 @@ class Recipe:
         self.optimizer = as_optimizer_factory(self.optimizer, self.model)
 
     def adopt_settings(self, config):
-        """`config` with the given DataLoader's settings wherever `config` kept nbtrain's default."""
-        defaults = type(config)()
-        taken = {name: value for name, value in self.loader_settings.items()
-                 if getattr(config, name) == getattr(defaults, name) and value != getattr(config, name)}
+        """`config` with the given DataLoader's settings for every option the config was not given.
+
+        An option given on purpose wins, even at its default value (batch_size=32 over the loader's 64);
+        against a loader read as it is (its own sampler decides), a given value it cannot follow is refused.
+        """
+        settings = self.loader_settings
+        if self.fixed_loader is not None:
+            clashes = [name for name in FIXED_OPTIONS if name in settings and name in config.given
+                       and getattr(config, name) != settings[name]]
+            if clashes:
+                why = fixed_reason(self.fixed_loader)
+                raise ConfigError([Problem(name, getattr(config, name), f"{why} (its {name} is {settings[name]!r})")
+                                   for name in clashes])
+        taken = {name: value for name, value in settings.items()
+                 if name not in config.given and value != getattr(config, name)}
+        if not taken.get("num_workers", config.num_workers):  # no workers given or taken: none of theirs apply
+            taken = {name: value for name, value in taken.items() if name not in WORKER_OPTIONS}
         return config.replace(**taken) if taken else config
 
     def step_loss(self, model: nn.Module, batch) -> torch.Tensor:
@@ -228,11 +244,6 @@ NO_LOSS = ("loss: neither loss_fn nor training_step is given and the model retur
            "the loss, or a model that returns its loss (output.loss / ['loss']) from model(**batch)")
 
 
-NO_LOSS = ("loss: neither loss_fn nor training_step is given and the model returned {what}; define "
-           "loss_fn = nn.CrossEntropyLoss() (called as loss_fn(model(x), y)), training_step(model, batch) returning "
-           "the loss, or a model that returns its loss (output.loss / ['loss']) from model(**batch)")
-
-
 def call_model(model: nn.Module, batch):
     """The model on a batch that carries its own targets: model(**dict) (Hugging Face style) or model(tensor)."""
     if isinstance(batch, Mapping):
@@ -252,42 +263,6 @@ def own_loss(output):
             f"a {type(output).__name__} without a 'loss'"
         raise RecipeError(NO_LOSS.format(what=what))
     return loss
-
-
-def adopt_loader(loader: DataLoader) -> tuple[Dataset, Callable | None, dict, bool]:
-    """(dataset, collate_fn, settings, fixed) of a DataLoader; `fixed`: nbtrain must read it as it is."""
-    if isinstance(loader.dataset, IterableDataset):  # a stream: nbtrain shares it out itself (stream.py)
-        return loader.dataset, None if loader.collate_fn is default_collate else loader.collate_fn, \
-            {"batch_size": loader.batch_size, "num_workers": loader.num_workers, "drop_last": loader.drop_last}, False
-    sampler = loader.sampler
-    if fixed_reason(loader):  # its own order: nbtrain reads the loader as it is (FixedLoader), toggles off
-        batch = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
-        return loader.dataset, None, {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
-                                      **({"batch_size": batch} if isinstance(batch, int) else {})}, True
-    settings = {"batch_size": loader.batch_size, "num_workers": loader.num_workers,
-                "pin_memory": loader.pin_memory, "drop_last": loader.drop_last,
-                "shuffle": isinstance(sampler, RandomSampler)}
-    if loader.num_workers:
-        settings["persistent_workers"] = loader.persistent_workers
-        settings["prefetch_factor"] = loader.prefetch_factor
-    collate = None if loader.collate_fn is default_collate else loader.collate_fn
-    return loader.dataset, collate, settings, False
-
-
-FIXED_OPTIONS = ("batch_size", "shuffle", "drop_last", "num_workers", "persistent_workers", "prefetch_factor",
-                 "preload_data")
-
-
-def fixed_reason(loader) -> str | None:
-    """Why nbtrain must read this DataLoader as it is (its own sampler decides the batches), or None."""
-    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
-        return None
-    custom = loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler
-    if custom or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
-        what = type(loader.batch_sampler if custom else loader.sampler).__name__
-        return (f"the DataLoader's own {'batch_sampler' if custom else 'sampler'} ({what}) decides its batches, so "
-                "nbtrain reads it as it is; to change batch size, workers or order, give nbtrain its dataset")
-    return None
 
 
 def split_batch(batch):

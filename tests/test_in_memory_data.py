@@ -71,6 +71,26 @@ def test_held_batches_are_the_dataloaders_batches_on_every_rank_from_any_positio
             assert all(_same_batch(a, b) for a, b in zip(expected, got))
 
 
+def test_a_held_batch_gives_the_gradients_of_the_dataloaders_batch_at_any_offset():
+    # 5 features of 4 bytes: a batch of 5 rows starts 100 bytes further each time, off the 64-byte alignment
+    # every fresh (collated) tensor has; a matmul on a misaligned slice can differ in the last bit.
+    g = torch.Generator().manual_seed(7)
+    dataset = torch.utils.data.TensorDataset(torch.randn(60, 5, generator=g), torch.randn(60, 3, generator=g))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 10), nn.Tanh(), nn.Linear(10, 3))
+    config = TrainConfig(batch_size=5, shuffle=False, preload_data=True)
+    held, _ = data.hold(dataset, config, World(), torch.device("cpu"))
+    pairs = list(zip(data.HeldBatches(held, config, World(), 0), data.build_loader(dataset, config, World(), 0)))
+    assert len(pairs) == 12
+    for held_batch, loader_batch in pairs:
+        grads = []
+        for x, y in (held_batch, loader_batch):
+            model.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 def _scripted(loss_fn, plan):
     """A loss that, at given calls, asks the live engine for a change or raises (a crash)."""
     calls = {"n": 0}
@@ -129,7 +149,7 @@ def test_auto_holds_a_tensor_dataset_and_states_what_it_costs():
     (dict(train_data=DictSamples()), {}, "preload_data=auto holds only a TensorDataset"),
     (dict(collate_fn=lambda samples: torch.utils.data.default_collate(samples)), {}, "a custom collate_fn"),
     (dict(), dict(num_workers=1, preload_data=True), "num_workers=1 asks for the DataLoader"),
-    (dict(train_data=Augmented()), dict(preload_data=True), "reading a sample twice gave different values"),
+    (dict(train_data=Augmented()), dict(preload_data=True), "samples twice gave different values"),
     (dict(train_data=[(torch.zeros(2), "a")] * 8), dict(preload_data=True), "its samples hold str"),
     (dict(train_data=[torch.zeros(2), torch.zeros(3)]), dict(preload_data=True), "cannot be stacked"),
 ], ids=["auto-custom-dataset", "collate-fn", "workers", "augmentation", "strings", "ragged"])

@@ -95,3 +95,19 @@ def test_loader_workers_each_read_their_own_items():
 
     nbtrain.fit(net(), stream, training_step=recording, batch_size=6, max_steps=10, num_workers=2)
     assert sorted(seen) == list(range(N))  # one pass, every item once, none twice
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_continues_with_the_next_item_whatever_the_new_batch_size(workers):
+    seen = []
+
+    def recording(model, batch):
+        seen.append(batch[2].tolist())
+        return step(model, batch)
+
+    model, stream = net(), Stream()
+    for batch_size, steps in ((16, 2), (10, 3), (7, 2)):  # 32 items, then 28 (the pass ends at 60), then 14
+        nbtrain.fit(model, stream, training_step=recording, batch_size=batch_size, max_steps=steps,
+                    num_workers=workers)
+    assert [len(b) for b in seen] == [16, 16, 10, 10, 8, 7, 7]
+    assert [i for b in seen for i in b] == list(range(N)) + list(range(14))  # none skipped, none twice

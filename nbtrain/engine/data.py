@@ -9,6 +9,8 @@ Batches without the per-sample path (`preload_data`): when the samples are tenso
 fixed shape, `hold` collates the whole data set once — with the DataLoader's own collate,
 as one batch — and `HeldBatches` cuts each batch from it in the same EpochSampler order:
 the DataLoader's batches, bit for bit, without a __getitem__ and a collate per sample.
+When nbtrain may hold the data, and when the checklist walk may choose to, is one rule,
+stated above `hold`.
 One process holds the data on its training device and cuts batches by index; a DDP rank
 holds only its share: each epoch (from where it stands), its samples go to its device in
 one copy and batches are slices of that.
@@ -27,6 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sa
 from torch.utils.data.dataloader import default_collate
 
 from ..config import TrainConfig
+from ..user_loader import fixed_reason
 from .dist import World
 
 
@@ -138,6 +141,16 @@ class Held:
         return self.data
 
 
+_ALIGNMENT = 64  # bytes: where torch's allocators start every new tensor, a collated batch among them
+
+
+def _aligned(rows: torch.Tensor) -> torch.Tensor:
+    """`rows` where a fresh tensor would lie: a slice starting off the allocator's alignment is copied. Math
+    libraries pick kernels by alignment, and a matmul on misaligned inputs can differ in the last bit from
+    the DataLoader's freshly collated batch; an aligned slice stays a view (no copy)."""
+    return rows if rows.data_ptr() % _ALIGNMENT == 0 else rows.clone()
+
+
 class HeldBatches:
     """The DataLoader's batches of a held data set: same EpochSampler order, same values."""
     num_workers = 0
@@ -153,37 +166,59 @@ class HeldBatches:
         # each batch is then a slice of it: a view, no per-batch gather.
         share = _map(lambda t: t.index_select(0, order.to(t.device)).to(device), data)
         if type(share) is list and all(isinstance(t, torch.Tensor) for t in share):  # the collate's usual [x, y]
-            cut = lambda lo, hi: [t[lo:hi] for t in share]  # noqa: E731  (no recursion on the hot path)
+            cut = lambda lo, hi: [_aligned(t[lo:hi]) for t in share]  # noqa: E731  (no recursion on the hot path)
         else:
-            cut = lambda lo, hi: _map(lambda t: t[lo:hi], share)  # noqa: E731
+            cut = lambda lo, hi: _map(lambda t: _aligned(t[lo:hi]), share)  # noqa: E731
         size, samples = self.batch_size, len(order)
         end = samples - samples % size if self.drop_last else samples
         for lo in range(0, end, size):
             yield cut(lo, lo + size)
 
 
+# The held-data rule, decided here and nowhere else (the walk's preload_data item asks `hold` too).
+# nbtrain holds the training data, and cuts each batch from it by index, only where those batches are
+# the ones its DataLoader would make, bit for bit, at every epoch:
+#   1. the batches are nbtrain's to make: a map-style dataset, the default collate, num_workers=0, and no
+#      user DataLoader read as it is (one whose own sampler or batch_sampler decides; user_loader.py);
+#   2. its samples are fixed, so one read of each stands for every later read:
+#      - a TensorDataset, or a Subset of one: a sample is rows of its tensors, nothing more (auto holds it);
+#      - with preload_data=True, a dataset that says so (`nbtrain_fixed_samples = True`), or one whose
+#        samples read a second time all compare equal: up to CHECKED_SAMPLES of them, spread over the data
+#        set (an augmentation that changes 1% of reads shows up with a chance above 1 - 1e-4);
+#   3. it fits: what holding really allocates is at most a quarter of the free memory where it goes.
+# The checklist walk may choose held data only through this rule: its preload_data item measures a
+# held config only when `hold` holds it, and where the rule refuses, the item says why.
+
+CHECKED_SAMPLES = 512  # samples of a custom Dataset read twice before its reads are taken for fixed
+_CHUNK = 4096          # samples read and collated at a time while holding a custom Dataset
+_SAMPLE_OBJECT_BYTES = 2048  # a read sample's Python objects (a tuple, tensor wrappers: ~1.7 KB measured)
+FIXED_SAMPLES = "nbtrain_fixed_samples"  # a Dataset attribute: True says every read of a sample is the same
+
+
 def hold(dataset, config: TrainConfig, world: World, device: torch.device, collate_fn=None,
-         previous: Held | None = None) -> tuple[Held | None, str | None]:
-    """The training data held for index-cut batches, or None and why not (None: nothing worth saying)."""
+         previous: Held | None = None, own_loader=None) -> tuple[Held | None, str | None]:
+    """The training data held for index-cut batches, or None and why not (None: nothing worth saying).
+    `own_loader`: the user's DataLoader when it is read as it is (its own sampler decides its batches)."""
     wanted = config.preload_data
     if wanted is False:
         return None, None
-    if isinstance(dataset, IterableDataset):
-        return None, "preload_data: not used, a stream (IterableDataset) is read as it comes" if wanted else None
-    if collate_fn is not None:
-        return None, "preload_data: not used, a custom collate_fn builds the batches"
-    if config.num_workers:
-        return None, f"preload_data: not used, num_workers={config.num_workers} asks for the DataLoader" \
-            if wanted else None
+    why, always = _not_ours(dataset, config, collate_fn, own_loader)
+    if why:
+        return None, f"preload_data: not used, {why}" if wanted or always else None
     if previous is not None and previous.dataset is dataset and previous.device == device \
             and previous.shard == (world.size > 1) and (wanted or previous.sources):  # (auto: TensorDatasets only)
         return previous, previous.note
+    gathered, where = _gather_cost(dataset)
+    if gathered > _SHARE * _free(where):  # a Subset's rows are gathered where its tensors are, before any move
+        return None, (f"preload_data: not used, the data ({size_text(gathered)}) is more than a quarter of the "
+                      f"free memory on {where} ({size_text(_free(where))})")
     with _rng_kept():  # reading samples must not move the random numbers the run then draws
         rows = _tensor_rows(dataset)
         sources = _tensor_sources(dataset) if rows is not None else ()
         if rows is None and not wanted:
             return None, ("preload_data=auto holds only a TensorDataset (another Dataset's __getitem__ may make "
-                          "new samples at each read); preload_data=True holds these samples once")
+                          "new samples at each read); preload_data=True holds these samples once, if reading them "
+                          "again gives the same values")
         if rows is None:
             rows, why = _collate_all(dataset, _free(torch.device("cpu")))
             if rows is None:
@@ -208,6 +243,20 @@ def hold(dataset, config: TrainConfig, world: World, device: torch.device, colla
     return Held(dataset, data, device, shard, copied, note, sources, tuple(t._version for t in sources)), note
 
 
+def _not_ours(dataset, config: TrainConfig, collate_fn, own_loader) -> tuple[str | None, bool]:
+    """Why the batches are not nbtrain's to cut from held data (rule 1), or None; and whether to say so
+    under auto too (a stream or loader workers the user chose are reason enough, said only when asked)."""
+    if own_loader is not None:
+        return fixed_reason(own_loader), True
+    if isinstance(dataset, IterableDataset):
+        return "a stream (IterableDataset) is read as it comes", False
+    if collate_fn is not None:
+        return "a custom collate_fn builds the batches", True
+    if config.num_workers:
+        return f"num_workers={config.num_workers} asks for the DataLoader", False
+    return None, False
+
+
 def _tensor_rows(dataset):
     """The tensors a TensorDataset (or a Subset of one) reads its samples from, or None."""
     if type(dataset).__getitem__ is TensorDataset.__getitem__:  # a sample is these tensors' rows, nothing more
@@ -220,30 +269,85 @@ def _tensor_rows(dataset):
     return None
 
 
+def _gather_cost(dataset) -> tuple[int, torch.device]:
+    """Bytes holding a Subset of a TensorDataset gathers its rows into, and where (0: nothing is gathered)."""
+    if type(dataset).__getitem__ is not Subset.__getitem__ or not _rows_of_tensors(dataset.dataset):
+        return 0, torch.device("cpu")
+    sources = _tensor_sources(dataset)
+    return len(dataset) * sum(t[0].nbytes for t in sources if len(t)), sources[0].device
+
+
+def _rows_of_tensors(dataset) -> bool:
+    """Whether `dataset` is a TensorDataset, or Subsets of one: what _tensor_rows reads."""
+    while type(dataset).__getitem__ is Subset.__getitem__:
+        dataset = dataset.dataset
+    return type(dataset).__getitem__ is TensorDataset.__getitem__
+
+
 def _tensor_sources(dataset) -> tuple:
     return tuple(dataset.tensors) if isinstance(dataset, TensorDataset) else _tensor_sources(dataset.dataset)
 
 
 def _collate_all(dataset, free: int):
-    """A map-style data set's samples collated as one batch, as its DataLoader collates each batch; or why not."""
+    """A map-style data set's samples collated as one batch, as its DataLoader collates each batch; or why not.
+
+    Read a chunk of samples at a time into tensors allocated once for the whole data set: no Python
+    object per sample outlives its chunk (a list of every sample costs tens of times the data itself).
+    Collating chunk by chunk gives the same values as one collate of all (each leaf is stacked row by row).
+    """
     samples = len(dataset)
     if not samples:
         return None, "the data set is empty"
     first = default_collate([dataset[0]])
-    again = default_collate([dataset[0]])
     leaves = _leaves(first)
     if not all(isinstance(x, torch.Tensor) for x in leaves):
         kinds = sorted({type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)})
         return None, f"its samples hold {', '.join(kinds)}, not only tensors and numbers"
-    if not all(torch.equal(a, b) for a, b in zip(leaves, _leaves(again))):
-        return None, "reading a sample twice gave different values (random augmentation?): one read held would differ"
-    size = sum(x.nbytes for x in leaves) * samples
+    changed = _changed_on_rereading(dataset)  # before reading them all: an augmentation is refused at once
+    if changed:
+        return None, changed
+    chunk = min(samples, _CHUNK)
+    # What holding allocates: the held tensors, and one chunk in flight (its samples' objects and its collate).
+    size = sum(x.nbytes for x in leaves) * (samples + chunk) + _SAMPLE_OBJECT_BYTES * chunk
     if size > _SHARE * free:
         return None, f"the data ({size_text(size)}) is more than a quarter of the free memory ({size_text(free)})"
-    try:
-        return default_collate([dataset[i] for i in range(samples)]), None
-    except RuntimeError as error:
-        return None, f"its samples cannot be stacked into one batch ({str(error).splitlines()[0]})"
+    held = None
+    for lo in range(0, samples, chunk):
+        try:
+            part = default_collate([dataset[i] for i in range(lo, min(lo + chunk, samples))])
+        except RuntimeError as error:
+            return None, f"its samples cannot be stacked into one batch ({str(error).splitlines()[0]})"
+        if held is None:
+            held = _map(lambda t: torch.empty((samples, *t.shape[1:]), dtype=t.dtype), part)
+        pairs = list(zip(_tensors(held), _tensors(part)))
+        if len(pairs) != len(leaves) or any(h.shape[1:] != p.shape[1:] or h.dtype != p.dtype for h, p in pairs):
+            return None, "its samples cannot be stacked into one batch (their shapes or types differ)"
+        for whole, rows in pairs:
+            whole[lo:lo + len(rows)].copy_(rows)
+    return held, None
+
+
+def _changed_on_rereading(dataset) -> str | None:
+    """Why one read of these samples does not stand for every read (rule 2), or None: up to CHECKED_SAMPLES
+    samples, spread over the data set, each read twice and compared."""
+    if getattr(dataset, FIXED_SAMPLES, False) is True:
+        return None
+    samples = len(dataset)
+    checked = sorted({round(k * (samples - 1) / max(CHECKED_SAMPLES - 1, 1)) for k in range(CHECKED_SAMPLES)})
+    differ = sum(1 for i in checked
+                 if not all(_same_values(a, b) for a, b in zip(_leaves(default_collate([dataset[i]])),
+                                                               _leaves(default_collate([dataset[i]])))))
+    if not differ:
+        return None
+    return (f"reading {len(checked)} samples twice gave different values for {differ} of them (a random "
+            f"augmentation?): one read held would freeze it; a Dataset whose samples never change can say so "
+            f"with {FIXED_SAMPLES} = True")
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where NaN (a missing value read twice is the same sample)."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan()) if a.is_floating_point()
+                                        else a == b).all())
 
 
 def _leaves(batch) -> list:

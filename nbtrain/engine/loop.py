@@ -107,12 +107,12 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
             config = config.replace(batch_size=config.batch_size * config.devices)
         spare = next((s.spare_held for s in list(self._snapshots) if s.spare_held is not None), None)
         self._held, note = data.hold(self.recipe.train_data, config, self.world, self.device, self.recipe.collate_fn,
-                                     previous=self._held or spare)
+                                     previous=self._held or spare, own_loader=self.recipe.fixed_loader)
         self._note("preload_data", note)
         if self._held is not None:  # the same batches in the same order, without the per-sample path
             return data.HeldBatches(self._held, config, self.world, self.seed)
         if self.recipe.fixed_loader is not None:
-            return FixedLoader(self.recipe.fixed_loader)
+            return FixedLoader(self.recipe.fixed_loader, lambda text: self._note("data order", text))
         if isinstance(self.recipe.train_data, IterableDataset):
             return StreamLoader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
         return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
@@ -185,6 +185,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         self._caller_stop = stop if stop is not None else _NEVER
         self._stop_reason = ""
         self._nonfinite = None
+        self.notes.pop("data order", None)  # this run's loader says it again where it applies
         self.running = True
         peak = PeakMemory(self.device)
         peak.start()
@@ -243,8 +244,10 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         extra = {"epochs_trained": epochs, "status": status,
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - from_step}
         extra.update(self._info())
-        # preload_data left on auto and not applying is the engine's business, not this summary's
-        quiet = {"preload_data"} if self.config.preload_data is None and self._held is None else set()
+        # preload_data left on auto and not applying is the engine's business, not this summary's (except
+        # where the user's own sampler is why: that their order is kept is worth a line)
+        quiet = {"preload_data"} if self.config.preload_data is None and self._held is None \
+            and self.recipe.fixed_loader is None else set()
         extra["notes"] = [n for k, n in self.notes.items() if k not in quiet] + self._compile_accounting(extra) \
             + ([best] if best else []) + (self.schedule.notes if self.schedule is not None else []) \
             + ([f"resumed from {os.path.basename(resumed_from)}: this run trained steps {from_step + 1:,} to "

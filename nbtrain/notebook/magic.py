@@ -136,8 +136,8 @@ class NbtrainMagics(Magics):
             raise UsageError(f"%%nbtrain: --config {var}: no variable named {var!r} in the namespace; allowed: "
                              "the name of a dict of options, e.g. cfg = dict(batch_size=64)")
         value = self.shell.user_ns[var]
-        if isinstance(value, TrainConfig):
-            return value.to_dict()
+        if isinstance(value, TrainConfig):  # the options it was given: the rest stay free for a DataLoader's own
+            return value.given_dict()
         if not isinstance(value, dict):
             raise UsageError(f"%%nbtrain: --config {var}: got a {type(value).__name__}; allowed: a dict of options "
                              "(e.g. dict(batch_size=64, precision='bf16-mixed')) or a TrainConfig")

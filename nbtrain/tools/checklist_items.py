@@ -282,14 +282,18 @@ FUNCTIONS = {"workers": workers, "batch_size": batch_size, "accumulation": accum
 
 
 def preload_data(walk, engine, start, current, target):
-    """Batches cut from the data held in memory against the DataLoader's; the label states what holding costs."""
+    """Batches cut from the data held in memory against the DataLoader's; the label states what holding costs.
+    Held data is tried only where the held-data rule (engine/data.py) holds it, so the walk never keeps a
+    frozen read of samples that change (an augmentation): it says why instead."""
     from ..engine.data import hold, size_text
-    held, _ = hold(engine.recipe.train_data, current, engine.world, engine.device, engine.recipe.collate_fn,
-                   previous=engine.held_data)
+    recipe = engine.recipe
+    held, _ = hold(recipe.train_data, current, engine.world, engine.device, recipe.collate_fn,
+                   previous=engine.held_data, own_loader=recipe.fixed_loader)
     on = held is not None
     if not on:
         current = current.replace(preload_data=True, num_workers=0, persistent_workers=False, prefetch_factor=None)
-        held, why = hold(engine.recipe.train_data, current, engine.world, engine.device, engine.recipe.collate_fn)
+        held, why = hold(recipe.train_data, current, engine.world, engine.device, recipe.collate_fn,
+                         own_loader=recipe.fixed_loader)
         if held is None:
             return why
     cost = f"{size_text(held.copied)} held on {held.device}" if held.copied else \
