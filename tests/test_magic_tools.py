@@ -81,7 +81,7 @@ def test_profile_shows_the_breakdown_its_verdict_and_a_trace_and_restores_the_mo
     assert isinstance(d, Diagnosis) and ns["_nbtrain"] is d
     assert "nbtrain bottleneck breakdown (5 steps measured on cpu, batch 64" in out and "verdict: " + d.kind in out
     assert "forward" in out and "backward" in out and "result in prof and _nbtrain" in out
-    assert "ceilings, each measured alone:" in out and "model FLOPs utilisation" in out
+    assert "the four ceilings, each measured alone, binding first:" in out and "model FLOPs utilisation" in out
     assert d.ceilings is not None and d.ceilings.evidence() in out  # the verdict names the ceilings
     assert json.loads((tmp_path / "step.json").read_text())["traceEvents"]
     assert unchanged(before, ns["model"])
