@@ -122,7 +122,7 @@ def test_measuring_the_ceilings_leaves_model_optimizer_rng_and_config_exactly_as
 
 
 def test_bad_ceiling_options_name_the_option():
-    with pytest.raises(ValueError, match=r"steps=3: a whole number >= 10"):
+    with pytest.raises(ValueError, match=r"steps=3: allowed: a whole number >= 10"):
         nbtrain.ceilings(compute_bound_recipe(n=64, width=8), steps=3)
 
 

@@ -23,7 +23,7 @@ every trial.
 from __future__ import annotations
 
 import math
-import time
+import textwrap
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +37,12 @@ from . import device_rates
 from .bottleneck import CEILINGS, Bottleneck, bottleneck, host_over_device
 from .device_rates import Busy, HostSplit, Rate, StepCount
 from .steady import SteadyRate, block_rates, steady_rate, warmup_length
+from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
 from .verdict import Verdict, unpaired
 
-_MIN_S = 0.5  # each ceiling reads at least this long (and at least `steps` readings)
+
+
+COLORS = {"data": "tab:red", "host": "tab:orange", "compute": "tab:blue", "memory": "tab:green"}
 
 
 @dataclass
@@ -181,6 +184,27 @@ class Ceilings:
     def __repr__(self) -> str:
         return f"Ceilings({self.verdict!r})"
 
+    def plot(self, path=None, ax=None):
+        """The four ceilings as bars on a log scale (binding on top, 95% intervals as whiskers), the model
+        alone as a dashed line; saved to `path` when given."""
+        from .. import plotting
+        order = self.bottleneck().order
+        with plotting.axes(path, ax, figsize=(7, 2.6)) as ax:
+            for row, name in enumerate(reversed(order)):
+                r = self.ceiling(name)
+                if not math.isfinite(r.value):
+                    continue
+                whisker = [[r.value - r.low], [min(r.high, 1e3 * r.value) - r.value]] if math.isfinite(r.low) else None
+                ax.barh(row, r.value, xerr=whisker, color=COLORS[name], capsize=3)
+            ax.set_yticks(range(len(order)), list(reversed(order)))
+            ax.axvline(self.model.rate, color="black", linestyle="--", linewidth=1,
+                       label=f"model alone {self.model.rate:,.0f}")
+            ax.set_xscale("log")
+            ax.set_xlabel("samples/s each ceiling allows (log scale)")
+            ax.legend(fontsize=7, loc="lower right")
+            ax.set_title(textwrap.fill(self.verdict, 100), fontsize=8, loc="left")
+        return ax.figure
+
 
 def _per(samples: int, seconds: float) -> float:
     return samples / seconds if seconds > 0 else math.inf
@@ -235,7 +259,7 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0) -> Ceilin
     device, busy, low_peak = engine.device, None, None
     try:
         engine.reconfigure(config)
-        loader_series, batch = _loader_alone(engine, steps, seconds)
+        loader_series, batch = loader_alone(engine, steps, seconds)
         held = not isinstance(engine.loader, DataLoader)
         source = (f"the DataLoader, {config.num_workers} workers" if not held
                   else "batches cut from tensors held in memory (preload_data)")
@@ -249,12 +273,12 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0) -> Ceilin
         dtype = engine.precision.dtype or torch.get_default_dtype()
         peak = device_rates.peak_flops(device, dtype)  # before and after the model: a passing load spike hits one
         memory = device_rates.bandwidth(device)
-        _train_step(engine, batch)  # warm-up: lazy state, allocator
-        counts = device_rates.count_step(lambda counter: _train_step(engine, batch, counter))
-        small = _small_batch(engine, batch)
-        full_series, small_series = _model_alone(engine, batch, small, steps, seconds)
+        train_step(engine, batch)  # warm-up: lazy state, allocator
+        counts = device_rates.count_step(lambda counter: train_step(engine, batch, counter))
+        small = small_batch(engine, batch)
+        full_series, small_series = model_alone(engine, batch, small, steps, seconds)
         if device.type == "cuda":
-            busy = device_rates.busy_fraction(lambda: _train_step(engine, batch))
+            busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
         peak = max(peak, device_rates.peak_flops(device, dtype), key=lambda p: p.value)
         if dtype == torch.float32:
             low_peak = device_rates.peak_flops(device, torch.bfloat16, seconds=0.2)
@@ -262,120 +286,12 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0) -> Ceilin
         snapshot.restore()
         if generator_state is not None:
             generator.set_state(generator_state)
-    n = _samples(batch)
+    n = batch_samples(batch)
     warm = warmup_length(full_series[0])
-    split = (device_rates.host_split(full_series[0][warm:], small_series[warm:], n, _samples(small))
+    split = (device_rates.host_split(full_series[0][warm:], small_series[warm:], n, batch_samples(small))
              if small is not None and len(small_series) - warm >= 3 else None)
     ratio = unpaired(block_rates(*loader_series), block_rates(*full_series))
     has_convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in engine.model.modules())
     return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
                     n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
                     source)
-
-
-def _reading(steps: int, seconds: float):
-    """A test 'read more?' given the readings so far: until `steps` readings and _MIN_S, at most `seconds`."""
-    t0 = time.perf_counter()
-
-    def more(count: int) -> bool:
-        took = time.perf_counter() - t0
-        return took < seconds and (count < steps or took < min(_MIN_S, seconds))
-    return more
-
-
-def _samples(batch) -> int:
-    """The batch's sample count: the length of its first tensor."""
-    if isinstance(batch, torch.Tensor):
-        return len(batch)
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    return next((n for n in map(_samples, values) if n), 0)
-
-
-def _loader_alone(engine, steps: int, seconds: float):
-    """(durations, samples) of the batches the engine's DataLoader yields with no model; and one batch."""
-    loader = engine.loader
-    loader.sampler.set_position(engine.epoch, 0)  # whole epochs; the engine repositions it before training
-    durations, samples, first = [], [], None
-    more = _reading(steps, seconds)
-    while more(len(durations)):
-        iterator = iter(loader)
-        while more(len(durations)):
-            t0 = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            durations.append(time.perf_counter() - t0)
-            samples.append(_samples(batch))
-            first = batch if first is None else first
-        del iterator  # a loader without persistent workers shuts them down here
-    if first is None:
-        raise RuntimeError("nbtrain.ceilings: the DataLoader yielded no batch")
-    return (durations, samples), first
-
-
-def _train_step(engine, batch, counter=None):
-    """One optimizer step on `batch` (each of the config's micro-batches is this batch), as the engine's loop
-    does; a device_rates.StepCounter, when given, is told when the optimizer's part begins."""
-    c, precision, model, optimizer = engine.config, engine.precision, engine.model, engine.optimizer
-    k = c.accumulate_grad_batches
-    for _ in range(k):
-        with precision.autocast():
-            loss = engine.recipe.step_loss(model, batch) / k
-        precision.scaler.scale(loss).backward()
-    if counter is not None:
-        counter.phase = "optimizer"
-    if c.gradient_clip_val is not None:
-        precision.scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), c.gradient_clip_val)
-    precision.scaler.step(optimizer)
-    precision.scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def _head(batch, count: int, samples: int):
-    """The first `count` samples of a (nested) batch: every tensor whose first dimension is the batch's."""
-    if isinstance(batch, torch.Tensor):
-        return batch[:count] if batch.dim() and len(batch) == samples else batch
-    if isinstance(batch, dict):
-        return {k: _head(v, count, samples) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
-        return type(batch)(*(_head(b, count, samples) for b in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_head(b, count, samples) for b in batch)
-    return batch
-
-
-def _small_batch(engine, batch):
-    """2 samples of `batch` (1 of a batch of 2 or 3), warmed up; None where the step cannot run on it."""
-    n = _samples(batch)
-    if n < 2:
-        return None
-    small = _head(batch, 2 if n >= 4 else 1, n)
-    try:
-        _train_step(engine, small)
-    except Exception:  # a model that needs its batch size (a fixed reshape): the host ceiling goes unmeasured
-        engine.optimizer.zero_grad(set_to_none=True)
-        return None
-    return small
-
-
-def _model_alone(engine, batch, small, steps: int, seconds: float):
-    """((durations, samples) of training steps on one batch held on the device, durations at the small
-    batch): readings in alternation, so a change of the machine's load hits both sides alike."""
-    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    # On CUDA a few steps per reading, so the clock reads the device's pace, not one step's launch gap.
-    chunk = 1 if engine.device.type == "cpu" else 4
-    per_step = _samples(batch) * engine.config.accumulate_grad_batches
-    full, little, more = [], [], _reading(steps, seconds)
-    sync()
-    while more(len(full)):
-        for data, series in ((batch, full), (small, little)):
-            if data is None:
-                continue
-            t0 = time.perf_counter()
-            for _ in range(chunk):
-                _train_step(engine, data)
-            sync()
-            series.append((time.perf_counter() - t0) / chunk)
-    return (full, [per_step] * len(full)), little
