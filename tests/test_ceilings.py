@@ -31,14 +31,15 @@ def test_many_tiny_operations_are_bound_by_the_host_and_a_larger_batch_comes_fir
     c = nbtrain.ceilings(tiny_ops_recipe(), config=TrainConfig(batch_size=8))
     b = bottleneck(c)
     assert b.binding == "host" and c.kind == "host-bound" and b.order[0] == "host", c.table()
-    # the fixed per-step cost is most of the step; compute and memory are far away
-    assert c.split.host_s.value > 3 * c.split.device_s.value, c.table()
+    # the fixed per-step cost is most of the step (how much more than the per-sample part, a busy machine's
+    # noise decides: at batch 8 that part is next to nothing); compute and memory are far away
+    assert c.split.host_s.value > c.split.device_s.value, c.table()
     assert b.ratios["compute"] > 10 and b.ratios["memory"] > 10 and b.ratios["host"] == 1
     assert [r.item for r in b.remedies[:3]] == ["batch_size", "compile", "optimizer_impl"], b.remedies
     assert groups(b)[0] == "host"
     every_ceiling_has_an_interval(c)
     assert c.verdict.startswith("host-bound: the host's fixed cost per step allows ")
-    assert "step time at batch 8 and 2" in c.table() and "try: batch_size=16" in c.table()
+    assert "step times at batch 8 and 2" in c.table() and "try: batch_size=16" in c.table()
 
 
 def test_a_large_matmul_is_compute_bound_and_precision_or_fusion_comes_first():
@@ -46,7 +47,7 @@ def test_a_large_matmul_is_compute_bound_and_precision_or_fusion_comes_first():
     b = c.bottleneck()
     assert b.binding == "compute" and b.order[0] == "compute", c.table()
     assert c.split.device_s.value > 3 * c.split.host_s.value, c.table()  # the per-sample part dominates
-    assert b.margin.measurable and b.ratios["memory"] > 1, c.table()  # more FLOPs per byte than the machine's balance
+    assert b.measurable and b.ratios["memory"] > 1, c.table()  # more FLOPs per byte than the machine's balance
     assert groups(b)[0] == "compute" and b.remedies[0].item in ("precision", "compile"), b.remedies
     # the precision remedy says what it is compared against, with the bf16 matmul measured here
     precision = next(r for r in b.remedies if r.item == "precision")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..hardware import usable_cores
-from .verdict import Verdict
+from .verdict import MIN_EFFECT, Verdict
 
 CEILINGS = ("data", "host", "compute", "memory")
 
@@ -55,8 +55,9 @@ class Bottleneck:
 
     @property
     def measurable(self) -> bool:
-        """The binding ceiling binds beyond doubt (the margin's interval excludes 1)."""
-        return self.margin.measurable
+        """The binding ceiling binds beyond doubt: the margin's interval lies above 1 (its top may be
+        unbounded: no device time seen at all)."""
+        return self.margin.low > 1 + MIN_EFFECT
 
 
 def _verdict(rate, pairs: int = 0) -> Verdict:
@@ -86,10 +87,10 @@ def bottleneck(c) -> Bottleneck:
     """The verdict of a `Ceilings` (nbtrain.ceilings) as data: see the module doc."""
     rates = c.rates()
     host, method = host_over_device(c)
-    if c.ratio.ratio > 1 and (c.ratio.measurable or not math.isfinite(host.ratio)):
+    if c.ratio.ratio > 1:  # the loader is slower than the model alone
         binding, margin = "data", c.ratio
-    elif not math.isfinite(host.ratio) or host.ratio > 1:
-        binding, margin = "host", host if math.isfinite(host.ratio) else c.ratio
+    elif host.ratio > 1:  # (NaN where host and device could not be told apart: the device's ceilings decide)
+        binding, margin = "host", host
     else:
         compute_over_memory = c.compute_over_memory()
         binding = "compute" if compute_over_memory.ratio >= 1 else "memory"
@@ -175,9 +176,9 @@ def _compute(c) -> list[Remedy]:
 
 def _memory(c) -> list[Remedy]:
     out = []
-    precision = _lower_precision(c, "memory")
-    if precision is not None:
-        out.append(Remedy("memory", "precision", "fewer bytes: " + precision.text))
+    if c.config.precision == "32-true":
+        out.append(Remedy("memory", "precision", "fewer bytes: precision='bf16-mixed' moves half the bytes per "
+                                                 f"activation; compared against {precision_baseline(c.device_type)}"))
     if c.config.compile == "none":
         out.append(Remedy("memory", "compile", "fewer bytes: compile='default' fuses chains of element-wise "
                                                "operations (one read and one write instead of one per operation)"))

@@ -125,14 +125,18 @@ class Ceilings:
         v = b.margin
         against = {"data": "the model alone is", "host": "the device's part of the step is",
                    "compute": "the memory ceiling is", "memory": "the compute ceiling is"}[b.binding]
-        if b.binding == "host":
-            head = (f"the GPU waits {v.ratio:.1f}x as long as it works" if self.busy is not None else
-                    f"the step's fixed part is {v.ratio:.1f}x its per-sample part")
+        if b.binding == "host" and self.busy is not None:
+            head = f"the GPU waits {_times(v.ratio)} as long as it works"
+        elif b.binding == "host" and math.isinf(v.ratio):
+            head = f"the step took no longer at batch {self.split.batch} than at {self.split.small}"
+        elif b.binding == "host":
+            head = f"the step's fixed part is {_times(v.ratio)} its per-sample part"
         else:
-            head = f"{against} {v.ratio:.1f}x higher"
-        if not v.measurable:
-            return f"{head}: not measurably (95% interval {v.interval_text()})"
-        return f"{head}; 95% interval {v.interval_text()}"
+            head = f"{against} {_times(v.ratio)} higher"
+        interval = f"95% interval {v.low:.2f}-{'unbounded' if math.isinf(v.high) else f'{v.high:.2f}'}"
+        if not b.measurable:
+            return f"{head}: not measurably ({interval})"
+        return f"{head}; {interval}"
 
     @property
     def verdict(self) -> str:
@@ -167,7 +171,7 @@ class Ceilings:
                 return "(not measured: a smaller batch could not run)"
             s = self.split
             return (f"(fixed {1000 * s.host_s.value:.2f} ms per step, device {1000 * s.device_s.value:.2f} ms at "
-                    f"batch {s.batch}: step time at batch {s.batch} and {s.small})")
+                    f"batch {s.batch}: lower quartiles of step times at batch {s.batch} and {s.small})")
         if name == "compute":
             p = self.peak
             return (f"({si(n.flops)}FLOP per step, torch.utils.flop_counter; peak {si(p.value)}FLOP/s, "
@@ -212,6 +216,10 @@ def _per(samples: int, seconds: float) -> float:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf
+
+
+def _times(ratio: float) -> str:
+    return "unboundedly" if math.isinf(ratio) else f"{ratio:.1f}x"
 
 
 def _rate(value: float) -> str:
