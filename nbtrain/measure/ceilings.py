@@ -87,7 +87,17 @@ class Ceilings:
             return Rate(_per(n, h.value), _per(n, h.high), _per(n, h.low))
         work = self.counts.flops if name == "compute" else self.counts.bytes
         speed = self.peak if name == "compute" else self.bandwidth
-        return speed.scaled(n / work) if work > 0 else Rate(math.inf, math.inf, math.inf)
+        if work <= 0:
+            return Rate(math.inf, math.inf, math.inf)
+        if name == "compute" and self.beat_the_peak:
+            # The step reached more FLOP/s than the matmul timed beside it (the load changed in between):
+            # the device demonstrably does at least that, so the step's own rate is the ceiling.
+            return Rate(self.model.rate, self.model.low, self.model.high)
+        return speed.scaled(n / work)
+
+    @property
+    def beat_the_peak(self) -> bool:
+        return self.utilisation() > 1
 
     def rates(self) -> dict:
         return {name: self.ceiling(name).value for name in CEILINGS}
@@ -174,8 +184,9 @@ class Ceilings:
                     f"batch {s.batch}: lower quartiles of step times at batch {s.batch} and {s.small})")
         if name == "compute":
             p = self.peak
+            beat = "; the step itself ran faster, its rate taken as the ceiling" if self.beat_the_peak else ""
             return (f"({si(n.flops)}FLOP per step, torch.utils.flop_counter; peak {si(p.value)}FLOP/s, "
-                    f"{p.dtype} {p.size}x{p.size} matmul measured now)")
+                    f"{p.dtype} {p.size}x{p.size} matmul measured now{beat})")
         return (f"({si(n.bytes)}B per step, each operation's reads and writes; {si(self.bandwidth.value)}B/s, "
                 f"a {si(self.bandwidth.size)}B copy measured now)")
 
@@ -189,23 +200,30 @@ class Ceilings:
         return f"Ceilings({self.verdict!r})"
 
     def plot(self, path=None, ax=None):
-        """The four ceilings as bars on a log scale (binding on top, 95% intervals as whiskers), the model
-        alone as a dashed line; saved to `path` when given."""
+        """The four ceilings on a log scale, binding on top, each a dot with its 95% interval as whiskers,
+        and the model alone (its batch held in memory) as a dashed line; saved to `path` when given."""
         from .. import plotting
         order = self.bottleneck().order
         with plotting.axes(path, ax, figsize=(7, 2.6)) as ax:
+            shown = []
             for row, name in enumerate(reversed(order)):
                 r = self.ceiling(name)
                 if not math.isfinite(r.value):
                     continue
-                whisker = [[r.value - r.low], [min(r.high, 1e3 * r.value) - r.value]] if math.isfinite(r.low) else None
-                ax.barh(row, r.value, xerr=whisker, color=COLORS[name], capsize=3)
-            ax.set_yticks(range(len(order)), list(reversed(order)))
+                high = min(r.high, 1e3 * r.value)  # an unbounded top drawn as a long whisker
+                whisker = [[r.value - r.low], [high - r.value]] if math.isfinite(r.low) else None
+                ax.errorbar(r.value, row, xerr=whisker, fmt="o", color=COLORS[name], capsize=4, markersize=7)
+                ax.annotate(f"{r.value:,.0f}", (r.value, row), textcoords="offset points", xytext=(0, 7),
+                            ha="center", fontsize=7)
+                shown += [r.value, r.low if math.isfinite(r.low) else r.value, high]
             ax.axvline(self.model.rate, color="black", linestyle="--", linewidth=1,
-                       label=f"model alone {self.model.rate:,.0f}")
+                       label=f"model alone {self.model.rate:,.0f} samples/s")
+            ax.set_yticks(range(len(order)), list(reversed(order)))
+            ax.set_ylim(-0.6, len(order) - 0.3)
             ax.set_xscale("log")
+            ax.set_xlim(min(shown + [self.model.rate]) / 2, max(shown + [self.model.rate]) * 2)
             ax.set_xlabel("samples/s each ceiling allows (log scale)")
-            ax.legend(fontsize=7, loc="lower right")
+            ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
             ax.set_title(textwrap.fill(self.verdict, 100), fontsize=8, loc="left")
         return ax.figure
 
