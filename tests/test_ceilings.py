@@ -10,7 +10,7 @@ from nbtrain import TrainConfig
 from nbtrain.api import engine_for
 from nbtrain.measure import bottleneck
 from nbtrain.measure.bottleneck import CEILINGS
-from nbtrain.measure.device_rates import host_split, peak_flops, union_length
+from nbtrain.measure.device_rates import busy_from_events, host_split, peak_flops, union_length
 
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state, tiny_ops_recipe
 
@@ -96,6 +96,19 @@ def test_the_host_split_finds_the_fixed_and_the_per_sample_cost():
 
 def test_the_busy_time_is_the_union_of_overlapping_intervals():
     assert union_length([(0, 2), (1, 3), (5, 6)]) == 4 and union_length([]) == 0
+
+
+def test_the_gpu_busy_fraction_is_read_from_a_traces_kernels_within_each_step():
+    def event(cat, name, ts, dur):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur}
+    events = [event("user_annotation", "nbtrain_step", 0, 100), event("user_annotation", "nbtrain_step", 200, 100),
+              event("gpu_user_annotation", "nbtrain_step", 5, 290),  # the GPU's copy: not a step's wall
+              event("kernel", "gemm", 10, 20), event("kernel", "relu", 20, 30), event("kernel", "add", 250, 10),
+              event("cpu_op", "aten::mm", 0, 90)]
+    busy = busy_from_events(events)
+    # step 1: kernels cover 10-50 of 100 us; step 2: 10 of 100 us
+    assert busy.fraction.value == pytest.approx(0.25) and busy.kernels_per_step == 1.5
+    assert busy.median_kernel_us == 20
 
 
 def test_the_peak_is_measured_in_the_steps_dtype_with_an_interval():

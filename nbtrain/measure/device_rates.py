@@ -217,8 +217,14 @@ def busy_fraction(train_step, steps: int = 5) -> Busy:
         path = os.path.join(folder, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "nbtrain_step" and "dur" in e)
+            return busy_from_events(json.load(f)["traceEvents"])
+
+
+def busy_from_events(events) -> Busy:
+    """The busy fraction of each step annotated "nbtrain_step" in a Chrome trace's events (times in us)."""
+    # The host's annotation (the GPU timeline has its own copy, "gpu_user_annotation", which is not the wall).
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if e.get("name") == "nbtrain_step" and e.get("cat") == "user_annotation" and "dur" in e)
     kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel" and "dur" in e)
     fractions, counts = [], []
     for start, end in spans:
