@@ -34,7 +34,7 @@ from ..config import TrainConfig
 from ..engine.data import to_device
 from ..engine.toggles import to_channels_last
 from . import device_rates
-from .bottleneck import CEILINGS, Bottleneck, bottleneck, host_over_device
+from .bottleneck import CEILINGS, Bottleneck, bottleneck
 from .device_rates import Busy, HostSplit, Rate, StepCount
 from .steady import SteadyRate, block_rates, steady_rate, warmup_length
 from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
