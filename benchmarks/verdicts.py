@@ -10,7 +10,8 @@
   real work, which a busy machine slows as it slows training). Found, and found slower, at least
   19 times in 20.
 - Ceilings: `nbtrain.ceilings` says data-bound on the data-bound recipe, compute-bound on the
-  compute-bound one, and the utilisation of a matmul-heavy MLP lies between 0 and 1.
+  compute-bound one, host-bound on 48 tiny layers at batch 8, and the utilisation of a matmul-heavy
+  MLP lies between 0 and 1.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from checklist_recipes import compute_bound_recipe, data_bound_recipe  # noqa: E402
+from checklist_recipes import compute_bound_recipe, data_bound_recipe, tiny_ops_recipe  # noqa: E402
 
 import nbtrain  # noqa: E402
 from nbtrain import Recipe, TrainConfig  # noqa: E402
@@ -131,10 +132,12 @@ def main(argv=None) -> dict:
     print("ceilings:")
     data = nbtrain.ceilings(data_bound_recipe(), config=TrainConfig(batch_size=32))
     compute = nbtrain.ceilings(compute_bound_recipe(), config=TrainConfig(batch_size=128))
-    for c in (data, compute):
+    host = nbtrain.ceilings(tiny_ops_recipe(), config=TrainConfig(batch_size=8))
+    for c in (data, compute, host):
         print(c.table())
     out["ceilings on the data-bound recipe"] = (data.kind, "data-bound")
     out["ceilings on the compute-bound recipe"] = (compute.kind, "compute-bound")
+    out["ceilings on 48 tiny layers, batch 8"] = (host.kind, "host-bound")
     out["model FLOPs utilisation, matmul-heavy MLP (fp32)"] = (compute.utilisation(), "between 0 and 1")
     for measure, (value, wanted) in out.items():
         print(f"{measure}: {value} (target {wanted})")

@@ -11,7 +11,7 @@ from .tools.cache import cache
 from .tools.checklist import checklist
 from .tools.diagnose import profile
 from .measure.ab import ab
-from .measure.ceilings import ceilings
+from .tools.ceilings import ceilings
 from .distributed.launch import launch  # the function; its module's helpers: `from nbtrain.distributed.launch import ...`
 from .engine.split import split
 from . import slurm  # nbtrain.slurm.submit / attach / export

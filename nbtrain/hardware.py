@@ -108,3 +108,11 @@ def assume(inv: Inventory):
         yield inv
     finally:
         _assumed.reset(token)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

@@ -89,3 +89,13 @@ def ddp_diagnose_rank(out_dir):
     d = diagnose(compute_bound_recipe(n=256, width=256), config=TrainConfig(batch_size=32), steps=4)
     with open(os.path.join(out_dir, f"rank{torch_dist.get_rank()}.json"), "w") as f:
         json.dump({"grad_sync_ms": d.grad_sync_ms, "step_ms": d.step_ms, "table": d.table()}, f)
+
+
+def tiny_ops_recipe(depth=48, width=8, n=256):
+    """Many tiny layers on a few features: each operation's dispatch costs far more than its arithmetic."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    layers = [m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())]
+    data = TensorDataset(torch.randn(n, width, generator=g), torch.randint(0, 4, (n,), generator=g))
+    return Recipe(model=nn.Sequential(*layers, nn.Linear(width, 4)), train_data=data, loss_fn=nn.CrossEntropyLoss(),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.01))

@@ -7,35 +7,44 @@ from nbtrain import TrainConfig
 from nbtrain.tools.diagnose import diagnose, profile, verdict_for
 from nbtrain.tools.registry import ToolOptionError
 
-from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state
+from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state, tiny_ops_recipe
 
 
 def test_verdict_is_data_bound_for_a_heavy_per_sample_transform():
     d = diagnose(data_bound_recipe(), config=TrainConfig(batch_size=32), steps=5)
     assert d.kind == "data-bound", d.table()
-    assert d.verdict.startswith("data-bound: ") and "waits for the DataLoader; try num_workers=" in d.verdict
+    assert d.verdict.startswith("data-bound: ") and "waits for the DataLoader; try preload_data=True" in d.verdict
     assert d.fractions["data"] > 0.5
     assert "verdict: data-bound" in d.table()
-    # the ceilings, measured apart, agree and say by how much
+    # the ceilings, measured apart, agree, say by how much, and order the remedies
     assert d.ceilings.kind == "data-bound" and d.verdict.startswith("data-bound: the loader can deliver ")
-    assert "ceilings, each measured alone:" in d.table() and "loader alone" in d.table()
+    assert "the four ceilings, each measured alone, binding first:\n  data " in d.table()
+    assert d.suggestions == [r.text for r in d.ceilings.bottleneck().remedies]
     assert "model FLOPs utilisation" in d.table() and "(training)" in d.table()
     assert f"({d.steady.text()})" in d.table() and d.samples_per_s == d.steady.rate
 
 
 def test_verdict_flips_to_compute_bound_for_a_big_model_on_ready_tensors():
-    d = diagnose(compute_bound_recipe(), config=TrainConfig(batch_size=128), steps=5)
+    d = diagnose(compute_bound_recipe(n=1024, width=1024), config=TrainConfig(batch_size=512), steps=5)
     assert d.kind == "compute-bound", d.table()
     assert d.fractions["forward"] + d.fractions["backward"] > 0.5
     assert "of the step is forward and backward" in d.verdict
-    assert d.ceilings.kind == "compute-bound" and d.verdict.startswith("compute-bound: the model can take ")
-    assert 0 < d.ceilings.utilisation(d.samples_per_s) < 1
+    assert d.ceilings.kind == "compute-bound" and d.verdict.startswith("compute-bound: the device's peak FLOP/s")
+    assert 0 < d.ceilings.utilisation(d.samples_per_s) < 1.2
+
+
+def test_forward_and_backward_of_tiny_operations_are_the_hosts_time():
+    d = diagnose(tiny_ops_recipe(), config=TrainConfig(batch_size=8), steps=20)
+    # the phases say forward and backward; the ceilings say whose time that is, and what to try first
+    assert d.kind == "host-bound" and "of the step is forward and backward; try batch_size=16" in d.verdict, d.table()
+    assert d.suggestions[0].startswith("batch_size=16") and "  try: compile=" in d.table()
 
 
 def test_ceilings_that_disagree_with_the_breakdown_are_reported_beside_it():
     from types import SimpleNamespace
     ceilings = SimpleNamespace(kind="compute-bound", evidence=lambda: "the model can take 100 samples/s, the loader "
-                               "could deliver 500", margin=lambda: "x")
+                               "could deliver 500", margin=lambda: "x",
+                               bottleneck=lambda: SimpleNamespace(binding="compute", kind="compute-bound", remedies=()))
     kind, verdict, _ = verdict_for({"data": 6.0, "forward": 2.0, "backward": 2.0}, 10.0,
                                    TrainConfig(batch_size=32, num_workers=1), "cpu", cores=2, ceilings=ceilings)
     assert kind == "data-bound" and verdict.startswith("data-bound in training: 60% of the step waits")

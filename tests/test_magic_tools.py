@@ -81,12 +81,20 @@ def test_profile_shows_the_breakdown_its_verdict_and_a_trace_and_restores_the_mo
     assert isinstance(d, Diagnosis) and ns["_nbtrain"] is d
     assert "nbtrain bottleneck breakdown (5 steps measured on cpu, batch 64" in out and "verdict: " + d.kind in out
     assert "forward" in out and "backward" in out and "result in prof and _nbtrain" in out
-    assert "ceilings, each measured alone:" in out and "model FLOPs utilisation" in out
+    assert "the four ceilings, each measured alone, binding first:" in out and "model FLOPs utilisation" in out
     assert d.ceilings is not None and d.ceilings.evidence() in out  # the verdict names the ceilings
     assert json.loads((tmp_path / "step.json").read_text())["traceEvents"]
     assert unchanged(before, ns["model"])
     view = ToolView(d, "profile")
     assert view.png.startswith(b"\x89PNG") and "data:image/png;base64," in view._repr_html_()
+
+
+def test_ceilings_flag_prints_the_four_ceilings_binding_first_and_the_remedies(ip, capsys):
+    out = runs_ok(ip, capsys, "%%nbtrain --ceilings --batch-size 16" + DIGITS)
+    c = ip.user_ns["_nbtrain"]
+    b = c.bottleneck()
+    assert f"verdict: {c.verdict}" in out and f"try: {b.remedies[0].text}" in out
+    assert out.index(f"  {b.order[0]} ") < out.index(f"  {b.order[-1]} ") and out.count("95% interval") >= 4
 
 
 def test_find_batch_size_under_a_memory_budget_gives_the_batch_and_the_scaled_lr(ip, capsys):
@@ -218,7 +226,7 @@ JUDGED_BY_THE_TOOL = {"%%nbtrain --find-batch-size --max-batch 99999", "%%nbtrai
 
 @pytest.mark.parametrize("line, expected", [
     ("%%nbtrain --profile --find-lr", "%%nbtrain: --profile and --find-lr: one tool per cell; allowed: one of "
-                                      "--profile, --find-batch-size"),
+                                      "--profile, --ceilings, --find-batch-size"),
     ("%%nbtrain --trace t.json", "%%nbtrain: --trace t.json applies to --profile; allowed: add one of those flags"),
     ("%%nbtrain --find-workers --keep-best", "--keep-best applies to --checklist"),
     ("%%nbtrain --find-leaks --steps 2", "%%nbtrain: --steps 2: allowed: a whole number >= 4 (steps to watch)"),

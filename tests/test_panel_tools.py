@@ -66,6 +66,20 @@ def test_bottleneck_button_shows_the_breakdown_and_its_bar_for_the_controls_sett
     assert unchanged(before, panel.recipe.model) and panel.engine.step == 0
 
 
+def test_ceilings_button_shows_the_four_ceilings_binding_first_with_their_bars(make_panel):
+    panel = make_panel()
+    before = weights(panel.recipe.model)
+    panel.controls.batch_size.value = "16"
+    click_and_wait(panel, "ceilings")
+    c = panel.tools.results["ceilings"]
+    assert c.config.batch_size == 16 and panel.status_text == f"Ceilings done: {c.verdict}", panel.errors
+    text = panel.tools.text.value
+    assert "binding first" in text and all(f"  {name} " in text for name in ("data", "host", "compute", "memory"))
+    assert text.index(f"  {c.bottleneck().binding} ") < min(text.index(f"  {n} ") for n in c.bottleneck().order[1:])
+    assert bytes(panel.tools.image.value).startswith(b"\x89PNG")
+    assert unchanged(before, panel.recipe.model) and panel.engine.step == 0
+
+
 def test_find_batch_size_button_searches_under_the_memory_fraction(make_panel):
     panel = make_panel(config=nbtrain.TrainConfig(accelerator="cpu", batch_size=256))
     before = weights(panel.recipe.model)

@@ -1,108 +1,255 @@
-"""The machine's ceilings for one config: what the loader alone and the model alone can do.
+"""The four ceilings of a training step for one config: data, host, compute, memory.
 
     c = nbtrain.ceilings(recipe, config=TrainConfig(batch_size=64))
-    print(c.table())   # "the loader can deliver 9,800 samples/s, the model could take 41,000: data-bound"
+    print(c.table())   # each ceiling in samples/s with its interval, the binding one first, the verdict
+    c.bottleneck()     # the verdict as data (measure/bottleneck.py): binding ceiling, ratios, remedies
 
-- the loader alone: the engine's DataLoader with the config's workers and batch, iterated with
-  no model, in samples/s (the steady rate of the per-batch times, worker start-up set apart);
-- the model alone: training steps on one batch held in memory on the device, no loader;
-- FLOPs of one training step (torch.utils.flop_counter: matmuls and convolutions) against the
-  device's peak FLOP/s, measured here by a short matmul in the step's dtype (a spec sheet
-  knows neither this machine's clocks nor what else runs on it): model FLOPs utilisation.
+Each ceiling is what the step could reach if only that limit were left, in samples/s:
+- data: the engine's loader alone with the config's workers and batch, no model (worker start-up set
+  apart);
+- host: the fixed per-step cost alone. Steps on one batch held on the device are timed at the config's
+  batch and at 2 samples of it, in alternation: t(b) = host + device * b; the intercept is the host's
+  (Python, dispatch, launches, the optimizer, the weights' own traffic), the slope the device's;
+- compute: the step's FLOPs (torch.utils.flop_counter: matmuls and convolutions) at the peak FLOP/s
+  of a matmul in the step's dtype, measured now;
+- memory: the bytes the step's operations read and write, at the bandwidth of a large copy, measured now.
+On CUDA the GPU's busy fraction (the union of kernel intervals from torch.profiler over the step's
+wall time) says directly how much of the step the GPU waited for the host.
 
-Training cannot go faster than the lower ceiling; the verdict names it and by how much. The
-model and optimizer are put back exactly afterwards (trial.Snapshot), as after every trial.
+The verdict (bottleneck.py) names the binding ceiling, by how much, and the remedies in the order the
+numbers favour. The model and optimizer are put back exactly afterwards (trial.Snapshot), as after
+every trial.
 """
 from __future__ import annotations
 
 import math
-import time
+import textwrap
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..tools import trial
 from ..config import TrainConfig
 from ..engine.data import to_device
 from ..engine.toggles import to_channels_last
-from ..format import ratio as ratio_text
-from .steady import SteadyRate, block_rates, steady_rate
+from . import device_rates
+from .bottleneck import CEILINGS, Bottleneck, bottleneck
+from .device_rates import Busy, HostSplit, Rate, StepCount
+from .steady import SteadyRate, block_rates, steady_rate, warmup_length
+from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
 from .verdict import Verdict, unpaired
 
-_MATMUL_S = 0.02  # one timed matmul at least this long: shorter ones measure launch overhead, not the device
-_MIN_S = 0.5  # each ceiling reads at least this long (and at least `steps` readings)
+
+
+COLORS = {"data": "tab:red", "host": "tab:orange", "compute": "tab:blue", "memory": "tab:green"}
 
 
 @dataclass
 class Ceilings:
     config: TrainConfig
     device: str
-    loader: SteadyRate          # samples/s the DataLoader alone delivers
+    loader: SteadyRate          # samples/s the loader alone delivers
     model: SteadyRate           # samples/s the model alone trains at, its batch already on the device
-    ratio: Verdict              # model ceiling over loader ceiling, with its interval
-    step_flops: float           # FLOPs of one optimizer step's forward and backward
+    ratio: Verdict              # model alone over loader alone, with its interval
+    counts: StepCount           # FLOPs, bytes and operations of one optimizer step
     step_samples: int
-    peak_flops: float           # FLOP/s of the best timed matmul
-    peak_dtype: str
-    peak_size: int
-    source: str = "the DataLoader"  # what delivers the batches
+    peak: Rate                  # FLOP/s of a matmul in the step's dtype
+    bandwidth: Rate             # bytes/s of a large copy
+    split: HostSplit | None     # fixed and per-sample step time; None where a smaller batch could not run
+    busy: Busy | None = None    # CUDA only
+    low_precision_peak: Rate | None = None  # bf16 matmul FLOP/s, where the step runs in float32
+    has_convolutions: bool = False
+    held: bool = False          # batches cut from tensors held in memory (no DataLoader)
+    source: str = "the DataLoader"
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    @property
+    def cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+    @property
+    def step_flops(self) -> float:
+        return self.counts.flops
+
+    def ceiling(self, name: str) -> Rate:
+        """One ceiling in samples/s at the config's batch, with its 95% interval."""
+        n = self.step_samples
+        if name == "data":
+            return Rate(self.loader.rate, self.loader.low, self.loader.high)
+        if name == "host":
+            if self.split is None:
+                return Rate(math.nan, math.nan, math.nan)
+            h = self.split.host_s
+            return Rate(_per(n, h.value), _per(n, h.high), _per(n, h.low))
+        work = self.counts.flops if name == "compute" else self.counts.bytes
+        speed = self.peak if name == "compute" else self.bandwidth
+        if work <= 0:
+            return Rate(math.inf, math.inf, math.inf)
+        if name == "compute" and self.beat_the_peak:
+            # The step reached more FLOP/s than the matmul timed beside it (the load changed in between):
+            # the device demonstrably does at least that, so the step's own rate is the ceiling.
+            return Rate(self.model.rate, self.model.low, self.model.high)
+        return speed.scaled(n / work)
+
+    @property
+    def beat_the_peak(self) -> bool:
+        return self.utilisation() > 1
+
+    def rates(self) -> dict:
+        return {name: self.ceiling(name).value for name in CEILINGS}
+
+    def compute_over_memory(self) -> Verdict:
+        """The ideal compute time over the ideal memory time of a step (above 1: compute binds the device)."""
+        c, m = self.ceiling("compute"), self.ceiling("memory")
+        return Verdict(_ratio(m.value, c.value), _ratio(m.low, c.high), _ratio(m.high, c.low), 0, paired=False)
+
+    def bottleneck(self) -> Bottleneck:
+        """The verdict as data: the binding ceiling, the ratios, the remedies in order (bottleneck.py)."""
+        return bottleneck(self)
 
     @property
     def kind(self) -> str:
-        if not self.ratio.measurable:
-            return "balanced"
-        return "data-bound" if self.ratio.ratio > 1 else "compute-bound"
+        return self.bottleneck().kind
 
     def utilisation(self, samples_per_s: float | None = None) -> float:
-        """Model FLOPs utilisation at `samples_per_s` (default: the model-alone ceiling), between 0 and 1."""
+        """Model FLOPs utilisation at `samples_per_s` (default: the model-alone rate), between 0 and 1."""
         rate = self.model.rate if samples_per_s is None else samples_per_s
-        return self.step_flops / self.step_samples * rate / self.peak_flops if self.peak_flops > 0 else float("nan")
+        per_sample = self.counts.flops / self.step_samples
+        return per_sample * rate / self.peak.value if self.peak.value > 0 else float("nan")
 
     def evidence(self) -> str:
-        """The two ceilings in words, the binding one first."""
-        loader, model = f"{self.loader.rate:,.0f}", f"{self.model.rate:,.0f}"
-        if self.kind == "compute-bound":
-            return f"the model can take {model} samples/s, the loader could deliver {loader}"
-        return f"the loader can deliver {loader} samples/s, the model could take {model}"
+        """The binding ceiling and the model alone, in words."""
+        b = self.bottleneck()
+        rate = self.ceiling(b.binding)
+        what = {"data": "the loader can deliver", "host": "the host's fixed cost per step allows",
+                "compute": "the device's peak FLOP/s allows", "memory": "the memory bandwidth allows"}[b.binding]
+        return f"{what} {_rate(rate.value)} samples/s, the model alone trains at {self.model.rate:,.0f}"
 
     def margin(self) -> str:
         """By how much the binding ceiling binds, with its 95% interval."""
-        v = self.ratio
-        if self.kind == "data-bound":
-            return f"the model could go {ratio_text(v.ratio, 1)} faster; 95% interval {v.interval_text()}"
-        if self.kind == "compute-bound":
-            return f"the loader has {ratio_text(1 / v.ratio, 1)} to spare; 95% interval {1 / v.high:.2f}-{1 / v.low:.2f}"
-        return f"ratio {v.interval_text()}"
+        b = self.bottleneck()
+        v = b.margin
+        against = {"data": "the model alone is", "host": "the device's part of the step is",
+                   "compute": "the memory ceiling is", "memory": "the compute ceiling is"}[b.binding]
+        if b.binding == "host" and self.busy is not None:
+            head = f"the GPU waits {_times(v.ratio)} as long as it works"
+        elif b.binding == "host" and math.isinf(v.ratio):
+            head = f"the step took no longer at batch {self.split.batch} than at {self.split.small}"
+        elif b.binding == "host":
+            head = f"the step's fixed part is {_times(v.ratio)} its per-sample part"
+        else:
+            head = f"{against} {_times(v.ratio)} higher"
+        interval = f"95% interval {v.low:.2f}-{'unbounded' if math.isinf(v.high) else f'{v.high:.2f}'}"
+        if not b.measurable:
+            return f"{head}: not measurably ({interval})"
+        return f"{head}; {interval}"
 
     @property
     def verdict(self) -> str:
-        if self.kind == "balanced":
-            return f"{self.evidence()}: balanced, neither ceiling binds measurably ({self.margin()})"
-        return f"{self.evidence()}: {self.kind} ({self.margin()})"
+        return f"{self.kind}: {self.evidence()} ({self.margin()})"
 
     def lines(self, training_rate: float | None = None) -> list[str]:
-        """The table's lines; with `training_rate`, also the utilisation the training itself reached."""
-        c = self.config
-        per_sample = self.step_flops / self.step_samples
+        """The four ceilings (binding first), the model alone, and the remedies in order."""
+        b, c = self.bottleneck(), self.config
+        width = max(len(name) for name in CEILINGS)
+        out = [f"  {name:<{width}}  {_rate_text(self.ceiling(name))}  {self._method(name)}" for name in b.order]
         mfu = f"model FLOPs utilisation {100 * self.utilisation():.1f}% (model alone)"
         if training_rate is not None:
             mfu += f", {100 * self.utilisation(training_rate):.1f}% (training)"
-        return [f"  loader alone  {self.loader.text()}  ({self.source}, batch {c.batch_size}, no model)",
-                f"  model alone   {self.model.text()}  (one batch held on {self.device}, no loader)",
-                f"  one training step: {si(self.step_flops)}FLOP ({si(per_sample)}FLOP per sample; matmuls and "
-                f"convolutions counted by torch.utils.flop_counter)",
-                f"  device peak: {si(self.peak_flops)}FLOP/s ({self.peak_dtype} {self.peak_size}x{self.peak_size} "
-                f"matmul, measured now); {mfu}"]
+        out.append(f"  model alone: {self.model.text()} (one batch of {c.batch_size} held on {self.device}); {mfu}")
+        if self.busy is not None:
+            f = self.busy.fraction
+            out.append(f"  GPU busy {100 * f.value:.0f}% of the step (95% interval {100 * f.low:.0f}-{100 * f.high:.0f}%;"
+                       f" union of kernel intervals over wall time, torch.profiler), {self.busy.kernels_per_step:.0f}"
+                       f" kernels per step, median kernel {self.busy.median_kernel_us:.1f} us")
+        out.append(f"  host or device: {b.method}")
+        return out
+
+    def remedy_lines(self, count: int = 4) -> list[str]:
+        return [f"  try: {r.text} [{r.ceiling}]" for r in self.bottleneck().remedies[:count]]
+
+    def _method(self, name: str) -> str:
+        n = self.counts
+        if name == "data":
+            return f"({self.source}, batch {self.config.batch_size}, no model)"
+        if name == "host":
+            if self.split is None:
+                return "(not measured: a smaller batch could not run)"
+            s = self.split
+            return (f"(fixed {1000 * s.host_s.value:.2f} ms per step, device {1000 * s.device_s.value:.2f} ms at "
+                    f"batch {s.batch}: lower quartiles of step times at batch {s.batch} and {s.small})")
+        if name == "compute":
+            p = self.peak
+            beat = "; the step itself ran faster, its rate taken as the ceiling" if self.beat_the_peak else ""
+            return (f"({si(n.flops)}FLOP per step, torch.utils.flop_counter; peak {si(p.value)}FLOP/s, "
+                    f"{p.dtype} {p.size}x{p.size} matmul measured now{beat})")
+        return (f"({si(n.bytes)}B per step, each operation's reads and writes; {si(self.bandwidth.value)}B/s, "
+                f"a {si(self.bandwidth.size)}B copy measured now)")
 
     def table(self) -> str:
         c = self.config
         return "\n".join([f"nbtrain ceilings on {self.device} (batch {c.batch_size}, {c.num_workers} workers, "
-                          f"{c.precision})"] + self.lines() + [f"verdict: {self.verdict}"])
+                          f"{c.precision}), binding first"] + self.lines() + [f"verdict: {self.verdict}"]
+                         + self.remedy_lines())
 
     def __repr__(self) -> str:
         return f"Ceilings({self.verdict!r})"
+
+    def plot(self, path=None, ax=None):
+        """The four ceilings on a log scale, binding on top, each a dot with its 95% interval as whiskers,
+        and the model alone (its batch held in memory) as a dashed line; saved to `path` when given."""
+        from .. import plotting
+        order = self.bottleneck().order
+        with plotting.axes(path, ax, figsize=(7, 2.6)) as ax:
+            shown = []
+            for row, name in enumerate(reversed(order)):
+                r = self.ceiling(name)
+                if not math.isfinite(r.value):
+                    continue
+                high = min(r.high, 1e3 * r.value)  # an unbounded top drawn as a long whisker
+                whisker = [[r.value - r.low], [high - r.value]] if math.isfinite(r.low) else None
+                ax.errorbar(r.value, row, xerr=whisker, fmt="o", color=COLORS[name], capsize=4, markersize=7)
+                ax.annotate(f"{r.value:,.0f}", (r.value, row), textcoords="offset points", xytext=(0, 7),
+                            ha="center", fontsize=7)
+                shown += [r.value, r.low if math.isfinite(r.low) else r.value, high]
+            ax.axvline(self.model.rate, color="black", linestyle="--", linewidth=1,
+                       label=f"model alone {self.model.rate:,.0f} samples/s")
+            ax.set_yticks(range(len(order)), list(reversed(order)))
+            ax.set_ylim(-0.6, len(order) - 0.3)
+            ax.set_xscale("log")
+            ax.set_xlim(min(shown + [self.model.rate]) / 2, max(shown + [self.model.rate]) * 2)
+            ax.set_xlabel("samples/s each ceiling allows (log scale)")
+            ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
+            ax.set_title(textwrap.fill(self.verdict, 100), fontsize=8, loc="left")
+        return ax.figure
+
+
+def _per(samples: int, seconds: float) -> float:
+    return samples / seconds if seconds > 0 else math.inf
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf
+
+
+def _times(ratio: float) -> str:
+    return "unboundedly" if math.isinf(ratio) else f"{ratio:.1f}x"
+
+
+def _rate(value: float) -> str:
+    return "unbounded" if math.isinf(value) else f"{value:,.0f}"
+
+
+def _rate_text(r: Rate) -> str:
+    if not math.isfinite(r.value):
+        return f"{_rate(r.value):>12} samples/s" if math.isinf(r.value) else f"{'-':>12}"
+    high = "unbounded" if math.isinf(r.high) else f"{r.high:,.0f}"
+    interval = f" (95% interval {r.low:,.0f}-{high})" if math.isfinite(r.low) else ""
+    return f"{r.value:>12,.0f} samples/s{interval}"
 
 
 def si(value: float) -> str:
@@ -116,7 +263,7 @@ def si(value: float) -> str:
 @trial.keeps_live_setup
 def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 30,
              seconds: float = 5.0, **parts) -> Ceilings:
-    """Measure the loader alone, the model alone and the step's FLOPs for the current config; see the module doc.
+    """Measure the four ceilings for the current config; see the module doc.
 
     Each ceiling reads at least `steps` batches (or steps) and at least half a second of them, at
     most `seconds`: a tiny model's step lasts less than one time slice of a busy machine, and a
@@ -136,12 +283,14 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0) -> Ceilin
     snapshot = trial.Snapshot(engine)
     generator = getattr(engine.loader, "generator", None)  # batches cut from held tensors have none
     generator_state = generator.get_state() if generator is not None else None
+    device, busy, low_peak = engine.device, None, None
     try:
         engine.reconfigure(config)
-        loader_series, batch = _loader_alone(engine, steps, seconds)
-        source = (f"the DataLoader, {config.num_workers} workers" if isinstance(engine.loader, DataLoader)
+        loader_series, batch = loader_alone(engine, steps, seconds)
+        held = not isinstance(engine.loader, DataLoader)
+        source = (f"the DataLoader, {config.num_workers} workers" if not held
                   else "batches cut from tensors held in memory (preload_data)")
-        batch = to_device(batch, engine.device, False)
+        batch = to_device(batch, device, False)
         if config.channels_last:
             batch = to_channels_last(batch)
         # Steps on one batch at the real rate would fit that batch until its gradients turn denormal
@@ -149,123 +298,27 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0) -> Ceilin
         for group in engine.optimizer.param_groups:
             group["lr"] = torch.zeros_like(group["lr"]) if torch.is_tensor(group["lr"]) else 0.0
         dtype = engine.precision.dtype or torch.get_default_dtype()
-        peak = peak_flops(engine.device, dtype)  # before and after the model: a passing load spike hits one
-        flops, samples = step_flops(engine, batch)
-        model_series = _model_alone(engine, batch, steps, seconds)
-        peak = max(peak, peak_flops(engine.device, dtype), key=lambda p: p[0])
+        peak = device_rates.peak_flops(device, dtype)  # before and after the model: a passing load spike hits one
+        memory = device_rates.bandwidth(device)
+        train_step(engine, batch)  # warm-up: lazy state, allocator
+        counts = device_rates.count_step(lambda counter: train_step(engine, batch, counter))
+        small = small_batch(engine, batch)
+        full_series, small_series = model_alone(engine, batch, small, steps, seconds)
+        if device.type == "cuda":
+            busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
+        peak = max(peak, device_rates.peak_flops(device, dtype), key=lambda p: p.value)
+        if dtype == torch.float32:
+            low_peak = device_rates.peak_flops(device, torch.bfloat16, seconds=0.2)
     finally:
         snapshot.restore()
         if generator_state is not None:
             generator.set_state(generator_state)
-    ratio = unpaired(block_rates(*loader_series), block_rates(*model_series))
-    return Ceilings(config, str(engine.device), steady_rate(*loader_series), steady_rate(*model_series), ratio,
-                    flops, samples, peak[0], str(dtype).replace("torch.", ""), peak[1], source)
-
-
-def _reading(steps: int, seconds: float):
-    """A test 'read more?' given the readings so far: until `steps` readings and _MIN_S, at most `seconds`."""
-    t0 = time.perf_counter()
-
-    def more(count: int) -> bool:
-        took = time.perf_counter() - t0
-        return took < seconds and (count < steps or took < min(_MIN_S, seconds))
-    return more
-
-
-def _samples(batch) -> int:
-    """The batch's sample count: the length of its first tensor."""
-    if isinstance(batch, torch.Tensor):
-        return len(batch)
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    return next((n for n in map(_samples, values) if n), 0)
-
-
-def _loader_alone(engine, steps: int, seconds: float):
-    """(durations, samples) of the batches the engine's DataLoader yields with no model; and one batch."""
-    loader = engine.loader
-    loader.sampler.set_position(engine.epoch, 0)  # whole epochs; the engine repositions it before training
-    durations, samples, first = [], [], None
-    more = _reading(steps, seconds)
-    while more(len(durations)):
-        iterator = iter(loader)
-        while more(len(durations)):
-            t0 = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            durations.append(time.perf_counter() - t0)
-            samples.append(_samples(batch))
-            first = batch if first is None else first
-        del iterator  # a loader without persistent workers shuts them down here
-    if first is None:
-        raise RuntimeError("nbtrain.ceilings: the DataLoader yielded no batch")
-    return (durations, samples), first
-
-
-def _train_step(engine, batch):
-    """One optimizer step on `batch` (each of the config's micro-batches is this batch), as the engine's loop does."""
-    c, precision, model, optimizer = engine.config, engine.precision, engine.model, engine.optimizer
-    k = c.accumulate_grad_batches
-    for _ in range(k):
-        with precision.autocast():
-            loss = engine.recipe.step_loss(model, batch) / k
-        precision.scaler.scale(loss).backward()
-    if c.gradient_clip_val is not None:
-        precision.scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), c.gradient_clip_val)
-    precision.scaler.step(optimizer)
-    precision.scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def step_flops(engine, batch) -> tuple[float, int]:
-    """(FLOPs of one training step on `batch`, its samples); the step also warms the model up."""
-    counter = FlopCounterMode(display=False)
-    with counter:
-        _train_step(engine, batch)
-    return float(counter.get_total_flops()), _samples(batch) * engine.config.accumulate_grad_batches
-
-
-def _model_alone(engine, batch, steps: int, seconds: float):
-    """(durations, samples) of training steps on one batch held on the device."""
-    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    # On CUDA a few steps per reading, so the clock reads the device's pace, not one step's launch gap.
-    chunk = 1 if engine.device.type == "cpu" else 4
-    per_step = _samples(batch) * engine.config.accumulate_grad_batches
-    durations, more = [], _reading(steps, seconds)
-    sync()
-    while more(len(durations)):
-        t0 = time.perf_counter()
-        for _ in range(chunk):
-            _train_step(engine, batch)
-        sync()
-        durations.append(time.perf_counter() - t0)
-    return durations, [chunk * per_step] * len(durations)
-
-
-def peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> tuple[float, int]:
-    """(FLOP/s of the fastest of a few square matmuls in `dtype` on `device`, the matrix size)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    generator = torch.Generator(device=device).manual_seed(0)  # the user's RNG streams stay untouched
-    n, cap = 256, 4096 if device.type == "cpu" else 16384
-    while True:
-        a = torch.randn(n, n, device=device, dtype=torch.float32, generator=generator).to(dtype)
-        b = torch.randn(n, n, device=device, dtype=torch.float32, generator=generator).to(dtype)
-        torch.mm(a, b)  # first call: kernel selection, allocation
-        sync()
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        took = time.perf_counter() - t0
-        if took >= _MATMUL_S or n >= cap:
-            break
-        n *= 2
-    best, t_end, reps = took, time.perf_counter() + seconds, 1
-    while time.perf_counter() < t_end or reps < 3:
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        best = min(best, time.perf_counter() - t0)
-        reps += 1
-    return 2 * n**3 / best if best > 0 else math.nan, n
+    n = batch_samples(batch)
+    warm = warmup_length(full_series[0])
+    split = (device_rates.host_split(full_series[0][warm:], small_series[warm:], n, batch_samples(small))
+             if small is not None and len(small_series) - warm >= 3 else None)
+    ratio = unpaired(block_rates(*loader_series), block_rates(*full_series))
+    has_convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in engine.model.modules())
+    return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
+                    n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
+                    source)

@@ -140,7 +140,7 @@ class ToolButtons:
 
 
 def _headline(tool: str, result) -> str:
-    if tool == "profile":
+    if tool in ("profile", "ceilings"):
         return result.verdict
     if tool == "find_batch_size":
         return f"{result.summary()}; {result.speed_text()}"

@@ -7,15 +7,14 @@
 A few steps are trained with the engine's own loop and its per-phase clocks; on CUDA the
 device is synchronised at every phase boundary while profiling (only then), so kernel time
 is charged to the phase that launched it. The machine's ceilings are measured apart
-(measure/ceilings.py: the loader alone, the model alone, FLOPs against the device's peak)
-and the verdict says what both show: the binding ceiling and by how much, and the share of
-the step it costs. The model is restored afterwards. With `trace="run.json"` a second, short
+(measure/ceilings.py: data, host, compute and memory, each a rate with its interval) and the
+verdict says what both show: the binding ceiling and by how much, the share of the step it
+costs, and the remedies in the order the numbers favour. The model is restored afterwards. With `trace="run.json"` a second, short
 trial runs under torch.profiler and writes a Chrome trace (open it in Perfetto); its timings
 are not mixed into the breakdown.
 """
 from __future__ import annotations
 
-import math
 import os
 import textwrap
 import time
@@ -25,7 +24,9 @@ from dataclasses import dataclass, field
 from .. import plotting
 from . import trial
 from ..config import TrainConfig
+from ..hardware import usable_cores  # noqa: F401  (tune_workers and the walk import it from here)
 from ..measure.ceilings import Ceilings, measure_ceilings
+from ..measure.device_rates import union_length
 from ..measure.steady import NOTHING, SteadyRate, of_columns
 from ..metrics import MetricsLog
 from .tool_options import ToolRefusal, declare, option
@@ -37,13 +38,6 @@ PHASE_COLORS = {"data": "tab:red", "h2d": "tab:orange", "forward": "tab:blue", "
 BOUND_SHARE = 0.3  # a phase with this share of the step (and the largest share) is the bottleneck
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 @dataclass
 class Diagnosis:
     config: TrainConfig
@@ -53,7 +47,8 @@ class Diagnosis:
     samples_per_s: float
     steps: int
     synced: bool                # phase clocks synchronised with the device
-    kind: str                   # data-bound | transfer-bound | compute-bound | optimizer-bound | sync-bound
+    kind: str                   # data-bound | transfer-bound | optimizer-bound | sync-bound | compute-bound, or
+                                # with the ceilings: host-bound | compute-bound | memory-bound
     verdict: str
     suggestions: list = field(default_factory=list)
     trace_path: str | None = None
@@ -77,7 +72,7 @@ class Diagnosis:
             lines.append(f"  {PHASE_LABELS['grad_sync']:<{width}}  {self.grad_sync_ms:9.3f} ms  "
                          f"{100 * self.grad_sync_ms / self.step_ms:5.1f}% (all-reduce in flight, overlapping backward)")
         if self.ceilings is not None:
-            lines.append("ceilings, each measured alone:")
+            lines.append("the four ceilings, each measured alone, binding first:")
             lines += self.ceilings.lines(self.samples_per_s)
         lines.append(f"verdict: {self.verdict}")
         lines += [f"  try: {s}" for s in self.suggestions[1:]]
@@ -108,16 +103,29 @@ class Diagnosis:
 
 def verdict_for(phase_ms: dict, step_ms: float, config: TrainConfig, device: str, cores: int | None = None,
                 ceilings: Ceilings | None = None):
-    """(kind, verdict sentence, suggestions) from measured phase times, with the ceilings' evidence when given."""
+    """(kind, verdict sentence, suggestions) from measured phase times, with the ceilings' evidence when given.
+
+    The phases say where the step's time goes; the four ceilings say what bounds it. Where forward and
+    backward take the step, the ceilings tell whose time that is (the host's fixed cost, the device's
+    arithmetic or its memory traffic), and their remedies, in their order, replace the generic ones.
+    """
     kind, verdict, tips = _phase_verdict(phase_ms, step_ms, config, device, cores)
-    if ceilings is None or ceilings.kind == "balanced":
-        return kind, verdict + (f"; {ceilings.verdict}" if ceilings is not None else ""), tips
+    if ceilings is None:
+        return kind, verdict, tips
+    bound = ceilings.bottleneck()
     head, _, rest = verdict.partition(": ")
-    if (ceilings.kind == "data-bound") == (kind == "data-bound"):  # the ceilings agree: they say by how much
-        return kind, f"{head}: {ceilings.evidence()} ({ceilings.margin()}); {rest}", tips
+    remedies = [r.text for r in bound.remedies] or tips
+    where = rest.partition("; try ")[0]
+    if kind == "compute-bound" and bound.binding != "data":
+        return bound.kind, (f"{bound.kind}: {ceilings.evidence()} ({ceilings.margin()}); {where}; "
+                            f"try {remedies[0]}"), remedies
+    if kind == "data-bound" and bound.binding == "data":  # the ceilings agree: they say by how much
+        return kind, f"{head}: {ceilings.evidence()} ({ceilings.margin()}); {where}; try {remedies[0]}", remedies
     # Measured apart the other side binds; together they compete for the same cores (or a worker
     # restarts each epoch): say both, the training's own share first.
-    return kind, (f"{head} in training: {rest}; measured alone the ceilings say {ceilings.kind} "
+    if (bound.binding == "data") == (kind == "data-bound"):  # a transfer, optimizer or sync phase binds
+        return kind, f"{verdict}; the ceilings: {ceilings.verdict}", tips
+    return kind, (f"{head} in training: {rest}; measured alone the ceilings say {bound.kind} "
                   f"({ceilings.evidence()}): the loader and the model slow each other down when they run "
                   f"together on {cores or usable_cores()} cores"), tips
 
@@ -202,16 +210,11 @@ class GradSyncClock:
         return future.then(done)
 
     def seconds(self) -> float:
-        total, end = 0.0, -math.inf
-        for a, b in sorted(self.intervals):
-            if b > end:
-                total += b - max(a, end)
-                end = b
-        return total
+        return union_length(self.intervals)
 
 
-@declare("profile", "nbtrain.profile", "bottleneck breakdown: per-phase step time as a stacked bar, the machine's "
-         "ceilings (loader alone, model alone, FLOPs utilisation), and a verdict in words", (
+@declare("profile", "nbtrain.profile", "bottleneck breakdown: per-phase step time as a stacked bar, the step's "
+         "four ceilings (data, host, compute, memory), and a verdict in words with remedies in order", (
              option("steps", "whole", "a whole number >= 1 (optimizer steps to measure)", "optimizer steps to measure",
                     low=1, flag="steps"),
              option("warmup_steps", "whole", "a whole number >= 0 (steps not counted)", "steps not counted", low=0),

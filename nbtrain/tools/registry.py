@@ -10,6 +10,7 @@ each front-end names an option in a refusal are all generated from these entries
 from __future__ import annotations
 
 from .cache import cache
+from .ceilings import ceilings
 from .checklist import checklist
 from .diagnose import diagnose
 from .leaks import find_graph_leaks, find_sync_points
@@ -17,4 +18,4 @@ from .tool_options import NO_VALUE, Tool, ToolOption, ToolOptionError, ToolRefus
 from .tune import find_batch_size, find_lr, find_workers
 
 TOOLS: dict[str, Tool] = {function.tool.name: function.tool for function in (
-    diagnose, find_batch_size, find_workers, find_lr, find_graph_leaks, find_sync_points, checklist, cache)}
+    diagnose, ceilings, find_batch_size, find_workers, find_lr, find_graph_leaks, find_sync_points, checklist, cache)}

@@ -7,7 +7,9 @@
 #
 # In nbtrain: `%%nbtrain --profile` (or `nbtrain.profile(...)`) measures a few steps of your live model
 # phase by phase — data, host→device copy, forward, backward, optimizer — and says which one bounds the
-# step and what to try. `%nbtrain_checklist` (or `nbtrain.checklist(...)`) then walks the whole checklist
+# step and what to try. `%%nbtrain --ceilings` (or `nbtrain.ceilings(...)`) measures the step's four
+# ceilings — data, host, compute, memory — and says which one binds, by how much, and the remedies in the
+# order the numbers favour. `%nbtrain_checklist` (or `nbtrain.checklist(...)`) then walks the whole checklist
 # on the same model within a time budget, measuring every candidate, and draws the gains as a waterfall.
 # Last, `--compile`: a fix for the compute side of a step, measured with what it costs.
 
@@ -57,9 +59,10 @@ train_data = SlowStorageDigits()
 loss_fn = nn.CrossEntropyLoss()
 
 # %% [markdown]
-# The verdict names the bound and a first thing to try; the ceilings under it (the loader alone, the
-# model alone) say by how much the data side binds. It proposes workers up to the cores it sees; waiting
-# on storage takes no core, so we go further, to 4 workers, and measure again:
+# The verdict names the bound, by how much (the ceilings under it: the loader alone against the model
+# alone), and the remedies in order: first hold the data in memory (the walk below tries that), then
+# workers, up to the cores it sees. Workers first, by hand: waiting on storage takes no core, so we go
+# further than it proposes, to 4 workers, and measure again:
 
 # %%
 %%nbtrain --profile --batch-size 32 --accelerator cpu --num-workers 4 --persistent-workers true --name after
@@ -94,6 +97,103 @@ print(workers_verdict.text())
 # data-bound: the second breakdown's ceilings say the model alone could go many times faster than the
 # loader delivers. Its verdict names the next thing to try.
 #
+# ## Four ceilings: data, host, compute, memory
+#
+# The breakdown says where a step's time goes; it cannot say *why* forward and backward take it. Once the
+# data waits for nothing, four things can bound a step, and `nbtrain.ceilings` measures each on the spot
+# as the samples/s the step could reach if only that limit were left:
+#
+# - **data**: the loader alone, no model;
+# - **host**: the fixed cost of a step — Python, dispatching each operation, the optimizer's loop over its
+#   tensors — whatever the batch. The step is timed at your batch and at 2 samples of it, in turns:
+#   t(b) = fixed + per-sample × b. The intercept is the host's, the slope the device's; the host ceiling
+#   is the step with the slope taken away;
+# - **compute**: the step's FLOPs (counted by `torch.utils.flop_counter`) at the peak FLOP/s of a matmul
+#   timed now, in the step's dtype;
+# - **memory**: the bytes the step's operations read and write, at the bandwidth of a large copy timed now.
+#
+# Three models of one kind each, on this CPU: 48 layers 8 wide at batch 8 (every operation tiny), a
+# 1024-wide MLP at batch 512 (big matmuls), and the digits MLP behind the slow storage of above:
+
+# %%
+digits = DigitsDataset(train=True)
+tiny = nn.Sequential(nn.Linear(64, 8), *[m for _ in range(48) for m in (nn.Linear(8, 8), nn.Tanh())],
+                     nn.Linear(8, 10))
+wide = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+cases = {
+    "48 tiny layers, batch 8": nbtrain.ceilings(tiny, digits, loss_fn=loss_fn,
+                                                config=nbtrain.TrainConfig(batch_size=8, accelerator="cpu")),
+    "1024-wide MLP, batch 512": nbtrain.ceilings(wide, digits, loss_fn=loss_fn,
+                                                 config=nbtrain.TrainConfig(batch_size=512, accelerator="cpu")),
+    "digits MLP, slow storage, batch 32": nbtrain.ceilings(model, train_data, loss_fn=loss_fn,
+                                                           config=nbtrain.TrainConfig(batch_size=32,
+                                                                                      accelerator="cpu")),
+}
+for name, c in cases.items():
+    print(f"{name}:\n{c.table()}\n")
+
+# %% [markdown]
+# Each table lists the four ceilings binding first, each with its 95% interval and how it was measured,
+# then the model alone (one batch held in memory, trained for real), the verdict, and the first remedies,
+# each tagged with the ceiling it lifts. The three side by side:
+
+# %%
+from nbtrain.measure.ceilings import COLORS
+
+fig, ax = plt.subplots(figsize=(7, 2.9), layout="constrained")
+for row, (name, c) in enumerate(reversed(list(cases.items()))):
+    for ceiling, offset in zip(("data", "host", "compute", "memory"), (0.21, 0.07, -0.07, -0.21)):
+        r = c.ceiling(ceiling)
+        high = min(r.high, 1e3 * r.value)  # an unbounded top drawn as a long whisker
+        ax.errorbar(r.value, row + offset, xerr=[[r.value - r.low], [high - r.value]], fmt="o", capsize=3,
+                    markersize=5, color=COLORS[ceiling], label=ceiling if row == 0 else None)
+    ax.plot([c.model.rate] * 2, [row - 0.32, row + 0.32], color="black", linestyle="--",
+            label="model alone" if row == 0 else None)
+ax.set_yticks(range(len(cases)), [f"{name}\n{c.kind}" for name, c in reversed(list(cases.items()))], fontsize=8)
+ax.set_xscale("log")
+ax.set_xlabel("samples/s each ceiling allows (log scale)")
+fig.legend(ncol=5, fontsize=8, loc="outside lower center", frameon=False)
+plt.show()
+
+# %% [markdown]
+# Each row is one model; each dot a ceiling in samples/s on a log scale, its whiskers the 95% interval;
+# the dashed tick is the model alone, its batch held in memory: the step without the loader. Host,
+# compute and memory are ceilings of that step, so their dots lie right of its tick; the data ceiling can
+# lie anywhere, and left of the tick it binds — as for the slow storage, whose red loader dot sits far
+# left of the model's tick while the others lie far to its right. In the tiny layers' row the orange host
+# dot sits nearest the tick, with memory and compute over a hundred times further right: the step took
+# about as long at 2 samples as at 8, so each step pays the same fixed cost, and the remedies are a
+# larger batch (the fit predicts its gain), a foreach optimizer and fewer operations (`torch.compile`),
+# in the order of the operations each one would save — lower precision is not among them first. In the
+# wide MLP's row the blue compute dot is nearest the tick: it trains near the peak FLOP/s measured here,
+# memory and host would allow several times more, and its remedies are lower precision (the row says
+# against what, with the bf16 matmul timed here: on a CPU float32 without TF32; on a GPU float32 matmuls
+# at the current `matmul_precision` and cuDNN convolutions with TF32 on, their default) and fused kernels.
+# (`c.plot()` draws one model's ceilings the same way, binding on top; the panel's Ceilings button shows it.)
+#
+# The verdict is also data, for code that acts on it (the checklist walk will): the binding ceiling,
+# each ceiling over it, and the remedies in order, each with the config option that tries it:
+
+# %%
+for name, c in cases.items():
+    verdict = c.bottleneck()
+    print(f"{name}: {verdict.kind}; ceilings over it: "
+          + ", ".join(f"{k} x{v:,.1f}" for k, v in verdict.ratios.items() if k != verdict.binding)
+          + f"; try in turn: {', '.join(r.item for r in verdict.remedies[:4])}")
+
+# %% [markdown]
+# **What a GPU adds.** On a GPU the host and the device work side by side: the host queues kernels, the
+# GPU runs them. A step is host-bound when the GPU runs out of queued work — many small kernels, each
+# shorter than its own launch. There `nbtrain.ceilings` also measures the GPU's busy time: the union of
+# the kernels' intervals from `torch.profiler` over the step's wall time, with the kernels per step, and
+# decides host against device by it. The numbers below are the project's first GPU run (an H200,
+# ResNet-18 on 32×32 images held on the GPU, float32, AdamW), not this page's: at batch 256 the GPU was
+# busy 28% of the step (365 kernels a step), at batch 2048 87% — at nearly the same time per step, so a
+# larger batch was almost free (60.0k samples/s at batch 512, 175.5k at 2048). bf16 was *slower* there
+# (45.4k against 60.0k at batch 512): float32 convolutions already ran on TF32 tensor cores, cuDNN's
+# default, and autocast only added cast kernels to a host-bound step. That is why the precision remedy
+# comes last on a host-bound step, and why its row says what it is compared against.
+#
 # ## The whole checklist, walked automatically
 #
 # `%nbtrain_checklist` starts from the current settings and tries each item in turn — the data held in
@@ -103,7 +203,9 @@ print(workers_verdict.text())
 # still in the race, the model put back after every block. The pairs give each candidate's speed-up with
 # its 95% interval as the race goes; a candidate leaves the race as soon as it cannot be kept, and an item
 # is kept only when the interval of at least three pairs lies above 3%. The walk says why it skipped the
-# rest, within the time budget. Blocks never keep their weights; the model ends as it started.
+# rest, within the time budget. Blocks never keep their weights; the model ends as it started. (The
+# ceilings above measured other models too; `model` and `train_data` are still the digits MLP and its
+# slow storage, which the walk takes from the notebook.)
 
 # %%
 weights_before = [p.detach().clone() for p in model.parameters()]
@@ -124,8 +226,8 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # going back to the DataLoader's per-sample reads: their first blocks sit far below the held rate, and
 # they leave the race ("left after round ...: below a gain worth keeping" in the last column). A candidate
 # may leave on the screen of its first blocks ("screened on 1 block each"), but only the pairs of three
-# rounds or more can keep one. The breakdown looked at one config's phases and pointed to workers; the
-# walk compared the fixes and found a better one for this data set. (A data set too large to hold, or one
+# rounds or more can keep one. The breakdown's remedies put holding the data before workers; the walk
+# compared the fixes head to head and kept it for this data set. (A data set too large to hold, or one
 # that augments at random, gets the reason in the preload row instead, and then workers are worth
 # trying.) Later rows show what this CPU makes of the remaining items — bf16 is not kept here; the two
 # other optimizer kernels race the current one (a fused kernel does the same update in one pass, its last
@@ -230,6 +332,11 @@ else:
 # %%
 items = {item.name: item for item in walk.items}
 assert before.kind == "data-bound", before.verdict
+assert [c.kind for c in cases.values()] == ["host-bound", "compute-bound", "data-bound"], [c.verdict for c in cases.values()]
+assert [c.bottleneck().remedies[0].ceiling for c in cases.values()] == ["host", "compute", "data"]
+assert cases["48 tiny layers, batch 8"].bottleneck().remedies[0].item == "batch_size"
+assert all(c.ceiling(k).low <= c.ceiling(k).value <= c.ceiling(k).high for c in cases.values()
+           for k in ("data", "host", "compute", "memory"))
 assert after.fractions["data"] < before.fractions["data"]           # workers shrink the wait...
 assert workers_verdict.verdict.faster, workers_verdict.text()        # ... and speed the step up, head to head
 assert walk.changes().get("preload_data") is True and items["preload_data"].kept  # the walk holds the data...
