@@ -28,6 +28,20 @@ def shell():
 
 
 @pytest.fixture
+def ip(shell, tmp_path, monkeypatch):
+    """The session's shell as a fresh notebook for one test: an empty namespace, no %nbtrain defaults, a
+    run store of the test's own (NBTRAIN_STORE = tmp_path/runs.sqlite) and tmp_path as the working folder
+    (.nbtrain/ and relative paths land there). Afterwards it is emptied again, so no model outlives the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
+    shell.reset(new_session=False)
+    shell.run_line_magic("nbtrain", "--reset")
+    yield shell
+    shell.run_line_magic("nbtrain", "--reset")
+    shell.reset(new_session=False)
+
+
+@pytest.fixture
 def cpu_load():
     """A CPU-bound process beside the test for as long as it runs (its pids are yielded, so leak checks can
     leave it out). Races between processes — a rank ending while a peer is still connecting — show up here

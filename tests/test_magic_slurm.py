@@ -19,13 +19,6 @@ loss_fn = torch.nn.CrossEntropyLoss()
 """
 
 
-@pytest.fixture
-def ip(shell, tmp_path, monkeypatch):
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    monkeypatch.chdir(tmp_path)  # .nbtrain/ (runs, job records) is project-local
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    return shell
 
 
 def test_dry_run_shows_the_batch_script_for_the_flags_and_submits_nothing(ip, capsys, tmp_path):

@@ -30,13 +30,6 @@ def training_step(model, batch):
 """
 
 
-@pytest.fixture
-def ip(shell, tmp_path, monkeypatch):
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    monkeypatch.chdir(tmp_path)
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    return shell
 
 
 def runs_ok(ip, capsys, cell):
