@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import ConfigError, TrainConfig
+from . import trial
 from .diagnose import usable_cores
 from ..measure.steady import NOTHING, SteadyRate, block_rates, columns_series
 from ..measure.verdict import UNMEASURED, Verdict, unpaired
@@ -196,7 +197,8 @@ def ddp(walk, engine, start, current, target):
     # slower, and its workers' start-up comes on top (the workers measure their own rate).
     steps = max(10, int(walk.rate * walk.trial_s / c.global_batch_size / 2))
     try:
-        result = fit(recipe=engine.recipe, config=c.replace(max_steps=steps, max_epochs=None))
+        result = fit(recipe=engine.recipe, config=c.replace(max_steps=steps, max_epochs=None),
+                     stop=trial.tool_stop())  # a panel's Stop ends the workers' run too
     finally:
         walk.snapshot.restore()
         walk.trials += 1
