@@ -31,14 +31,14 @@ def shell():
 def ip(shell, tmp_path, monkeypatch):
     """The session's shell as a fresh notebook for one test: an empty namespace, no %nbtrain defaults, a
     run store of the test's own (NBTRAIN_STORE = tmp_path/runs.sqlite) and tmp_path as the working folder
-    (.nbtrain/ and relative paths land there). Afterwards it is emptied again, so no model outlives the test."""
+    (.nbtrain/ and relative paths land there). Afterwards its %nbtrain defaults are cleared again (its names
+    stay until the next test that asks for `ip`: emptying the namespace costs a garbage collection)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
     shell.reset(new_session=False)
     shell.run_line_magic("nbtrain", "--reset")
     yield shell
     shell.run_line_magic("nbtrain", "--reset")
-    shell.reset(new_session=False)
 
 
 @pytest.fixture
@@ -70,3 +70,24 @@ def sigint_handler_kept():
     if after is not before:
         signal.signal(signal.SIGINT, before)  # the next tests run with the usual Ctrl-C
         pytest.fail(f"the test left SIGINT handled by {after!r} (was {before!r})", pytrace=False)
+
+
+# --- the suite's time: the fast subset's (`-m "not slow"`) and all of it, printed at the end (CI shows both) ---
+
+_SECONDS = {"fast": 0.0, "slow": 0.0}
+_COUNTS = {"fast": 0, "slow": 0}
+
+
+def pytest_runtest_logreport(report):
+    kind = "slow" if "slow" in report.keywords else "fast"
+    _SECONDS[kind] += report.duration  # setup, call and teardown, each reported once
+    _COUNTS[kind] += report.when == "setup"
+
+
+def pytest_terminal_summary(terminalreporter):
+    fast, slow = _SECONDS["fast"], _SECONDS["slow"]
+    terminalreporter.write_sep("-", "test time")
+    terminalreporter.write_line(f"fast subset (not marked slow, `pytest -m \"not slow\"`): {fast / 60:.1f} min "
+                                f"in {_COUNTS['fast']} tests")
+    terminalreporter.write_line(f"marked slow: {slow / 60:.1f} min in {_COUNTS['slow']} tests")
+    terminalreporter.write_line(f"whole suite: {(fast + slow) / 60:.1f} min in {_COUNTS['fast'] + _COUNTS['slow']} tests")
