@@ -9,6 +9,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):
+    _SLOW.update(item.nodeid for item in items if item.get_closest_marker("slow"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")
@@ -74,20 +75,22 @@ def sigint_handler_kept():
 
 # --- the suite's time: the fast subset's (`-m "not slow"`) and all of it, printed at the end (CI shows both) ---
 
+_SLOW: set = set()  # node ids of the tests marked slow
 _SECONDS = {"fast": 0.0, "slow": 0.0}
 _COUNTS = {"fast": 0, "slow": 0}
 
 
 def pytest_runtest_logreport(report):
-    kind = "slow" if "slow" in report.keywords else "fast"
+    kind = "slow" if report.nodeid in _SLOW else "fast"
     _SECONDS[kind] += report.duration  # setup, call and teardown, each reported once
     _COUNTS[kind] += report.when == "setup"
 
 
 def pytest_terminal_summary(terminalreporter):
-    fast, slow = _SECONDS["fast"], _SECONDS["slow"]
-    terminalreporter.write_sep("-", "test time")
-    terminalreporter.write_line(f"fast subset (not marked slow, `pytest -m \"not slow\"`): {fast / 60:.1f} min "
-                                f"in {_COUNTS['fast']} tests")
-    terminalreporter.write_line(f"marked slow: {slow / 60:.1f} min in {_COUNTS['slow']} tests")
-    terminalreporter.write_line(f"whole suite: {(fast + slow) / 60:.1f} min in {_COUNTS['fast'] + _COUNTS['slow']} tests")
+    def spent(kind):
+        return f"{_SECONDS[kind]:.0f} s ({_SECONDS[kind] / 60:.1f} min) in {_COUNTS[kind]} tests"
+    terminalreporter.write_sep("-", "test time (setup, call and teardown of each test)")
+    terminalreporter.write_line(f"fast subset, not marked slow (pytest -m \"not slow\"): {spent('fast')}")
+    terminalreporter.write_line(f"marked slow: {spent('slow')}")
+    _SECONDS["all"], _COUNTS["all"] = _SECONDS["fast"] + _SECONDS["slow"], _COUNTS["fast"] + _COUNTS["slow"]
+    terminalreporter.write_line(f"whole suite: {spent('all')}")
