@@ -87,6 +87,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if not _COUNTS["fast"] + _COUNTS["slow"]:
+        return  # nothing ran (--collect-only, or nothing selected)
     def spent(kind):
         return f"{_SECONDS[kind]:.0f} s ({_SECONDS[kind] / 60:.1f} min) in {_COUNTS[kind]} tests"
     terminalreporter.write_sep("-", "test time (setup, call and teardown of each test)")

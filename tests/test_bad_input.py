@@ -433,6 +433,7 @@ def test_bad_launcher_arguments_are_refused_before_any_process_starts(case, call
     case.done = True
 
 
+@pytest.mark.slow
 def test_a_dataset_raising_in_ddp_ranks_names_the_rank_and_the_users_error(case):
     with pytest.raises(WorkerError) as caught:
         nbtrain.fit(recipe=_recipe(train_data=MissingSamples()), devices=2, accelerator="cpu", max_steps=2,

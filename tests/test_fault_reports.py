@@ -77,6 +77,7 @@ def _world_size():
 
 # --- item 6: an error after the first steps is the user's, not a SIGABRT -------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("at_call", [1, 3], ids=["first-step", "third-step"])
 def test_a_rank_raising_after_its_first_steps_reports_its_own_traceback_headed_by_the_first_line(cpu_load, at_call):
     # The losses of steps 1-2 are still buffered (log_every_n_steps=10) when rank 1 raises at step 3: the
@@ -164,6 +165,7 @@ def test_find_unused_parameters_is_an_option_with_a_flag_and_a_panel_control():
 
 # --- item 7: the launch after a failed one joins, under load ------------------------------------
 
+@pytest.mark.slow
 def test_quick_launches_right_after_a_failed_run_all_join_under_load(cpu_load):
     # A rank whose job is quick must not end (closing its sockets) while its peer is still connecting. A race:
     # before the join barrier about 2-5% of such launches failed under load, so this tries 10 x REPEATS of them.
@@ -233,6 +235,7 @@ def training_step(model, batch):
 """
 
 
+@pytest.mark.slow
 def test_an_interrupted_ddp_run_says_the_model_keeps_its_weights_from_before_and_it_does(ip, cpu_load, tmp_path):
     torch.manual_seed(0)
     marker = tmp_path / "trained"

@@ -113,6 +113,7 @@ def test_a_logged_held_out_loss_is_counted_once():
     assert result.summary["val_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_lightningmodule_trains_on_two_devices_to_the_weights_of_one_with_the_global_batch():
     module, reference = LitRegressor(logs=True), LitRegressor(logs=True)
@@ -128,6 +129,7 @@ def test_a_lightningmodule_trains_on_two_devices_to_the_weights_of_one_with_the_
     assert result.summary["val_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_magic_trains_a_lightningmodule_named_model_with_devices_2(ip):
     ip.user_ns.update(LitRegressor=LitRegressor)
@@ -146,6 +148,7 @@ def test_two_runs_continue_the_same_optimizer_state():
     assert nbtrain.api.live_engine(module.__dict__["_nbtrain_training"].value) is engine and engine.step == 10
 
 
+@pytest.mark.slow
 def test_lightning_is_imported_only_for_a_lightningmodule():
     code = ("import sys, torch, nbtrain\nfrom torch.utils.data import TensorDataset\n"
             "nbtrain.fit(torch.nn.Linear(4, 1), TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),"

@@ -187,6 +187,7 @@ def _slow_step(model, batch):
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
+@pytest.mark.slow
 def test_a_ddp_run_listens_only_on_127_0_0_1_and_keeps_its_files_private_then_removes_them(private_tmp):
     seen = {}
 
@@ -240,6 +241,7 @@ KERNEL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_sigkilled_kernels_run_directory_is_removed_by_its_workers(private_tmp):
     env = {**os.environ, "TMPDIR": str(private_tmp), "OMP_NUM_THREADS": "1"}
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdout=subprocess.PIPE, text=True, env=env,
