@@ -65,6 +65,7 @@ def test_bad_slurm_input_is_one_line_and_nothing_runs(ip, capsys, line, expected
     assert "ran" not in ip.user_ns
 
 
+@pytest.mark.slow
 def test_slurm_job_runs_the_cell_recipe_on_two_nodes_with_live_state_and_the_weights_come_back(
         ip, capsys, tmp_path, slurm_cluster):  # noqa: F811
     ip.run_cell(DIGITS)

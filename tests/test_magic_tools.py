@@ -65,6 +65,7 @@ def test_help_lists_every_tool_and_its_options(ip, capsys):
         assert flag in out
 
 
+@pytest.mark.slow
 def test_profile_shows_the_breakdown_its_verdict_and_a_trace_and_restores_the_model(ip, capsys, tmp_path):
     runs_ok(ip, capsys, DIGITS)
     before = weights(ip.user_ns["model"])
@@ -82,6 +83,7 @@ def test_profile_shows_the_breakdown_its_verdict_and_a_trace_and_restores_the_mo
     assert view.png.startswith(b"\x89PNG") and "data:image/png;base64," in view._repr_html_()
 
 
+@pytest.mark.slow
 def test_find_batch_size_under_a_memory_budget_gives_the_batch_and_the_scaled_lr(ip, capsys):
     out = runs_ok(ip, capsys, "%%nbtrain --find-batch-size --max-batch 128 --memory-budget 2GB --batch-size 32"
                   + DIGITS)
@@ -142,6 +144,7 @@ def test_find_sync_counts_the_synchronisations_a_step_forces_on_cuda(ip, capsys)
     assert report.available and any("print_me = loss.item()" in text for _, text, _ in report.sites), out
 
 
+@pytest.mark.slow
 def test_checklist_walk_restores_the_model_unless_keep_best_which_also_sets_later_cells(ip, capsys):
     runs_ok(ip, capsys, DIGITS)
     before = weights(ip.user_ns["model"])

@@ -55,6 +55,7 @@ def click_and_wait(panel, tool, timeout=60):
     assert not panel.run_button.disabled and not panel.tools.buttons[tool].disabled
 
 
+@pytest.mark.slow
 def test_bottleneck_button_shows_the_breakdown_and_its_bar_for_the_controls_settings(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)
@@ -68,6 +69,7 @@ def test_bottleneck_button_shows_the_breakdown_and_its_bar_for_the_controls_sett
     assert unchanged(before, panel.recipe.model) and panel.engine.step == 0
 
 
+@pytest.mark.slow
 def test_find_batch_size_button_searches_under_the_memory_fraction(make_panel):
     panel = make_panel(config=nbtrain.TrainConfig(accelerator="cpu", batch_size=256))
     before = weights(panel.recipe.model)
@@ -92,6 +94,7 @@ def test_find_workers_button_measures_worker_counts_on_the_live_model(make_panel
     assert "95% interval" in panel.tools.text.value and w.verdict() in panel.status_text
 
 
+@pytest.mark.slow
 def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)

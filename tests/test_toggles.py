@@ -22,7 +22,9 @@ def test_every_toggle_option_has_a_canonical_recipe():
     assert {t.option for t in TOGGLES} == TOGGLE_OPTIONS
 
 
-@pytest.mark.parametrize("toggle", TOGGLES, ids=lambda t: f"{t.option}={t.value}")
+# torch.compile takes seconds on the CPU: slow, like the compile tests below.
+@pytest.mark.parametrize("toggle", [pytest.param(t, marks=pytest.mark.slow) if t.option == "compile" else t
+                                    for t in TOGGLES], ids=lambda t: f"{t.option}={t.value}")
 def test_each_toggle_trains_two_steps_or_reports_why_not(toggle):
     recipe = toggle.recipe()
     before = weights(recipe.model)
@@ -124,6 +126,7 @@ def test_a_live_batch_size_and_workers_change_rebuilds_the_image_loader_and_keep
     assert not same_weights(after_first, weights(recipe.model))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_image_recipe_trains_with_devices_2_from_the_magic_and_its_weights_come_back(ip):
     ip.user_ns["image_recipe"] = image_recipe
