@@ -5,6 +5,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from architecture import MAX_LINES, cycles, engine_private_names, import_graph, long_modules, reaches_into_engine
 
 
@@ -20,6 +21,7 @@ def test_engine_modules_import_neither_ipython_nor_ipywidgets():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_the_demo_trains_prints_a_summary_and_writes_a_loss_plot(tmp_path):
     done = subprocess.run([sys.executable, "-m", "nbtrain", "demo", "--max-epochs", "3", "--quiet",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -30,6 +32,7 @@ def test_the_demo_trains_prints_a_summary_and_writes_a_loss_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_a_bad_demo_flag_is_one_line_naming_flag_value_and_allowed():
     done = subprocess.run([sys.executable, "-m", "nbtrain", "demo", "--batch-size", "0", "--precision", "fp8"],
                           capture_output=True, text=True, timeout=60)

@@ -10,6 +10,7 @@ from nbtrain.measure.ceilings import peak_flops
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state
 
 
+@pytest.mark.slow
 def test_a_heavy_per_sample_transform_is_data_bound_and_says_by_how_much():
     c = nbtrain.ceilings(data_bound_recipe(), config=TrainConfig(batch_size=32))
     assert c.kind == "data-bound", c.table()

@@ -25,6 +25,7 @@ def no_quote_in_any_name(root):
     assert not [p for p in root.rglob("*") if '"' in p.name or "'" in p.name]
 
 
+@pytest.mark.slow
 def test_paths_with_spaces_reach_every_line_magic_without_their_quotes(ip, capsys, tmp_path):
     folder = tmp_path / "my runs"
     store = folder / "runs.sqlite"

@@ -72,6 +72,7 @@ def test_where_no_drawing_process_can_start_the_plot_draws_its_frames_itself(tra
     assert "drawing process" in plot.fallback and held > 0  # drawn here: the time counts against the budget
 
 
+@pytest.mark.slow
 def test_the_drawing_process_ends_with_the_kernel_that_started_it(trained_log, tmp_path, cpu_load):
     script = tmp_path / "kernel.py"
     script.write_text(

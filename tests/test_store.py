@@ -154,6 +154,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_writers_in_separate_processes_all_land(tmp_path, run):
     (tmp_path / "events.json").write_text(json.dumps(run.log.events))
     (tmp_path / "summary.json").write_text(json.dumps(run.summary))
