@@ -19,4 +19,4 @@ fi
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q -e ".[test]"
-python -m pytest "$@"
+python -m pytest "$@"  # ends with the time of the fast subset (-m "not slow") and of the whole suite

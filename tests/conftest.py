@@ -9,6 +9,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):
+    _SLOW.update(item.nodeid for item in items if item.get_closest_marker("slow"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")
@@ -25,6 +26,20 @@ def shell():
     ip.run_line_magic("load_ext", "nbtrain")
     ip.run_line_magic("colors", "nocolor")
     return ip
+
+
+@pytest.fixture
+def ip(shell, tmp_path, monkeypatch):
+    """The session's shell as a fresh notebook for one test: an empty namespace, no %nbtrain defaults, a
+    run store of the test's own (NBTRAIN_STORE = tmp_path/runs.sqlite) and tmp_path as the working folder
+    (.nbtrain/ and relative paths land there). Afterwards its %nbtrain defaults are cleared again (its names
+    stay until the next test that asks for `ip`: emptying the namespace costs a garbage collection)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
+    shell.reset(new_session=False)
+    shell.run_line_magic("nbtrain", "--reset")
+    yield shell
+    shell.run_line_magic("nbtrain", "--reset")
 
 
 @pytest.fixture
@@ -56,3 +71,28 @@ def sigint_handler_kept():
     if after is not before:
         signal.signal(signal.SIGINT, before)  # the next tests run with the usual Ctrl-C
         pytest.fail(f"the test left SIGINT handled by {after!r} (was {before!r})", pytrace=False)
+
+
+# --- the suite's time: the fast subset's (`-m "not slow"`) and all of it, printed at the end (CI shows both) ---
+
+_SLOW: set = set()  # node ids of the tests marked slow
+_SECONDS = {"fast": 0.0, "slow": 0.0}
+_COUNTS = {"fast": 0, "slow": 0}
+
+
+def pytest_runtest_logreport(report):
+    kind = "slow" if report.nodeid in _SLOW else "fast"
+    _SECONDS[kind] += report.duration  # setup, call and teardown, each reported once
+    _COUNTS[kind] += report.when == "setup"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _COUNTS["fast"] + _COUNTS["slow"]:
+        return  # nothing ran (--collect-only, or nothing selected)
+    def spent(kind):
+        return f"{_SECONDS[kind]:.0f} s ({_SECONDS[kind] / 60:.1f} min) in {_COUNTS[kind]} tests"
+    terminalreporter.write_sep("-", "test time (setup, call and teardown of each test)")
+    terminalreporter.write_line(f"fast subset, not marked slow (pytest -m \"not slow\"): {spent('fast')}")
+    terminalreporter.write_line(f"marked slow: {spent('slow')}")
+    _SECONDS["all"], _COUNTS["all"] = _SECONDS["fast"] + _SECONDS["slow"], _COUNTS["fast"] + _COUNTS["slow"]
+    terminalreporter.write_line(f"whole suite: {spent('all')}")

@@ -218,19 +218,16 @@ MAGIC_CASES = [
 
 @pytest.mark.parametrize("flags, cell, variables, shows, expected",
                          [c[1:] for c in MAGIC_CASES], ids=[c[0] for c in MAGIC_CASES])
-def test_bad_input_to_the_magic_gets_one_clear_message(shell, case, tmp_path, monkeypatch, flags, cell, variables,
-                                                       shows, expected):
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
+def test_bad_input_to_the_magic_gets_one_clear_message(ip, case, tmp_path, flags, cell, variables, shows,
+                                                       expected):
     (tmp_path / "x").write_text("still here")  # `rm -rf x` run by mistake would remove it
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    shell.user_ns.update(variables)
+    ip.user_ns.update(variables)
     with capture_output() as shown, warnings.catch_warnings():
         # Shown as a kernel shows warnings (pytest would otherwise only record them).
         warnings.simplefilter("default")
         warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
             warnings.formatwarning(message, category, filename, lineno, line))
-        result = shell.run_cell(f"%%nbtrain {flags}\n{cell}")
+        result = ip.run_cell(f"%%nbtrain {flags}\n{cell}")
     text = shown.stdout + shown.stderr + "".join(o.data.get("text/plain", "") for o in shown.outputs)
     for piece in expected:
         assert piece in text, text
@@ -244,7 +241,7 @@ def test_bad_input_to_the_magic_gets_one_clear_message(shell, case, tmp_path, mo
     else:
         assert result.success, text
     assert (tmp_path / "x").read_text() == "still here"
-    after = shell.run_cell("1 + 1")  # the kernel still works
+    after = ip.run_cell("1 + 1")  # the kernel still works
     assert after.success and after.result == 2
     case.done = True
 
@@ -436,6 +433,7 @@ def test_bad_launcher_arguments_are_refused_before_any_process_starts(case, call
     case.done = True
 
 
+@pytest.mark.slow
 def test_a_dataset_raising_in_ddp_ranks_names_the_rank_and_the_users_error(case):
     with pytest.raises(WorkerError) as caught:
         nbtrain.fit(recipe=_recipe(train_data=MissingSamples()), devices=2, accelerator="cpu", max_steps=2,

@@ -68,6 +68,7 @@ def test_a_dict_batch_model_validates_on_held_out_dicts():
     assert result.summary["val_loss"] > 0
 
 
+@pytest.mark.slow
 def test_dict_batches_train_in_two_ddp_processes():
     model = OwnLossModel(as_dict=True)
     before = weights(model)

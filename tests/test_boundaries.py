@@ -1,6 +1,12 @@
-"""The engine side never imports Jupyter; the demo runs from the command line."""
+"""The engine side never imports Jupyter; the demo runs from the command line; the architecture rules hold:
+no import cycles, no module over 400 lines, nothing outside the engine uses its private names."""
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from architecture import MAX_LINES, cycles, engine_private_names, import_graph, long_modules, reaches_into_engine
 
 
 def test_engine_modules_import_neither_ipython_nor_ipywidgets():
@@ -15,6 +21,7 @@ def test_engine_modules_import_neither_ipython_nor_ipywidgets():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_the_demo_trains_prints_a_summary_and_writes_a_loss_plot(tmp_path):
     done = subprocess.run([sys.executable, "-m", "nbtrain", "demo", "--max-epochs", "3", "--quiet",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -25,6 +32,7 @@ def test_the_demo_trains_prints_a_summary_and_writes_a_loss_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_a_bad_demo_flag_is_one_line_naming_flag_value_and_allowed():
     done = subprocess.run([sys.executable, "-m", "nbtrain", "demo", "--batch-size", "0", "--precision", "fp8"],
                           capture_output=True, text=True, timeout=60)
@@ -32,3 +40,82 @@ def test_a_bad_demo_flag_is_one_line_naming_flag_value_and_allowed():
     assert "--precision=fp8: one of 32-true" in done.stderr
     assert "--batch-size=0: a whole number from 1" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# --- the architecture rules (ARCHITECTURE.md), read from the source's syntax trees: architecture.py ---
+
+PACKAGE = Path(__file__).resolve().parent.parent / "nbtrain"
+
+
+def test_no_import_cycles_not_even_through_imports_inside_functions():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 50 and sum(map(len, graph.values())) > 200  # the whole package was read
+    assert cycles(graph) == [], "import cycles (each a path back to its start)"
+
+
+def test_no_module_is_over_400_lines():
+    assert long_modules(PACKAGE) == [], f"split these into modules of one job each (at most {MAX_LINES} lines)"
+
+
+def test_nothing_outside_the_engine_uses_the_engines_private_names():
+    names = engine_private_names(PACKAGE / "engine")
+    assert {"_stop", "_flush", "_monitor"} <= names  # the engine's own private state was found
+    outside = [path for path in sorted(PACKAGE.rglob("*.py")) if (PACKAGE / "engine") not in path.parents]
+    outside += sorted((PACKAGE.parent / "benchmarks").rglob("*.py"))
+    found = {str(path.relative_to(PACKAGE.parent)): uses for path in outside
+             if (uses := reaches_into_engine(path, names))}
+    assert found == {}, "use the engine's public methods (state_dict, trial(), stop(), set_lr, ...) instead"
+
+
+def _package(root: Path, files: dict) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text))
+    return root / "pkg"
+
+
+def test_the_checks_see_a_cycle_through_a_function_an_overlong_module_and_each_way_into_the_engine(tmp_path):
+    pkg = _package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from . import b\n",
+        "pkg/b.py": "def later():\n    from pkg.c import x\n",
+        "pkg/c.py": "if True:\n    from .a import y\n" + "\n" * 399,
+        "pkg/d.py": "from .a import y\n",  # imports into the cycle, is not part of it
+        "pkg/engine/__init__.py": "",
+        "pkg/engine/loop.py": """
+            _NEVER = object()
+            class Engine:
+                def __init__(self):
+                    self._stop = None
+                def _flush(self):
+                    pass
+            """,
+        "pkg/tools/__init__.py": "",
+        "pkg/tools/fine.py": """
+            from ..engine.loop import Engine
+            class Panel:
+                def __init__(self):
+                    self._thread = None
+                    self._stop = None
+                def other(self, panel):
+                    return panel._thread, self._stop, Engine().stop
+            """,
+        "pkg/tools/bad.py": """
+            from ..engine.loop import Engine, _NEVER
+            from ..engine import loop
+            def use(panel, walk):
+                panel.engine._stop.set()
+                e = walk.engine
+                e._flush()
+                getattr(e, "_stop")
+                return loop._NEVER, Engine._flush
+            """,
+    })
+    assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+    assert long_modules(pkg) == [f"{pkg / 'c.py'} has 401 lines"]
+    names = engine_private_names(pkg / "engine")
+    assert names == {"_NEVER", "_stop", "_flush"}
+    assert reaches_into_engine(pkg / "tools" / "fine.py", names, "pkg") == []
+    assert reaches_into_engine(pkg / "tools" / "bad.py", names, "pkg") == [
+        "line 2: imports _NEVER from engine.loop", "line 5: panel.engine._stop", "line 7: e._flush",
+        "line 8: getattr(e, '_stop')", "line 9: loop._NEVER", "line 9: Engine._flush"]

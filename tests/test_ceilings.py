@@ -57,6 +57,7 @@ def test_a_large_matmul_is_compute_bound_and_precision_or_fusion_comes_first():
     assert c.verdict.startswith("compute-bound: the device's peak FLOP/s allows ")
 
 
+@pytest.mark.slow
 def test_a_slow_loader_is_data_bound_and_its_remedies_come_first():
     c = nbtrain.ceilings(data_bound_recipe(), config=TrainConfig(batch_size=32))
     b = c.bottleneck()

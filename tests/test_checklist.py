@@ -34,6 +34,7 @@ WALK = dict(config=TrainConfig(batch_size=8, accelerator="cpu"), trial_s=0.2, ta
             items=("batch_size", "precision", "accumulation"))
 
 
+@pytest.mark.slow
 def test_walk_stops_when_its_own_clock_says_the_budget_is_spent_and_says_so():
     recipe = digits_recipe()
     before = state(recipe.model)
@@ -57,6 +58,7 @@ def test_walk_stops_when_its_own_clock_says_the_budget_is_spent_and_says_so():
     assert same_state(before, state(recipe.model))
 
 
+@pytest.mark.slow
 def test_an_item_is_kept_only_when_its_head_to_head_interval_lies_above_the_threshold():
     recipe = digits_recipe()
     walk = checklist(recipe, budget_s=10, clock=lambda: 0.0, min_gain=0.03, **WALK)
@@ -102,6 +104,7 @@ def test_a_budget_its_clock_says_is_gone_before_the_start_is_measured_is_refused
     assert same_state(before, state(recipe.model))
 
 
+@pytest.mark.slow
 def test_walk_measures_items_reports_skips_and_restores_model_and_config(tmp_path):
     recipe = digits_recipe()
     start = TrainConfig(batch_size=16)
@@ -157,6 +160,7 @@ def test_bad_input_names_option_value_and_allowed(kwargs, message):
     assert message in str(error.value)
 
 
+@pytest.mark.slow
 def test_tour_runs_the_walk_on_the_demo_from_the_command_line(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "nbtrain", "tour", "--budget-s", "6", "--out", str(tmp_path)],
@@ -228,6 +232,7 @@ def test_the_walk_table_keeps_its_columns_in_line_for_long_item_names():
         assert row[column - 1] == " " and row[column] != " ", (name, walk.table())
 
 
+@pytest.mark.slow
 def test_the_ddp_item_runs_two_processes_and_compares_them_measured_apart():
     recipe = digits_recipe()
     before = state(recipe.model)

@@ -48,6 +48,7 @@ def run_script(tmp_path, folder, resume, kill_at):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_to_bit_identical_weights(tmp_path):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     done = run_script(tmp_path, straight, "-", 0)

@@ -67,6 +67,7 @@ def test_compare_reads_runs_by_name_from_the_store(runs, tmp_path):
         nbtrain.compare(1.5, store=store)
 
 
+@pytest.mark.slow
 def test_compare_module_imports_no_jupyter():
     code = "import sys, nbtrain.runs.compare, nbtrain.runs.store; print(sorted(m for m in sys.modules if m.split('.')[0] in {'IPython', 'ipywidgets', 'ipykernel'}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -10,6 +10,7 @@ from nbtrain.tools.registry import ToolOptionError
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state, tiny_ops_recipe
 
 
+@pytest.mark.slow
 def test_verdict_is_data_bound_for_a_heavy_per_sample_transform():
     d = diagnose(data_bound_recipe(), config=TrainConfig(batch_size=32), steps=5)
     assert d.kind == "data-bound", d.table()
@@ -82,6 +83,7 @@ def test_phases_add_up_to_the_step_on_cuda_when_synchronised():
     assert d.phase_ms["forward"] + d.phase_ms["backward"] > d.phase_ms["data"]
 
 
+@pytest.mark.slow
 def test_ddp_gradient_sync_is_timed_on_every_rank(tmp_path):
     import cloudpickle
 

@@ -63,6 +63,7 @@ def _repeat_in_thread(call, check, load):
     return leaked, hung, wrong
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, call, check", [
     ("a rank raises", lambda: launch(_rank_one_raises, nprocs=2, timeout=60),
      lambda e: isinstance(e, WorkerError) and str(e).startswith("rank 1 raised ValueError: rank one cannot go on")),
@@ -77,6 +78,7 @@ def test_worker_faults_repeated_leave_no_process_and_never_hang(capsys, cpu_load
     assert (leaked, hung, wrong) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_interrupting_a_ddp_run_repeatedly_leaves_no_process_and_never_hangs(capsys, cpu_load):
     leaked = hung = wrong = 0
     for _ in range(REPEATS):
@@ -110,6 +112,7 @@ def test_interrupting_a_ddp_run_repeatedly_leaves_no_process_and_never_hangs(cap
     assert (leaked, hung, wrong) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_sigkilling_the_kernel_repeatedly_leaves_no_worker_behind(capsys, cpu_load):
     leaked = hung = wrong = 0
     for _ in range(REPEATS):

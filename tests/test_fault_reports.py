@@ -77,6 +77,7 @@ def _world_size():
 
 # --- item 6: an error after the first steps is the user's, not a SIGABRT -------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("at_call", [1, 3], ids=["first-step", "third-step"])
 def test_a_rank_raising_after_its_first_steps_reports_its_own_traceback_headed_by_the_first_line(cpu_load, at_call):
     # The losses of steps 1-2 are still buffered (log_every_n_steps=10) when rank 1 raises at step 3: the
@@ -124,8 +125,7 @@ def test_the_headline_is_the_last_exceptions_first_line_past_its_cause_and_nbtra
 
 # --- item 8: DDP's unused parameters, with nbtrain's way out ------------------------------------
 
-def test_unused_parameters_under_ddp_name_the_option_and_the_option_lets_the_run_train(shell, cpu_load, tmp_path,
-                                                                                      monkeypatch):
+def test_unused_parameters_under_ddp_name_the_option_and_the_option_lets_the_run_train(ip, cpu_load):
     torch.manual_seed(0)
     model = OneHeadUnused()
     with pytest.raises(WorkerError) as caught:
@@ -139,17 +139,13 @@ def test_unused_parameters_under_ddp_name_the_option_and_the_option_lets_the_run
     no_nbtrain_frames(message)
 
     # The way out, as the message spells it: the magic's flag.
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    shell.user_ns.update(model=model, train_data=regression_data(), loss_fn=nn.MSELoss())
+    ip.user_ns.update(model=model, train_data=regression_data(), loss_fn=nn.MSELoss())
     before = weights(model)
     with capture_output() as shown:
-        result = shell.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 3 --batch-size 8 "
-                                "--find-unused-parameters true --no-plot --no-progress\npass  # model, train_data, loss_fn: above\n")
+        result = ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 3 --batch-size 8 "
+                             "--find-unused-parameters true --no-plot --no-progress\npass  # model, train_data, loss_fn: above\n")
     assert result.success, shown.stdout + shown.stderr
-    assert shell.user_ns["_nbtrain"].status == "completed"
+    assert ip.user_ns["_nbtrain"].status == "completed"
     after = weights(model)
     assert not same_weights(after[:2], before[:2]) and same_weights(after[2:], before[2:])  # trained head back
 
@@ -169,6 +165,7 @@ def test_find_unused_parameters_is_an_option_with_a_flag_and_a_panel_control():
 
 # --- item 7: the launch after a failed one joins, under load ------------------------------------
 
+@pytest.mark.slow
 def test_quick_launches_right_after_a_failed_run_all_join_under_load(cpu_load):
     # A rank whose job is quick must not end (closing its sockets) while its peer is still connecting. A race:
     # before the join barrier about 2-5% of such launches failed under load, so this tries 10 x REPEATS of them.
@@ -203,23 +200,17 @@ model, train_data, loss_fn = nn.Linear(8, 1), Holding(), nn.MSELoss()
 
 @pytest.mark.parametrize("front_end", ["fit", "magic"])
 @pytest.mark.parametrize("holding", list(HOLDERS))
-def test_a_dataset_that_cannot_be_pickled_under_ddp_is_one_message_without_nbtrains_frames(shell, tmp_path,
-                                                                                          monkeypatch, holding,
-                                                                                          front_end):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
+def test_a_dataset_that_cannot_be_pickled_under_ddp_is_one_message_without_nbtrains_frames(ip, holding, front_end):
     cell = DATASET.format(holder=HOLDERS[holding])
     flags = "--devices 2 --accelerator cpu --max-steps 2 --no-plot --no-progress"
     with capture_output() as shown:
         if front_end == "fit":
-            assert shell.run_cell(cell).success
-            result = shell.run_cell("nbtrain.fit(model, train_data, loss_fn=loss_fn, devices=2, accelerator='cpu', "
-                                    "max_steps=2)")
+            assert ip.run_cell(cell).success
+            result = ip.run_cell("nbtrain.fit(model, train_data, loss_fn=loss_fn, devices=2, accelerator='cpu', "
+                                 "max_steps=2)")
         else:
-            result = shell.run_cell(f"%%nbtrain {flags}\n{cell}")
-    source = shell.user_ns["train_data"].source
+            result = ip.run_cell(f"%%nbtrain {flags}\n{cell}")
+    source = ip.user_ns["train_data"].source
     getattr(source, "close", lambda: None)()
     text = shown.stdout + shown.stderr
     assert isinstance(result.error_in_exec, TypeError), text
@@ -227,7 +218,7 @@ def test_a_dataset_that_cannot_be_pickled_under_ddp_is_one_message_without_nbtra
     assert "create those inside the workers" in text
     assert "Traceback" not in text and text.count("cannot be sent") == 1, text
     no_nbtrain_frames(text)
-    assert shell.run_cell("1 + 1").result == 2  # the kernel still works
+    assert ip.run_cell("1 + 1").result == 2  # the kernel still works
 
 
 # --- item 11: an interrupted DDP run says what the model holds, and it is true -------------------
@@ -244,17 +235,13 @@ def training_step(model, batch):
 """
 
 
-def test_an_interrupted_ddp_run_says_the_model_keeps_its_weights_from_before_and_it_does(shell, cpu_load, tmp_path,
-                                                                                        monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
+@pytest.mark.slow
+def test_an_interrupted_ddp_run_says_the_model_keeps_its_weights_from_before_and_it_does(ip, cpu_load, tmp_path):
     torch.manual_seed(0)
     marker = tmp_path / "trained"
-    shell.user_ns.update(model=nn.Linear(8, 1), train_data=regression_data(), loss_fn=nn.MSELoss(),
+    ip.user_ns.update(model=nn.Linear(8, 1), train_data=regression_data(), loss_fn=nn.MSELoss(),
                          MARKER=str(marker))
-    before = weights(shell.user_ns["model"])
+    before = weights(ip.user_ns["model"])
 
     def interrupt_once_the_workers_trained():
         give_up = time.monotonic() + 300  # only a guard: a run that never trains is interrupted too
@@ -265,12 +252,12 @@ def test_an_interrupted_ddp_run_says_the_model_keeps_its_weights_from_before_and
     interrupter = threading.Thread(target=interrupt_once_the_workers_trained, daemon=True)
     interrupter.start()
     with capture_output() as shown:
-        result = shell.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 100000 --batch-size 8 "
-                                "--log-every-n-steps 1 --name cut --no-plot --no-progress\n" + STEP)
+        result = ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 100000 --batch-size 8 "
+                             "--log-every-n-steps 1 --name cut --no-plot --no-progress\n" + STEP)
     interrupter.join()
     text = shown.stdout + shown.stderr + "".join(o.data.get("text/plain", "") for o in shown.outputs)
     assert result.error_in_exec is None, text
-    assert shell.user_ns["cut"].status == "interrupted"
+    assert ip.user_ns["cut"].status == "interrupted"
     assert "the model keeps its weights from before the run" in text, text
     assert "training so far" not in text, text  # one statement about the model, not two
-    assert same_weights(weights(shell.user_ns["model"]), before)  # and it is the true one
+    assert same_weights(weights(ip.user_ns["model"]), before)  # and it is the true one

@@ -17,6 +17,7 @@ from helpers import fit_on_two_local_nodes, same_weights, weights
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+@pytest.mark.slow
 def test_fsdp_on_two_processes_matches_one_process_with_the_same_global_batch():
     single, sharded = digits_recipe(seed=0), digits_recipe(seed=0)
     before = weights(sharded.model)
@@ -57,6 +58,7 @@ def _train_fsdp_counting_reduce_scatters(accumulate):
     return wrapper, counts, [state[k] for k in sorted(state)]
 
 
+@pytest.mark.slow
 def test_accumulation_under_fsdp_reduces_gradients_only_on_the_last_micro_batch_and_keeps_the_math():
     wrapper, counts, state = launch(_train_fsdp_counting_reduce_scatters, nprocs=2, args=(4,))
     assert wrapper == "FSDPDigitsMLP"  # sharded in place, not wrapped in DDP
@@ -109,6 +111,7 @@ def test_fsdp_on_two_gpus_matches_one_gpu():
     assert same_weights(weights(sharded.model), [w.cpu() for w in weights(single.model)], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_fsdp_across_two_nodes_gives_both_kernels_the_full_weights():
     recipes = [digits_recipe(seed=0), digits_recipe(seed=0)]
     results = fit_on_two_local_nodes(recipes, strategy="fsdp", batch_size=16, shuffle=False, max_steps=4,

@@ -129,6 +129,7 @@ def _train(preload_data, folder):
     return [p.detach().clone() for p in second.parameters()], engine.position()
 
 
+@pytest.mark.slow
 def test_both_paths_train_bit_identical_weights_through_live_changes_and_a_resume(tmp_path):
     loaded, loaded_at = _train(False, tmp_path / "loader")
     held, held_at = _train(True, tmp_path / "held")
@@ -201,6 +202,7 @@ def test_an_in_place_change_to_the_source_tensors_reaches_the_held_copy():
     assert torch.count_nonzero(next(iter(batches))[0]) == 0
 
 
+@pytest.mark.slow
 def test_the_checklist_item_measures_holding_the_data_and_states_its_memory():
     from nbtrain.tools.checklist import checklist
     from nbtrain.demo import digits_recipe

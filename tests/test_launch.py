@@ -26,6 +26,7 @@ def _running_children():
             and p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
 def test_two_ranks_train_the_digits_like_one_process_with_the_same_global_batch():
     single, ddp = digits_recipe(seed=0), digits_recipe(seed=0)
     before = weights(ddp.model)
@@ -179,6 +180,7 @@ def test_ddp_launches_after_the_kernel_initialised_cuda():
         assert result.status == "completed" and result.summary["device"] == "cuda:0"
 
 
+@pytest.mark.slow
 def test_two_nodes_of_one_process_each_meet_through_c10d_rendezvous_on_localhost_as_configured():
     recipes = [digits_recipe(seed=0), digits_recipe(seed=0)]
     results = fit_on_two_local_nodes(recipes, batch_size=16, shuffle=False, max_steps=6, accelerator="cpu",
@@ -212,6 +214,7 @@ def test_bad_launch_options_name_the_option_the_value_and_what_is_allowed():
     assert _running_children() == []
 
 
+@pytest.mark.slow
 def test_launcher_worker_and_zygote_import_neither_ipython_nor_ipywidgets():
     code = ("import sys, nbtrain.distributed.launch, nbtrain.distributed.worker, nbtrain.distributed.zygote, nbtrain.distributed.pool, nbtrain.distributed.rundir, nbtrain.engine.split\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel')]\n"

@@ -61,6 +61,7 @@ def _both_ranks_answer():
     return dist.get_world_size()
 
 
+@pytest.mark.slow
 def test_a_rank_raising_fails_with_that_ranks_traceback_and_the_next_launch_works():
     with pytest.raises(WorkerError) as caught:
         launch(_rank_one_raises, nprocs=2, timeout=60)
@@ -82,6 +83,7 @@ def _rank_one_hangs():
     dist.all_reduce(torch.ones(1))
 
 
+@pytest.mark.slow
 def test_a_rank_hanging_in_a_collective_ends_with_a_clear_timeout_message():
     with pytest.raises(WorkerError) as caught:
         launch(_rank_one_hangs, nprocs=2, timeout=3)
@@ -108,6 +110,7 @@ def test_a_rank_killed_by_a_signal_is_reported_with_its_rank_and_the_signal_name
     _assert_all_gone(caught.value.pids)
 
 
+@pytest.mark.slow
 def test_interrupting_the_cell_stops_every_worker_and_keeps_the_partial_history():
     recipe = digits_recipe()
     before = weights(recipe.model)
@@ -146,6 +149,7 @@ KERNEL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_killing_the_kernel_with_sigkill_leaves_no_worker_behind_after_ten_seconds():
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)
@@ -169,6 +173,7 @@ def _raise_on_rank_one(model, batch):
     return F.cross_entropy(model(x), y)
 
 
+@pytest.mark.slow
 def test_a_rank_raising_on_one_of_two_nodes_fails_both_launchers_and_names_the_cause():
     import socket
     with socket.socket() as s:

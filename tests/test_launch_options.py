@@ -60,6 +60,7 @@ def _rank_one_stalls(model, batch):
     return F.cross_entropy(model(x), y)
 
 
+@pytest.mark.slow
 def test_the_configured_collective_timeout_ends_a_stalled_run():
     recipe = digits_recipe()
     recipe.training_step = _rank_one_stalls

@@ -41,6 +41,7 @@ def _free_port() -> int:
 
 # --- derived once, written to the run directory --------------------------------------------------
 
+@pytest.mark.slow
 def test_a_fit_run_derives_its_plan_once_and_its_ranks_find_it_in_the_run_directory(monkeypatch):
     calls, seen = [], {}
     derive = plans.for_fit
@@ -120,6 +121,7 @@ def test_a_worker_prefixes_its_output_and_meets_its_peers_as_its_plan_says_whate
     assert expected in done.stdout and "[rank 0] [rank 0]" not in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_one_rank_writes_a_shared_run_directory_when_the_plan_says_shared_whatever_the_environment_says(tmp_path):
     """Two 'nodes' of one rank each (both local rank 0) share one run directory, as on SLURM."""
     import torch.distributed as torch_dist

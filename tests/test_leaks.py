@@ -32,6 +32,7 @@ def _recipe(step):
     return Recipe(model=DigitsMLP(hidden=32), train_data=DigitsDataset(), training_step=step)
 
 
+@pytest.mark.slow
 def test_detector_fires_on_a_step_that_keeps_loss_tensors_and_names_the_line():
     loss_history.clear()
     report = find_graph_leaks(_recipe(leaking_step), config=TrainConfig(batch_size=32), steps=8)

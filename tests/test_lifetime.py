@@ -33,14 +33,14 @@ def test_a_dropped_model_is_freed_with_its_engine_and_optimizer():
     assert [r() is None for r in refs] == [True, True, True]
 
 
-def test_rerunning_a_model_cell_keeps_only_the_latest_model(shell):
-    shell.run_cell("import torch\nfrom torch import nn\nfrom helpers import regression_data\n"
-                   "train_data = regression_data()\nloss_fn = nn.MSELoss()")
+def test_rerunning_a_model_cell_keeps_only_the_latest_model(ip):
+    ip.run_cell("import torch\nfrom torch import nn\nfrom helpers import regression_data\n"
+                "train_data = regression_data()\nloss_fn = nn.MSELoss()")
     refs = []
     for _ in range(3):
-        shell.run_cell("%%nbtrain --max-steps 2 --batch-size 32 --no-plot --no-progress\n"
-                       "model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))")
-        refs.append(weakref.ref(shell.user_ns["model"]))
+        ip.run_cell("%%nbtrain --max-steps 2 --batch-size 32 --no-plot --no-progress\n"
+                    "model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))")
+        refs.append(weakref.ref(ip.user_ns["model"]))
     gc.collect()
     assert [r() is None for r in refs] == [True, True, False]
 

@@ -85,24 +85,15 @@ def test_self_log_values_reach_nbtrains_metrics():
     assert result.summary["logged"]["batch_idx"] == 11.0
 
 
-@pytest.fixture
-def fresh_shell(shell):
-    """The shared IPython shell with an empty namespace and no defaults (earlier tests' names gone)."""
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    return shell
-
-
-def test_the_magic_trains_a_lightningmodule_named_model(fresh_shell):
-    shell = fresh_shell
+def test_the_magic_trains_a_lightningmodule_named_model(ip):
     # An earlier cell's optimizer and loss_fn are not the module's: it trains with its own.
-    shell.user_ns.update(LitRegressor=LitRegressor, optimizer=lambda p: torch.optim.Adam(p), loss_fn=nn.MSELoss())
+    ip.user_ns.update(LitRegressor=LitRegressor, optimizer=lambda p: torch.optim.Adam(p), loss_fn=nn.MSELoss())
     try:
-        shell.run_cell("%%nbtrain --max-steps 5 --no-plot --no-progress --name lit\nmodel = LitRegressor()")
+        ip.run_cell("%%nbtrain --max-steps 5 --no-plot --no-progress --name lit\nmodel = LitRegressor()")
     finally:
-        del shell.user_ns["optimizer"], shell.user_ns["loss_fn"]
-    assert shell.user_ns["lit"].status == "completed"
-    assert isinstance(nbtrain.api.live_engine(shell.user_ns["model"].__dict__["_nbtrain_training"].value).optimizer,
+        del ip.user_ns["optimizer"], ip.user_ns["loss_fn"]
+    assert ip.user_ns["lit"].status == "completed"
+    assert isinstance(nbtrain.api.live_engine(ip.user_ns["model"].__dict__["_nbtrain_training"].value).optimizer,
                       torch.optim.SGD)
 
 
@@ -122,6 +113,7 @@ def test_a_logged_held_out_loss_is_counted_once():
     assert result.summary["val_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_lightningmodule_trains_on_two_devices_to_the_weights_of_one_with_the_global_batch():
     module, reference = LitRegressor(logs=True), LitRegressor(logs=True)
@@ -137,15 +129,15 @@ def test_a_lightningmodule_trains_on_two_devices_to_the_weights_of_one_with_the_
     assert result.summary["val_loss"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_the_magic_trains_a_lightningmodule_named_model_with_devices_2(fresh_shell):
-    shell = fresh_shell
-    shell.user_ns.update(LitRegressor=LitRegressor)
-    shell.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 5 --no-plot --no-progress --name lit_ddp\n"
-                   "model = LitRegressor()\nbefore = [p.detach().clone() for p in model.parameters()]")
-    result = shell.user_ns["lit_ddp"]
+def test_the_magic_trains_a_lightningmodule_named_model_with_devices_2(ip):
+    ip.user_ns.update(LitRegressor=LitRegressor)
+    ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 5 --no-plot --no-progress --name lit_ddp\n"
+                "model = LitRegressor()\nbefore = [p.detach().clone() for p in model.parameters()]")
+    result = ip.user_ns["lit_ddp"]
     assert result.status == "completed" and result.summary["world_size"] == 2
-    assert all(not torch.equal(a, b) for a, b in zip(shell.user_ns["before"], shell.user_ns["model"].parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(ip.user_ns["before"], ip.user_ns["model"].parameters()))
 
 
 def test_two_runs_continue_the_same_optimizer_state():
@@ -156,6 +148,7 @@ def test_two_runs_continue_the_same_optimizer_state():
     assert nbtrain.api.live_engine(module.__dict__["_nbtrain_training"].value) is engine and engine.step == 10
 
 
+@pytest.mark.slow
 def test_lightning_is_imported_only_for_a_lightningmodule():
     code = ("import sys, torch, nbtrain\nfrom torch.utils.data import TensorDataset\n"
             "nbtrain.fit(torch.nn.Linear(4, 1), TensorDataset(torch.randn(8, 4), torch.randn(8, 1)),"

@@ -19,12 +19,6 @@ loss_fn = torch.nn.CrossEntropyLoss()
 """
 
 
-@pytest.fixture
-def ip(shell, tmp_path, monkeypatch):
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    return shell
 
 
 def fails_with(ip, capsys, cell):
@@ -263,6 +257,7 @@ def training_step(model, batch):
 # --- views, store, compare ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_live_plot_is_one_image_updated_in_place_and_drawn_while_the_run_goes_on(ip):
     # Steps of at least 10 ms: 300 of them last 3 s or more, and the plot redraws about once a second.
     slow = "\nimport time\ndef training_step(model, batch):\n    time.sleep(0.01)\n" \
@@ -311,6 +306,7 @@ def test_runs_are_listed_and_compared_from_the_store(ip, capsys):
     assert "%nbtrain_compare: no run named 'nope'" in text and "stored runs: big, small" in text
 
 
+@pytest.mark.slow
 def test_devices_above_one_go_through_the_launcher(ip):
     pytest.importorskip("nbtrain.distributed.launch")
     ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 3 --no-plot --no-progress" + DIGITS)

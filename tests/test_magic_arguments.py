@@ -12,15 +12,6 @@ loss_fn = torch.nn.CrossEntropyLoss()
 QUIET = "--no-plot --no-progress"
 
 
-@pytest.fixture
-def ip(shell, tmp_path, monkeypatch):
-    # Run from tmp_path: a value read with its quotes would become a folder named '"' here.
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "default.sqlite"))
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    yield shell
-    shell.run_line_magic("nbtrain", "--reset")
 
 
 def runs_ok(ip, capsys, cell: str) -> str:
@@ -34,6 +25,7 @@ def no_quote_in_any_name(root):
     assert not [p for p in root.rglob("*") if '"' in p.name or "'" in p.name]
 
 
+@pytest.mark.slow
 def test_paths_with_spaces_reach_every_line_magic_without_their_quotes(ip, capsys, tmp_path):
     folder = tmp_path / "my runs"
     store = folder / "runs.sqlite"

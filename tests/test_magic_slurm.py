@@ -19,13 +19,6 @@ loss_fn = torch.nn.CrossEntropyLoss()
 """
 
 
-@pytest.fixture
-def ip(shell, tmp_path, monkeypatch):
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    monkeypatch.chdir(tmp_path)  # .nbtrain/ (runs, job records) is project-local
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    return shell
 
 
 def test_dry_run_shows_the_batch_script_for_the_flags_and_submits_nothing(ip, capsys, tmp_path):
@@ -72,6 +65,7 @@ def test_bad_slurm_input_is_one_line_and_nothing_runs(ip, capsys, line, expected
     assert "ran" not in ip.user_ns
 
 
+@pytest.mark.slow
 def test_slurm_job_runs_the_cell_recipe_on_two_nodes_with_live_state_and_the_weights_come_back(
         ip, capsys, tmp_path, slurm_cluster):  # noqa: F811
     ip.run_cell(DIGITS)

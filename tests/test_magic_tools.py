@@ -30,13 +30,6 @@ def training_step(model, batch):
 """
 
 
-@pytest.fixture
-def ip(shell, tmp_path, monkeypatch):
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    monkeypatch.chdir(tmp_path)
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    return shell
 
 
 def runs_ok(ip, capsys, cell):
@@ -72,6 +65,7 @@ def test_help_lists_every_tool_and_its_options(ip, capsys):
         assert flag in out
 
 
+@pytest.mark.slow
 def test_profile_shows_the_breakdown_its_verdict_and_a_trace_and_restores_the_model(ip, capsys, tmp_path):
     runs_ok(ip, capsys, DIGITS)
     before = weights(ip.user_ns["model"])
@@ -97,6 +91,7 @@ def test_ceilings_flag_prints_the_four_ceilings_binding_first_and_the_remedies(i
     assert out.index(f"  {b.order[0]} ") < out.index(f"  {b.order[-1]} ") and out.count("95% interval") >= 4
 
 
+@pytest.mark.slow
 def test_find_batch_size_under_a_memory_budget_gives_the_batch_and_the_scaled_lr(ip, capsys):
     out = runs_ok(ip, capsys, "%%nbtrain --find-batch-size --max-batch 128 --memory-budget 2GB --batch-size 32"
                   + DIGITS)
@@ -157,6 +152,7 @@ def test_find_sync_counts_the_synchronisations_a_step_forces_on_cuda(ip, capsys)
     assert report.available and any("print_me = loss.item()" in text for _, text, _ in report.sites), out
 
 
+@pytest.mark.slow
 def test_checklist_walk_restores_the_model_unless_keep_best_which_also_sets_later_cells(ip, capsys):
     runs_ok(ip, capsys, DIGITS)
     before = weights(ip.user_ns["model"])

@@ -73,6 +73,7 @@ def _text(cell):
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_notebook_defined_model_trains_with_two_devices_and_its_weights_come_back(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src.strip()) for src in CELLS])

@@ -82,6 +82,7 @@ def _importable(module: str) -> bool:
     return subprocess.run([sys.executable, "-c", code], env=kernel_env(), cwd=ROOT).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_notebook_whose_claim_breaks_fails(tmp_path):
     """The runner really fails on a broken claim (and names the cell)."""
     nb = nbformat.v4.new_notebook()
@@ -92,6 +93,7 @@ def test_a_notebook_whose_claim_breaks_fails(tmp_path):
         execute(nb, tmp_path, 60)
 
 
+@pytest.mark.slow
 def test_the_kernel_imports_this_checkout(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = dict(build.KERNEL)

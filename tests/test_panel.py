@@ -66,6 +66,7 @@ def start_long_run(panel):
     wait_until(lambda: panel.engine.running and panel.engine.step >= 5)
 
 
+@pytest.mark.slow
 def test_importing_nbtrain_does_not_import_ipywidgets_until_panel_is_called():
     code = ("import sys, nbtrain; assert 'ipywidgets' not in sys.modules, 'imported early'; "
             "import nbtrain.demo; assert 'ipywidgets' not in sys.modules, 'demo imported it'; "

@@ -1,5 +1,7 @@
 """The panel's checklist-tool buttons and its run-store records: real widgets (display off), real engine."""
+import dataclasses
 import os
+import threading
 import time
 
 import pytest
@@ -53,6 +55,7 @@ def click_and_wait(panel, tool, timeout=60):
     assert not panel.run_button.disabled and not panel.tools.buttons[tool].disabled
 
 
+@pytest.mark.slow
 def test_bottleneck_button_shows_the_breakdown_and_its_bar_for_the_controls_settings(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)
@@ -80,6 +83,7 @@ def test_ceilings_button_shows_the_four_ceilings_binding_first_with_their_bars(m
     assert unchanged(before, panel.recipe.model) and panel.engine.step == 0
 
 
+@pytest.mark.slow
 def test_find_batch_size_button_searches_under_the_memory_fraction(make_panel):
     panel = make_panel(config=nbtrain.TrainConfig(accelerator="cpu", batch_size=256))
     before = weights(panel.recipe.model)
@@ -104,6 +108,7 @@ def test_find_workers_button_measures_worker_counts_on_the_live_model(make_panel
     assert "95% interval" in panel.tools.text.value and w.verdict() in panel.status_text
 
 
+@pytest.mark.slow
 def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)
@@ -137,6 +142,44 @@ def test_stop_ends_a_running_tool_and_the_model_is_restored(make_panel):
     assert panel.status_text == "Checklist walk stopped; the model and its optimizer are restored as they were"
     assert "checklist" not in panel.tools.results
     assert unchanged(before, panel.recipe.model)
+
+
+def test_a_tool_that_cannot_stop_in_time_is_reported_and_left_to_end_its_step_not_interrupted(make_panel):
+    inside, release, interrupted = threading.Event(), threading.Event(), []
+
+    def step_that_waits(model, batch):  # a step longer than Stop's grace, e.g. a slow data pipeline
+        inside.set()
+        try:
+            while not release.wait(0.01):  # Python code between waits: an exception from outside would land here
+                pass
+        except BaseException as error:
+            interrupted.append(error)
+            raise
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    recipe = dataclasses.replace(digits_recipe(hidden=32), training_step=step_that_waits)
+    panel = make_panel(recipe)
+    before = weights(panel.recipe.model)
+    panel.tools.stop_grace_s = 0.2
+    panel.tools.buttons["profile"].click()
+    assert inside.wait(60), panel.status_text  # the tool is inside a step
+    panel.stop_button.click()
+    wait_until(lambda: "has not stopped" in panel.status_text)
+    assert panel.status_text.startswith("Bottleneck breakdown has not stopped after 0.2 s: it is inside a step")
+    assert panel.running and panel.run_button.disabled and interrupted == []  # still going, not shot
+    release.set()
+    assert panel.wait(60), panel.status_text  # ends at the step's end, without measuring further
+    assert panel.status_text == "Bottleneck breakdown stopped; the model and its optimizer are restored as they were"
+    assert interrupted == [] and "profile" not in panel.tools.results and not panel.run_button.disabled
+    assert unchanged(before, panel.recipe.model) and panel.engine.step == 0
+
+
+def wait_until(condition, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
 
 
 def test_a_tool_waits_for_a_run_and_a_run_for_a_tool(make_panel):

@@ -138,18 +138,16 @@ def test_hostile_checkpoint_folders_are_literal_folders_and_resume_from_them(wor
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
-def test_the_magic_refuses_hostile_names_and_uses_hostile_store_paths_literally(shell, workdir, hostile):
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
+def test_the_magic_refuses_hostile_names_and_uses_hostile_store_paths_literally(ip, workdir, hostile):
     cell = ("\nfrom nbtrain.demo import DigitsDataset, DigitsMLP\nimport torch\nmodel = DigitsMLP()\n"
             "train_data = DigitsDataset()\nloss_fn = torch.nn.CrossEntropyLoss()\n")
     quoted = hostile.replace("'", "'\"'\"'")  # one shell word, as a user would quote it
     with capture_output():
-        refused = shell.run_cell(f"%%nbtrain --max-steps 1 --name '{quoted}'" + cell)
+        refused = ip.run_cell(f"%%nbtrain --max-steps 1 --name '{quoted}'" + cell)
     assert isinstance(refused.error_in_exec, UsageError)
     with capture_output():
-        stored = shell.run_cell(f"%%nbtrain --max-steps 1 --no-plot --no-progress --store '{quoted}/runs.sqlite' "
-                                f"--checkpoint-every 1 --checkpoint-dir '{quoted}/checkpoints'" + cell)
+        stored = ip.run_cell(f"%%nbtrain --max-steps 1 --no-plot --no-progress --store '{quoted}/runs.sqlite' "
+                             f"--checkpoint-every 1 --checkpoint-dir '{quoted}/checkpoints'" + cell)
     assert stored.success
     assert RunStore(workdir / hostile / "runs.sqlite").runs()[0].status == "completed"
     assert list((workdir / hostile / "checkpoints").rglob("*.pt"))  # the literal folder holds the checkpoint
@@ -189,6 +187,7 @@ def _slow_step(model, batch):
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
+@pytest.mark.slow
 def test_a_ddp_run_listens_only_on_127_0_0_1_and_keeps_its_files_private_then_removes_them(private_tmp):
     seen = {}
 
@@ -242,6 +241,7 @@ KERNEL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_sigkilled_kernels_run_directory_is_removed_by_its_workers(private_tmp):
     env = {**os.environ, "TMPDIR": str(private_tmp), "OMP_NUM_THREADS": "1"}
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdout=subprocess.PIPE, text=True, env=env,

@@ -105,15 +105,8 @@ def test_unsubscribe_takes_the_function_that_was_subscribed():
 
 
 @pytest.fixture
-def notebook(shell, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    store = tmp_path / "runs.sqlite"
-    monkeypatch.setenv("NBTRAIN_STORE", str(store))
-    shell.reset(new_session=False)
-    shell.run_line_magic("nbtrain", "--reset")
-    yield shell, store
-    shell.run_line_magic("nbtrain", "--reset")
-    shell.reset(new_session=False)  # the shell is the session's: leave no `lr` or model to later tests
+def notebook(ip, tmp_path):
+    yield ip, tmp_path / "runs.sqlite"  # the store ip set (NBTRAIN_STORE)
 
 
 def test_the_magic_and_the_panel_record_number_and_name_runs_the_same_way(notebook):

@@ -25,15 +25,14 @@ def test_the_magic_line_parses_back_to_the_same_config(config, shell):
     assert TrainConfig().replace(**given) == config
 
 
-def test_export_config_prints_the_last_runs_settings(shell, capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("NBTRAIN_STORE", str(tmp_path / "runs.sqlite"))
-    shell.run_cell("from nbtrain.demo import DigitsDataset, DigitsMLP\nimport torch")
-    shell.run_cell("%%nbtrain --max-steps 2 --batch-size 48 --no-plot --no-progress --name exported\n"
-                   "model, train_data, loss_fn = DigitsMLP(), DigitsDataset(), torch.nn.CrossEntropyLoss()")
+def test_export_config_prints_the_last_runs_settings(ip, capsys):
+    ip.run_cell("from nbtrain.demo import DigitsDataset, DigitsMLP\nimport torch")
+    ip.run_cell("%%nbtrain --max-steps 2 --batch-size 48 --no-plot --no-progress --name exported\n"
+                "model, train_data, loss_fn = DigitsMLP(), DigitsDataset(), torch.nn.CrossEntropyLoss()")
     capsys.readouterr()
-    shell.run_line_magic("nbtrain_export_config", "")
+    ip.run_line_magic("nbtrain_export_config", "")
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "%%nbtrain --batch-size 48 --max-steps 2"
     assert out[1] == "config = nbtrain.TrainConfig(batch_size=48, max_steps=2)"
-    shell.run_line_magic("nbtrain_export_config", "exported")  # by the stored name, too
+    ip.run_line_magic("nbtrain_export_config", "exported")  # by the stored name, too
     assert capsys.readouterr().out.splitlines()[0] == "%%nbtrain --batch-size 48 --max-steps 2"

@@ -125,6 +125,7 @@ def test_attach_to_an_unknown_job_names_the_known_ones(project):
         slurm.attach(999)
 
 
+@pytest.mark.slow
 def test_export_writes_a_script_that_trains_standalone_and_its_sbatch_file(project):
     recipe = digits_recipe()
     batch = slurm.export(recipe, two_nodes(max_steps=3), project / "exported job", job_name="digits")
@@ -234,6 +235,7 @@ def test_a_job_that_can_never_start_is_reported_instead_of_waited_on(slurm_clust
     assert wait_for(handle, lambda s: s.terminal, timeout=30).state == "CANCELLED"
 
 
+@pytest.mark.slow
 def test_cluster_script_starts_a_second_cluster_and_stops_every_daemon_by_pid(slurm_cluster, tmp_path):  # noqa: F811
     from slurm_fixture import cluster_module
     folder = Path(tempfile.mkdtemp(prefix="nbtrain-slurm-cli-"))
@@ -264,6 +266,7 @@ def loss_that_breaks_on_rank_one(output, target):
     return nn.functional.cross_entropy(output, target)
 
 
+@pytest.mark.slow
 def test_a_rank_failing_on_a_node_reports_its_traceback(slurm_cluster, project):  # noqa: F811
     recipe = digits_recipe()
     recipe.loss_fn = loss_that_breaks_on_rank_one
@@ -277,6 +280,7 @@ def test_a_rank_failing_on_a_node_reports_its_traceback(slurm_cluster, project):
     assert "[rank 0] computing a loss" in handle.output() and "[rank 1] computing a loss" in handle.output()
 
 
+@pytest.mark.slow
 def test_interrupting_wait_cancels_the_job_and_its_processes_end(slurm_cluster, project):  # noqa: F811
     handle = slurm.submit(digits_recipe(), two_nodes(max_epochs=1000), cpus_per_task=1)
     wait_for(handle, lambda s: s.state == "RUNNING")
@@ -296,6 +300,7 @@ def test_interrupting_wait_cancels_the_job_and_its_processes_end(slurm_cluster, 
     assert not job_processes(handle.run.path)
 
 
+@pytest.mark.slow
 def test_requeue_signal_checkpoints_and_the_requeued_job_resumes(slurm_cluster, project):  # noqa: F811
     config = two_nodes(max_epochs=2, log_every_n_steps=4)
     handle = slurm.submit(digits_recipe(), config, cpus_per_task=1)
@@ -339,6 +344,7 @@ def test_a_gpu_config_asks_each_node_for_its_gpus_and_runs_one_rank_per_gpu(proj
     assert for_batch_job(config).backend == "nccl"  # the accelerator asked for decides, not this login node
 
 
+@pytest.mark.slow
 def test_the_exported_sbatch_file_trains_on_the_cluster(slurm_cluster, project):  # noqa: F811
     batch = slurm.export(digits_recipe(), two_nodes(max_steps=5), project / "job", cpus_per_task=1)
     job_id = subprocess.run(["sbatch", "--parsable", str(batch)], capture_output=True, text=True,

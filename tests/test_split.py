@@ -58,6 +58,7 @@ def test_the_engine_trains_a_split_model_like_the_same_model_unsplit():
     assert same_weights(weights(parted.model), weights(whole.model), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_split_model_trains_under_ddp_and_its_weights_come_back():
     whole, parted = _recipe(), _recipe()
     nbtrain.split(parted.model, {"encoder": "cpu", "decoder": "cpu"})

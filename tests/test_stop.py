@@ -2,6 +2,7 @@
 keeping what it trained (issue 14)."""
 import threading
 
+import pytest
 import torch
 from torch import nn
 
@@ -22,6 +23,7 @@ def _stop_after_first_window(log, stop):
     log.subscribe(view)
 
 
+@pytest.mark.slow
 def test_a_ddp_run_stops_on_every_rank_at_one_step_and_its_weights_come_back(cpu_load):
     model, stop, log = net(), threading.Event(), nbtrain.MetricsLog()
     before = weights(model)

@@ -6,7 +6,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 
 import pytest
@@ -146,6 +145,7 @@ WRITER = textwrap.dedent("""
     from nbtrain.runs.store import RunStore
     path, events, summary, go, worker = sys.argv[1:]
     result = RunResult(TrainConfig(), MetricsLog.from_events(json.load(open(events))), json.load(open(summary)))
+    print("ready", flush=True)  # imported and loaded: the test starts every writer at once
     while not os.path.exists(go):
         time.sleep(0.01)
     store = RunStore(path)
@@ -154,6 +154,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_writers_in_separate_processes_all_land(tmp_path, run):
     (tmp_path / "events.json").write_text(json.dumps(run.log.events))
     (tmp_path / "summary.json").write_text(json.dumps(run.summary))
@@ -161,8 +162,9 @@ def test_concurrent_writers_in_separate_processes_all_land(tmp_path, run):
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     workers = [subprocess.Popen([sys.executable, "-W", "error::RuntimeWarning", "-c", WRITER, str(path),
                                  str(tmp_path / "events.json"), str(tmp_path / "summary.json"), str(go), str(k)],
-                                env=env, stderr=subprocess.PIPE, text=True) for k in range(4)]
-    time.sleep(1.0)  # let every writer import and wait at the line
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(4)]
+    for worker in workers:  # every writer imported and waits at the line (a writer that died says why)
+        assert worker.stdout.readline() == "ready\n", worker.communicate(timeout=120)[1]
     go.touch()
     for worker in workers:
         _, err = worker.communicate(timeout=120)

@@ -73,6 +73,7 @@ def test_a_mid_pass_batch_change_continues_with_the_items_not_yet_used():
     assert seen == list(range(24 + 24))
 
 
+@pytest.mark.slow
 def test_each_ddp_rank_trains_on_its_share_of_the_stream(tmp_path):
     model = net()
     before = weights(model)

@@ -9,7 +9,6 @@ from torch import nn
 import nbtrain
 from nbtrain import ConfigError, Engine, TrainConfig
 from nbtrain.config import options
-from nbtrain.recipe import NAMES
 from nbtrain.engine.toggles import TOGGLES, _conv_recipe, _mlp_recipe, image_recipe
 
 from helpers import same_weights, weights
@@ -23,7 +22,9 @@ def test_every_toggle_option_has_a_canonical_recipe():
     assert {t.option for t in TOGGLES} == TOGGLE_OPTIONS
 
 
-@pytest.mark.parametrize("toggle", TOGGLES, ids=lambda t: f"{t.option}={t.value}")
+# torch.compile takes seconds on the CPU: slow, like the compile tests below.
+@pytest.mark.parametrize("toggle", [pytest.param(t, marks=pytest.mark.slow) if t.option == "compile" else t
+                                    for t in TOGGLES], ids=lambda t: f"{t.option}={t.value}")
 def test_each_toggle_trains_two_steps_or_reports_why_not(toggle):
     recipe = toggle.recipe()
     before = weights(recipe.model)
@@ -125,22 +126,18 @@ def test_a_live_batch_size_and_workers_change_rebuilds_the_image_loader_and_keep
     assert not same_weights(after_first, weights(recipe.model))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_the_image_recipe_trains_with_devices_2_from_the_magic_and_its_weights_come_back(shell):
-    for names in NAMES.values():  # the session's shell: no parts left behind by other tests
-        for name in names:
-            shell.user_ns.pop(name, None)
-    shell.user_ns["image_recipe"] = image_recipe
-    result = shell.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 2 --batch-size 8 --num-workers 1 "
-                   "--channels-last --no-plot --no-progress --name images\n"
-                   "recipe = image_recipe()\n"
-                   "model, train_data, val_data = recipe.model, recipe.train_data, recipe.val_data\n"
-                   "loss_fn, optimizer = recipe.loss_fn, recipe.optimizer\n"
-                   "before = [p.clone() for p in model.parameters()]")
+def test_the_image_recipe_trains_with_devices_2_from_the_magic_and_its_weights_come_back(ip):
+    ip.user_ns["image_recipe"] = image_recipe
+    result = ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 2 --batch-size 8 --num-workers 1 "
+                         "--channels-last --no-plot --no-progress --name images\n"
+                         "recipe = image_recipe()\n"
+                         "model, train_data, val_data = recipe.model, recipe.train_data, recipe.val_data\n"
+                         "loss_fn, optimizer = recipe.loss_fn, recipe.optimizer\n"
+                         "before = [p.clone() for p in model.parameters()]")
     result.raise_error()
-    result, model = shell.user_ns.pop("images"), shell.user_ns["model"]
-    for name in ("model", "train_data", "val_data", "loss_fn", "optimizer"):  # nothing left for later tests
-        shell.user_ns.pop(name)
+    result, model = ip.user_ns.pop("images"), ip.user_ns["model"]
     assert result.status == "completed" and result.summary["world_size"] == 2 and result.summary["global_batch"] == 16
-    assert all(not torch.equal(a, b) for a, b in zip(shell.user_ns["before"], model.parameters()))  # back here
+    assert all(not torch.equal(a, b) for a, b in zip(ip.user_ns["before"], model.parameters()))  # back here
     assert math.isfinite(result.summary["val_loss"])

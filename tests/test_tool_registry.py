@@ -12,7 +12,7 @@ from nbtrain.notebook import panel_tools
 from nbtrain.notebook.magic import build_parser
 from nbtrain.options import ConfigError
 from nbtrain.tools.registry import TOOLS, ToolOptionError, ToolRefusal
-from test_magic_tools import DIGITS, ip  # noqa: F401  (the magic's shell fixture and its demo cell)
+from test_magic_tools import DIGITS  # the magic's demo cell
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

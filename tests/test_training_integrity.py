@@ -102,10 +102,10 @@ def test_drop_last_with_a_batch_larger_than_the_data_is_one_clear_message(budget
     assert result.status == "completed"  # the same model trains on with a batch that fits
 
 
-def test_the_magic_shows_the_empty_epoch_as_one_line(shell, capsys):
-    shell.user_ns.update(model=net(), train_data=TensorDataset(torch.randn(10, 8), torch.randn(10, 1)),
+def test_the_magic_shows_the_empty_epoch_as_one_line(ip, capsys):
+    ip.user_ns.update(model=net(), train_data=TensorDataset(torch.randn(10, 8), torch.randn(10, 1)),
                          loss_fn=nn.MSELoss())
-    shell.run_cell("%%nbtrain --max-steps 5 --drop-last true --batch-size 32 --no-plot --no-progress\npass")
+    ip.run_cell("%%nbtrain --max-steps 5 --drop-last true --batch-size 32 --no-plot --no-progress\npass")
     err = capsys.readouterr()
     text = err.out + err.err
     assert "--batch-size=32: with drop_last=True an epoch of 10 samples holds no full batch" in text

@@ -21,6 +21,7 @@ def _trained(recipe):
     return engine
 
 
+@pytest.mark.slow
 def test_batch_search_restores_weights_and_optimizer_state_exactly():
     recipe = compute_bound_recipe(n=512, width=128)
     engine = _trained(recipe)
@@ -33,6 +34,7 @@ def test_batch_search_restores_weights_and_optimizer_state_exactly():
     assert search.batch_size >= 16
 
 
+@pytest.mark.slow
 def test_batch_search_stays_under_a_cpu_memory_budget_within_the_trial_bound():
     recipe = memory_heavy_recipe(n=1024)
     from nbtrain.api import engine_for
@@ -48,6 +50,7 @@ def test_batch_search_stays_under_a_cpu_memory_budget_within_the_trial_bound():
     assert smallest_too_big - search.batch_size <= max(1, 0.05 * search.batch_size)
 
 
+@pytest.mark.slow
 def test_batch_search_summary_states_the_lr_rule_and_warm_up():
     recipe = compute_bound_recipe(n=256, width=32)
     search = find_batch_size(recipe, config=TrainConfig(batch_size=8, lr=0.01), max_batch=64,
@@ -146,6 +149,7 @@ def test_batch_search_on_cuda_catches_out_of_memory_and_restores():
     assert same_state({k: v.cpu() for k, v in before.items()}, {k: v.cpu() for k, v in state(recipe.model).items()})
 
 
+@pytest.mark.slow
 def test_a_scaled_learning_rate_that_diverges_is_not_handed_to_the_user():
     """The linear rule on a rate already near the edge: the short check sees the loss blow up and the
     search suggests a gentler rule, saying why."""

@@ -185,6 +185,7 @@ def test_the_tensorboard_logger_writes_an_event_file_tensorboard_reads_back(tmp_
     assert [e.step for e in losses] == [1, 2, 3, 4, 5, 6] and all(e.value > 0 for e in losses)
 
 
+@pytest.mark.slow
 def test_a_ddp_run_logs_once_from_rank_0(tmp_path):
     nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), batch_size=8, max_steps=4, log_every_n_steps=2,
                 devices=2, accelerator="cpu", logger="csv", logger_dir=str(tmp_path))

@@ -12,10 +12,8 @@ refusals name the field (`memory fraction 3.0: allowed: ...`).
 """
 from __future__ import annotations
 
-import ctypes
 import html
 import threading
-import time
 import traceback
 
 import ipywidgets as widgets
@@ -23,6 +21,7 @@ import ipywidgets as widgets
 from .. import api
 from ..config import TrainConfig
 from ..format import ratio as ratio_text
+from ..tools import trial
 from ..tools.registry import NO_VALUE, TOOLS, Tool, ToolOptionError, ToolRefusal
 from .tools import figure_png
 
@@ -46,10 +45,14 @@ def _field(tool: Tool, option):
 
 
 class ToolButtons:
+    stop_grace_s = 5.0  # how long Stop waits for the tool to stop before saying that it is still going
+
     def __init__(self, panel):
         self.panel = panel
         self.results: dict = {}           # tool -> its last result (Diagnosis, BatchSearch, ...)
         self.running_tool: str | None = None
+        self.stop_requested = threading.Event()  # the running tool's (trial.stoppable)
+        self._said = threading.Lock()  # Stop's "still going" never lands after the tool's own last word
         self.buttons = {}
         self.fields: dict = {}            # option keyword -> its field
         for name, tool in PANEL_TOOLS.items():
@@ -91,33 +94,34 @@ class ToolButtons:
             config, note = config.replace(devices=1, num_nodes=1), " (in this kernel: 1 process)"
         panel.engine = api.engine_for(panel.recipe, config)  # the engine the tool's trials run on
         self.running_tool = tool
+        self.stop_requested = threading.Event()
         panel._thread = threading.Thread(target=self._work, args=(tool, config, kwargs),
                                          name=f"nbtrain-panel-{tool}", daemon=True)
         panel._set_running(True)
         panel.say(f"{LABELS[tool]}: measuring on the live model{note}…")
         panel._thread.start()
 
-    def stop(self, grace_s: float = 5.0) -> None:
-        """End the tool at the next step boundary of its current (or next) trial; it then restores the model.
+    def stop(self) -> None:
+        """Ask the tool to stop, and say so if it has not after `stop_grace_s`.
 
-        Trials run on the panel's engine, and an interrupted trial ends the whole tool. A tool still
-        going after `grace_s` (e.g. the walk waiting on DDP workers) is interrupted as a kernel
-        interrupt would interrupt it.
+        The tool's trial ends at its next step boundary and the tool at its next block edge (trial.stoppable);
+        it then restores the model. Nothing is raised into its thread from outside: a tool that takes longer
+        (a long step, DDP workers starting) is reported in the status line and stops when it reaches the edge.
         """
-        panel = self.panel
-        thread, deadline = panel._thread, time.monotonic() + grace_s
-        while thread.is_alive() and time.monotonic() < deadline:
-            panel.engine.stop("interrupted")  # again and again: each new trial starts with the flag cleared
-            thread.join(0.05)
-        if thread.is_alive():
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                                       ctypes.py_object(KeyboardInterrupt))
+        thread, tool = self.panel._thread, self.running_tool
+        self.stop_requested.set()
+        thread.join(self.stop_grace_s)
+        with self._said:
+            if thread.is_alive() and self.running_tool == tool:
+                self.panel.say(f"{LABELS[tool]} has not stopped after {self.stop_grace_s:g} s: it is inside a step or "
+                               "starting workers, and stops at the end of it (the model is then restored)", error=True)
 
     def _work(self, tool: str, config: TrainConfig, kwargs: dict) -> None:
         panel, label = self.panel, LABELS[tool]
         message, error = "", False
         try:
-            result = TOOLS[tool].function(recipe=panel.recipe, config=config, **kwargs)
+            with trial.stoppable(self.stop_requested):
+                result = TOOLS[tool].function(recipe=panel.recipe, config=config, **kwargs)
             self.results[tool] = result
             self.text.value = f"<pre style='font-size:11px'>{html.escape(result.table())}</pre>"
             self.image.value = figure_png(result, tool) or b""
@@ -130,13 +134,14 @@ class ToolButtons:
             panel.errors.append(traceback.format_exc())
             message, error = f"{label} failed: {type(exc).__name__}: {exc}", True
         finally:
-            self.running_tool = None
-            try:
-                panel._set_running(False)
-            except Exception as exc:
-                panel.errors.append(traceback.format_exc())
-                message, error = f"{message}; updating the panel failed: {exc!r}", True
-            panel.say(message, error=error)
+            with self._said:
+                self.running_tool = None
+                try:
+                    panel._set_running(False)
+                except Exception as exc:
+                    panel.errors.append(traceback.format_exc())
+                    message, error = f"{message}; updating the panel failed: {exc!r}", True
+                panel.say(message, error=error)
 
 
 def _headline(tool: str, result) -> str:

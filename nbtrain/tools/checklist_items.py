@@ -211,7 +211,8 @@ def ddp(walk, engine, start, current, target):
     # slower, and its workers' start-up comes on top (the workers measure their own rate).
     steps = max(10, int(walk.rate * walk.trial_s / c.global_batch_size / 2))
     try:
-        result = fit(recipe=engine.recipe, config=c.replace(max_steps=steps, max_epochs=None))
+        result = fit(recipe=engine.recipe, config=c.replace(max_steps=steps, max_epochs=None),
+                     stop=trial.tool_stop())  # a panel's Stop ends the workers' run too
     except Exception as error:  # noqa: BLE001 - a candidate the walk chose is a row, never the walk's end
         return [Tried(label, c, None, trial.failed(error))]
     finally:

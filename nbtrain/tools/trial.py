@@ -8,6 +8,7 @@ afterwards, bit for bit, so a trial never changes what the user has trained.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import ctypes
 import functools
@@ -87,6 +88,37 @@ def keeps_live_setup(tool):
     return run
 
 
+# The stop of the tool running in this thread (the panel's Stop button), None outside stoppable().
+_TOOL_STOP: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("nbtrain_tool_stop",
+                                                                                     default=None)
+
+
+@contextlib.contextmanager
+def stoppable(stop: threading.Event):
+    """Run a tool in this block so that setting `stop`, from any thread, ends it without an exception
+    from outside: the run a trial is training ends at its next step boundary (stop is its caller's event,
+    which no run clears), and the tool at its next block edge, the start or end of a measurement, with a
+    KeyboardInterrupt raised there in the tool's own thread, as a kernel interrupt ends a tool: every
+    Snapshot puts the model back on the way out."""
+    token = _TOOL_STOP.set(stop)
+    try:
+        yield
+    finally:
+        _TOOL_STOP.reset(token)
+
+
+def tool_stop() -> threading.Event | None:
+    """The stop event of the tool running in this thread (for runs it starts itself, e.g. DDP's workers)."""
+    return _TOOL_STOP.get()
+
+
+def stop_at_block_edge() -> None:
+    """End the tool here when its stop was asked for (see stoppable)."""
+    stop = _TOOL_STOP.get()
+    if stop is not None and stop.is_set():
+        raise KeyboardInterrupt
+
+
 @dataclass
 class Measurement:
     """Throughput of one trial, from the steps after the warm-up (worker start-up excluded)."""
@@ -153,6 +185,7 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
     `warmup_steps`, so worker start-up and first-call costs are not charged to a config.
     """
     from ..engine.memory import PeakMemory
+    stop_at_block_edge()
     cap = steps if steps is not None else 10**9
     engine.reconfigure(config.replace(max_steps=cap, max_epochs=None))
     timer = threading.Timer(seconds, engine.stop, args=("time",)) if seconds is not None else None
@@ -167,7 +200,7 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
         if timer is not None:
             timer.start()
         peak.start()
-        result = engine.run(log=log)
+        result = engine.run(log=log, stop=tool_stop())
         peak_bytes = peak.peak()
     finally:
         if timer is not None:
@@ -175,6 +208,7 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
         engine.sync_phases = False
         engine.recipe = recipe
     wall = time.perf_counter() - t0
+    stop_at_block_edge()
     if result.status == "interrupted":
         # A kernel interrupt ends the whole tool, not just this trial: the engine turned it into a stop
         # at a step boundary; raised again, every tool's Snapshot puts the model back on the way out.
