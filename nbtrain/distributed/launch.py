@@ -30,6 +30,7 @@ from . import plan as plans
 from .plan import LaunchPlan
 from .pool import ZYGOTE, FileTail, ForkRefused, Relay, start, start_rank, terminate, worker_env
 from ..recipe import Recipe
+from ..records import start_info
 from ..runs.result import RunResult, summarize
 from .rundir import RunDir
 from .tracebacks import error_line, with_user_source
@@ -272,8 +273,7 @@ def _result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: st
         return RunResult(config, log, saved["summary"], saved["status"], saved["message"])
     if end is not None and status == "completed":
         return RunResult(config, log, end["summary"], end["status"], end.get("message", ""))
-    start = log.last("start")
-    info = dict(start["info"]) if start else {}
+    info = dict(start_info(log))
     info.update(status=status, epochs_trained=float("nan"))
     message = (f"interrupted; the history up to step {log.columns['step'][-1] if len(log) else 0} is kept; the "
                "model keeps its weights from before the run (the workers were stopped, and a DDP run's training "

@@ -29,6 +29,7 @@ from ..measure.ceilings import Ceilings, measure_ceilings
 from ..measure.device_rates import union_length
 from ..measure.steady import NOTHING, SteadyRate, of_columns
 from ..metrics import MetricsLog
+from ..records import samples_start
 from .tool_options import ToolRefusal, declare, option
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward", "backward": "backward",
@@ -257,8 +258,7 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     device = engine.device.type
     kind, verdict, tips = verdict_for({**phases, **({"grad_sync": sync_ms} if sync_ms else {})}, m.step_ms,
                                       config, device, ceilings=ceiling)
-    start = log.last("start")
-    steady = of_columns(log.columns, start["info"].get("samples_start", 0) if start else 0)
+    steady = of_columns(log.columns, samples_start(log))
     return Diagnosis(config, str(engine.device), phases, m.step_ms, steady.rate, max(m.steps - warmup_steps, 1),
                      device == "cuda", kind, verdict, tips, trace_path, sync_ms, steady, ceiling)
 
