@@ -78,7 +78,7 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         state = run.load_model() if status == "completed" else None
         if state is not None:
             recipe.model.load_state_dict(state)
-        result = _result(config, log, run.load_result(), status)
+        result = gathered_result(config, log, run.load_result(), status)
         # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
         # back only from a run that completed).
         result.extras["weights_loaded"] = state is not None
@@ -267,7 +267,9 @@ def _raised_error(rank: int, text: str, timeout_s: float, shipped) -> WorkerErro
     return WorkerError(f"{head}\n\n[rank {rank}] {text}", rank=rank, traceback=text)
 
 
-def _result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: str) -> RunResult:
+def gathered_result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: str) -> RunResult:
+    """The RunResult of a run the ranks trained: rank 0's saved result, else its end event, else a summary
+    of the history the kernel received (a run stopped before its ranks reported: no `run_steps` then)."""
     end = log.last("end")
     if saved is not None and status == "completed":
         return RunResult(config, log, saved["summary"], saved["status"], saved["message"])

@@ -216,14 +216,14 @@ class GradSyncClock:
 
 @declare("profile", "nbtrain.profile", "bottleneck breakdown: per-phase step time as a stacked bar, the step's "
          "four ceilings (data, host, compute, memory), and a verdict in words with remedies in order", (
-             option("steps", "whole", "a whole number >= 1 (optimizer steps to measure)", "optimizer steps to measure",
-                    low=1, flag="steps"),
-             option("warmup_steps", "whole", "a whole number >= 0 (steps not counted)", "steps not counted", low=0),
-             option("seconds", "number", "a number of seconds > 0, or None (steps alone)",
-                    "stop measuring after this many seconds", above=0, nullable=True),
-             option("trace", "path", "a file path, or None", "also write a torch.profiler trace (open in Perfetto)",
-                    flag="trace"),
-             option("ceilings", "switch", "true or false", "also measure the machine's ceilings")),
+             option("steps", "whole", "optimizer steps to measure", note='optimizer steps to measure', low=1,
+                    flag="steps"),
+             option("warmup_steps", "whole", "steps not counted", note='steps not counted', low=0),
+             option("seconds", "number", "stop measuring after this many seconds", noun='a number of seconds',
+                    none='steps alone', above=0, nullable=True),
+             option("trace", "path", "also write a torch.profiler trace (open in Perfetto)",
+                    allowed="a file path, or None", flag="trace"),
+             option("ceilings", "switch", "also measure the machine's ceilings")),
          label="Bottleneck breakdown", figsize=(8, 2.6))
 def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 20,
              warmup_steps: int = 3, seconds: float | None = None, trace: str | os.PathLike | None = None,
