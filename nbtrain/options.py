@@ -5,12 +5,13 @@ Values may arrive as strings (a magic flag, a text box) or as Python values; an 
 reads them into one canonical value or rejects them (`Reject`), and every problem found is
 collected into one ConfigError naming the option, the value and what is allowed. The kinds:
 
-    whole       a whole number within bounds          number    a finite number within bounds
-    switch      true / false                          choice    one of a fixed set (with aliases)
-    names       several of a fixed set (a,b or a list) whole_list  whole numbers (0,1,2 or a list)
-    modules     None, auto, or submodule paths        every     N steps or a duration (90s, 10m, 1h)
-    text, path  any text / a file or folder path      host, endpoint  a host name; host:port
-    memory      a fraction of free memory, bytes or a size (512MB)    function  a callable
+    whole         a whole number within bounds       number      a finite number within bounds
+    switch        true / false                       choice      one of a fixed set (with aliases)
+    names         several of a fixed set (a,b)       whole_list  whole numbers (0,1,2 or a list)
+    modules       None, auto, or submodule paths     every       N steps or a duration (90s, 10m, 1h)
+    text, path    any text / a file or folder path   host        a host name or IP address
+    endpoint      host:port                          function    a callable
+    memory        a fraction of free memory, a number of bytes or a size (512MB)
 
 What is allowed is written from the bounds here (`allowed_text`), not at each option.
 """

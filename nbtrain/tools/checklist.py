@@ -254,7 +254,7 @@ class _Walk:
 
 @declare("checklist", "nbtrain.checklist", "the automated checklist walk: each item kept only when its head-to-head "
          "interval lies above the keep threshold; table and waterfall", (
-             option("budget_s", "number", "seconds the walk may take", noun='a number of seconds', above=0,
+             option("budget_s", "number", "seconds the walk may take", noun="a number of seconds", above=0,
                     flag="budget", metavar="S", panel="walk budget (s)"),
              option("keep_best", "switch", "leave the live model on the best config, and use it in "
                     "later cells", flag="keep_best"),
@@ -262,10 +262,10 @@ class _Walk:
                     "accumulates up to", low=1, nullable=True, flag="target_global_batch"),
              option("items", "names", "checklist items to try (default all): "
                     + ", ".join(ITEMS), choices=ITEMS, flag="items"),
-             option("trial_s", "number", "seconds per screening trial", noun='a number of seconds',
-                    none='from the budget', above=0, nullable=True),
-             option("min_gain", "number", "smallest speed-up worth keeping", noun='a fraction',
-                    note='smallest speed-up worth keeping', low=0, below=1),
+             option("trial_s", "number", "seconds per screening trial", noun="a number of seconds",
+                    none="from the budget", above=0, nullable=True),
+             option("min_gain", "number", "smallest speed-up worth keeping", noun="a fraction",
+                    note="smallest speed-up worth keeping", low=0, below=1),
              MEMORY_BUDGET,
              option("clock", "function", "the walk's clock",
                     allowed="a function returning seconds, like time.monotonic")),

@@ -216,11 +216,11 @@ class GradSyncClock:
 
 @declare("profile", "nbtrain.profile", "bottleneck breakdown: per-phase step time as a stacked bar, the step's "
          "four ceilings (data, host, compute, memory), and a verdict in words with remedies in order", (
-             option("steps", "whole", "optimizer steps to measure", note='optimizer steps to measure', low=1,
+             option("steps", "whole", "optimizer steps to measure", note="optimizer steps to measure", low=1,
                     flag="steps"),
-             option("warmup_steps", "whole", "steps not counted", note='steps not counted', low=0),
-             option("seconds", "number", "stop measuring after this many seconds", noun='a number of seconds',
-                    none='steps alone', above=0, nullable=True),
+             option("warmup_steps", "whole", "steps not counted", note="steps not counted", low=0),
+             option("seconds", "number", "stop measuring after this many seconds", noun="a number of seconds",
+                    none="steps alone", above=0, nullable=True),
              option("trace", "path", "also write a torch.profiler trace (open in Perfetto)",
                     allowed="a file path, or None", flag="trace"),
              option("ceilings", "switch", "also measure the machine's ceilings")),

@@ -56,10 +56,10 @@ def _rates_in_order(values: dict) -> list:
            metavar="LR"),
     option("end_lr", "number", "last rate of the sweep", note="the sweep's last rate", above=0, flag="end_lr",
            metavar="LR"),
-    option("steps", "whole", "rates to try", note='rates to try', low=5, flag="steps"),
-    option("beta", "number", "loss smoothing", note='loss smoothing', low=0, below=1),
+    option("steps", "whole", "rates to try", note="rates to try", low=5, flag="steps"),
+    option("beta", "number", "loss smoothing", note="loss smoothing", low=0, below=1),
     option("diverge", "number", "the smoothed loss this many times its lowest ends the sweep",
-           note='the smoothed loss this many times its lowest ends the sweep', above=1)), joint=_rates_in_order)
+           note="the smoothed loss this many times its lowest ends the sweep", above=1)), joint=_rates_in_order)
 def find_lr(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
             start_lr: float = 1e-7, end_lr: float = 10.0, steps: int = 100, beta: float = 0.9,
             diverge: float = 4.0, **parts) -> LRFind:

@@ -116,9 +116,11 @@ def _agree(fits: bool, peak: int, device) -> tuple[bool, int]:
 
 
 # One declaration for both tools that take it (the batch search and the checklist walk).
-MEMORY_BUDGET = option("memory_budget", "memory", "peak memory a trial may reach: a "
-    "fraction of free memory (0.3) or a size (512MB, 2GB); CPU default 0.5", allowed="a fraction in (0, 1] of the free memory (e.g. 0.3), a size such as 512MB or 2GB, a "
-    "whole number of bytes, or None (CPU: 0.5; CUDA: out-of-memory only)", flag="memory_budget", panel="memory fraction", panel_value=0.5)
+MEMORY_BUDGET = option(
+    "memory_budget", "memory", "peak memory a trial may reach: a fraction of free memory (0.3) or a size (512MB, "
+    "2GB); CPU default 0.5", allowed="a fraction in (0, 1] of the free memory (e.g. 0.3), a size such as 512MB or "
+    "2GB, a whole number of bytes, or None (CPU: 0.5; CUDA: out-of-memory only)", flag="memory_budget",
+    panel="memory fraction", panel_value=0.5)
 
 
 def memory_limit(memory_budget, device) -> tuple[int | None, str]:
@@ -141,17 +143,17 @@ def memory_limit(memory_budget, device) -> tuple[int | None, str]:
 @declare("find_batch_size", "nbtrain.tune.find_batch_size", "largest batch that fits the memory budget, with the "
          "learning rate scaled, and its speed against the starting batch (head to head, 95% interval)", (
              option("max_batch", "whole", "largest batch to try (default: the samples per process)",
-                    note='largest batch to try', none='the samples per process', low=1, nullable=True,
+                    note="largest batch to try", none="the samples per process", low=1, nullable=True,
                     flag="max_batch"),
              MEMORY_BUDGET,
              option("rule", "choice", "how the learning rate follows the batch found",
-                    note='how the learning rate follows the batch', choices=("linear", "sqrt", "none"),
+                    note="how the learning rate follows the batch", choices=("linear", "sqrt", "none"),
                     flag="lr_rule", metavar="linear|sqrt|none"),
-             option("steps", "whole", "steps per trial", note='steps per trial', low=1),
+             option("steps", "whole", "steps per trial", note="steps per trial", low=1),
              option("tolerance", "number", "relative gap at which the search stops",
-                    note='relative gap at which the search stops', above=0, high=0.1),
-             option("speed_s", "number", "seconds comparing the batch found with the starting one", noun='seconds',
-                    note='0: the speed is not compared', low=0),
+                    note="relative gap at which the search stops", above=0, high=0.1),
+             option("speed_s", "number", "seconds comparing the batch found with the starting one", noun="seconds",
+                    note="0: the speed is not compared", low=0),
              option("clock", "function", "the clock", allowed="a function returning seconds, like time.monotonic")),
          label="Find batch size", figsize=(6, 3.2))
 def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,

@@ -72,9 +72,9 @@ class WorkerSearch:
              option("candidates", "whole_list", "worker counts to try (default 0,1,2,4,... up to the cores)",
                     allowed="a list of whole numbers >= 0 (worker counts to try, e.g. 0,1,2)", flag="workers",
                     low=0, nullable=True),
-             option("seconds", "number", "measuring time per worker setting", note='measuring time per setting',
+             option("seconds", "number", "measuring time per worker setting", note="measuring time per setting",
                     above=0, flag="seconds", metavar="S", panel="s per worker setting"),
-             option("warmup_steps", "whole", "steps not counted", note='steps not counted', low=0),
+             option("warmup_steps", "whole", "steps not counted", note="steps not counted", low=0),
              option("clock", "function", "the clock", allowed="a function returning seconds, like time.monotonic")),
          label="Find workers", figsize=(7, 3))
 def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
