@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import hardware
-from .options import ConfigError, Option, Problem, _Reject, _opt  # noqa: F401  (ConfigError, Problem: config's errors)
+from .options import ConfigError, Option, Problem, Reject, setting  # noqa: F401  (ConfigError, Problem: config's errors)
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 _PRECISION_ALIASES = {
@@ -40,114 +40,99 @@ MAX_WORKERS = 256
 class TrainConfig:
     """How to train: device, precision, loader, batch, accumulation, budget, learning rate."""
 
-    accelerator: str = _opt("auto", "choice", "one of auto, cpu, cuda (or gpu), mps",
-                            "device type; auto picks cuda, then mps, then cpu",
-                            choices=ACCELERATORS, aliases={"gpu": "cuda"})
-    devices: int = _opt(1, "int", "a whole number >= 1",
-                        "processes per node; more than 1 launches DDP workers", low=1)
-    num_nodes: int = _opt(1, "int", "a whole number >= 1", "machines (multi-node DDP)", low=1)
-    strategy: str = _opt("auto", "choice", "one of auto, ddp, dp, fsdp",
-                         "multi-device strategy: ddp (default for devices > 1), fsdp (shard a model too big for "
-                         "one device) or dp (DataParallel, for comparison)",
-                         choices=STRATEGIES)
-    node_rank: int | None = _opt(None, "int", "a whole number >= 0, or None ($NBTRAIN_NODE_RANK)",
-                                 "this machine's place among num_nodes (multi-node)",
-                                 low=0, nullable=True)
-    rdzv_endpoint: str | None = _opt(None, "endpoint", "'host:port' with a port from 1 to 65535 (e.g. "
-                                     "10.0.0.1:29400, [::1]:29400), or None ($NBTRAIN_RDZV_ENDPOINT)",
-                                     "the c10d rendezvous every node reaches (multi-node)")
-    rdzv_host: str | None = _opt(None, "host", "a host name or IP address of this machine, or None (127.0.0.1)",
-                                 "address the ranks meet on (one machine) / this node's address (multi-node)")
-    find_unused_parameters: bool = _opt(False, "bool", "true or false",
-                                        "DDP: allow parameters that take no part in a step's loss (DDP then "
-                                        "looks for them after every forward, which costs time)")
-    timeout: float | None = _opt(None, "float", f"a number of seconds > 0, or None ({DEFAULT_TIMEOUT_S:g}, "
-                                 "torch's default)", "how long a rank may wait in one collective before the run "
-                                 "fails", low=1e-300, high=1e9, nullable=True)
-    precision: str = _opt("32-true", "choice", "one of 32-true, 16-mixed, bf16-mixed (or 32, 16, bf16)",
-                          "numeric precision", choices=PRECISIONS, aliases=_PRECISION_ALIASES)
-    batch_size: int = _opt(32, "int", f"a whole number from 1 to {MAX_BATCH}",
-                           "samples per batch, per process", low=1, high=MAX_BATCH)
-    accumulate_grad_batches: int = _opt(1, "int", "a whole number >= 1",
-                                        "micro-batches per optimizer step", low=1, high=2**20)
-    max_epochs: int | None = _opt(None, "int", "a whole number >= 1, or None",
-                                  "epochs to train in this run (default 1 when max_steps is unset)",
-                                  low=1, nullable=True)
-    max_steps: int | None = _opt(None, "int", "a whole number >= 1, or None / -1 for no step limit",
-                                 "optimizer steps to train in this run", low=1, nullable=True)
-    num_workers: int = _opt(0, "int", f"a whole number from 0 to {MAX_WORKERS}",
-                            "DataLoader worker processes", low=0, high=MAX_WORKERS)
-    pin_memory: bool | None = _opt(None, "bool", "true, false or auto (pinned when training on CUDA)",
-                                   "page-locked host batches for faster copies to the GPU", nullable=True)
-    persistent_workers: bool = _opt(False, "bool", "true or false (true needs num_workers >= 1)",
-                                    "keep loader workers alive between epochs")
-    prefetch_factor: int | None = _opt(None, "int", "a whole number >= 1, or None (needs num_workers >= 1)",
-                                       "batches each worker loads ahead", low=1, high=1024, nullable=True)
-    shuffle: bool = _opt(True, "bool", "true or false", "reshuffle the training data every epoch")
-    drop_last: bool = _opt(False, "bool", "true or false", "drop the last incomplete batch of an epoch")
+    accelerator: str = setting("auto", "choice", "device type; auto picks cuda, then mps, then cpu",
+                               allowed="one of auto, cpu, cuda (or gpu), mps", choices=ACCELERATORS,
+                               aliases={"gpu": "cuda"})
+    devices: int = setting(1, "whole", "processes per node; more than 1 launches DDP workers", low=1)
+    num_nodes: int = setting(1, "whole", "machines (multi-node DDP)", low=1)
+    strategy: str = setting("auto", "choice", "multi-device strategy: ddp (default for devices > 1), fsdp (shard a "
+                            "model too big for one device) or dp (DataParallel, for comparison)", choices=STRATEGIES)
+    node_rank: int | None = setting(None, "whole", "this machine's place among num_nodes (multi-node)",
+                                    low=0, nullable=True, none="$NBTRAIN_NODE_RANK")
+    rdzv_endpoint: str | None = setting(None, "endpoint", "the c10d rendezvous every node reaches (multi-node)",
+                                        allowed="'host:port' with a port from 1 to 65535 (e.g. 10.0.0.1:29400, "
+                                                "[::1]:29400), or None ($NBTRAIN_RDZV_ENDPOINT)")
+    rdzv_host: str | None = setting(None, "host", "address the ranks meet on (one machine) / this node's address "
+                                    "(multi-node)", allowed="a host name or IP address of this machine, or None "
+                                                            "(127.0.0.1)")
+    find_unused_parameters: bool = setting(False, "switch", "DDP: allow parameters that take no part in a step's "
+                                           "loss (DDP then looks for them after every forward, which costs time)")
+    timeout: float | None = setting(None, "number", "how long a rank may wait in one collective before the run fails",
+                                    above=0, cap=1e9, nullable=True, noun="a number of seconds",
+                                    none=f"{DEFAULT_TIMEOUT_S:g}, torch's default")
+    precision: str = setting("32-true", "choice", "numeric precision", choices=PRECISIONS, aliases=_PRECISION_ALIASES,
+                             note="or 32, 16, bf16")
+    batch_size: int = setting(32, "whole", "samples per batch, per process", low=1, high=MAX_BATCH)
+    accumulate_grad_batches: int = setting(1, "whole", "micro-batches per optimizer step", low=1, cap=2**20)
+    max_epochs: int | None = setting(None, "whole", "epochs to train in this run (default 1 when max_steps is unset)",
+                                     low=1, nullable=True)
+    max_steps: int | None = setting(None, "whole", "optimizer steps to train in this run", low=1, nullable=True,
+                                    allowed="a whole number >= 1, or None / -1 for no step limit")
+    num_workers: int = setting(0, "whole", "DataLoader worker processes", low=0, high=MAX_WORKERS)
+    pin_memory: bool | None = setting(None, "switch", "page-locked host batches for faster copies to the GPU",
+                                      nullable=True, allowed="true, false or auto (pinned when training on CUDA)")
+    persistent_workers: bool = setting(False, "switch", "keep loader workers alive between epochs",
+                                       note="true needs num_workers >= 1")
+    prefetch_factor: int | None = setting(None, "whole", "batches each worker loads ahead", low=1, high=1024,
+                                          nullable=True, none="needs num_workers >= 1")
+    shuffle: bool = setting(True, "switch", "reshuffle the training data every epoch")
+    drop_last: bool = setting(False, "switch", "drop the last incomplete batch of an epoch")
     # Automatic by default: the batches are the DataLoader's, bit for bit (same sampler, seed and values),
     # so it changes what runs, never what is learned. When nbtrain may hold is one rule, stated in
     # engine/data.py: auto holds only a TensorDataset (or a Subset of one), whose samples are rows of its
     # tensors and nothing more; true also holds another Dataset, but only one whose samples are fixed
     # (reading them twice gives the same values, or it says so), never a random augmentation's one read.
-    preload_data: bool | None = _opt(None, "bool", "true, false or auto (a TensorDataset, when num_workers=0 "
-                                     "and it fits)", "hold the training tensors in memory on the training device "
-                                     "and cut each batch by index, in the DataLoader's order (no per-sample reads "
-                                     "and collate); num_workers >= 1, a DataLoader's own sampler or samples that "
-                                     "change at each read keep the DataLoader", nullable=True)
-    lr: float | None = _opt(None, "float", "a number > 0, or None (keep the optimizer's own rate)",
-                            "base learning rate (before scaling)", low=1e-300, nullable=True)
-    scale_lr: str = _opt("none", "choice", "one of none, linear, sqrt",
-                         "scale the rate with global batch / base_batch_size", choices=LR_RULES)
-    base_batch_size: int | None = _opt(None, "int", "a whole number >= 1",
-                                       "the global batch the base learning rate was tuned for (scale_lr)", low=1, nullable=True)
-    warmup_steps: int = _opt(0, "int", "a whole number >= 0",
-                             "linear warm-up steps from the base to the scaled rate", low=0)
-    gradient_clip_val: float | None = _opt(None, "float", "a number > 0, or None",
-                                           "clip the gradient norm to this value", low=1e-300, nullable=True)
-    seed: int | None = _opt(0, "int", "a whole number >= 0, or None", "random seed (None: not seeded)",
-                            low=0, high=2**63 - 1, nullable=True)
-    compile: str = _opt("none", "choice", "one of none, default, reduce-overhead, max-autotune (or true / false)",
-                        "torch.compile the model (compile time is measured apart from step time)",
-                        choices=COMPILE_MODES, aliases={"true": "default", "on": "default", "false": "none", "off": "none"})
-    channels_last: bool = _opt(False, "bool", "true or false", "channels-last memory format for conv models and inputs")
-    matmul_precision: str | None = _opt(None, "choice", "one of highest, high, medium (TF32 on Ampere+), or None",
-                                        "float32 matmul precision on CUDA", choices=MATMUL_PRECISIONS, nullable=True)
-    cudnn_benchmark: bool | None = _opt(None, "bool", "true, false or None (leave torch's setting)",
-                                        "let cuDNN pick the fastest convolution algorithms", nullable=True)
-    optimizer_impl: str = _opt("auto", "choice", "one of auto, for-loop, foreach, fused",
-                               "optimizer kernels: torch's default, per-tensor loop, foreach or fused",
-                               choices=OPTIMIZER_IMPLS)
-    activation_checkpointing: str | None = _opt(None, "names", "None, auto (every top-level block with "
-                                                "parameters) or submodule names separated by commas",
-                                                "recompute these submodules' activations in backward to save memory")
-    checkpoint_every: str | None = _opt(None, "every", "N optimizer steps, a duration such as 90s / 10m / 1h, "
-                                        "or None", "write a checkpoint this often (atomically)")
-    checkpoint_dir: str | None = _opt(None, "text", "a folder path, or None (.nbtrain/checkpoints)",
-                                      "where checkpoints are written")
-    resume: str | None = _opt(None, "text", "a checkpoint file, 'last' (newest in checkpoint_dir), or None",
-                              "continue a run from a checkpoint")
-    on_nonfinite_loss: str = _opt("stop", "choice", "one of stop, continue",
-                                  "stop (naming the step) when the loss becomes NaN/inf, or continue",
-                                  choices=("stop", "continue"))
-    val_every_n_steps: int | None = _opt(None, "int", "a whole number >= 1, or None (at the end of each epoch)",
-                                         "how often the held-out data is evaluated", low=1, nullable=True)
-    monitor: str | None = _opt(None, "text", "a held-out number such as val_loss, val_acc or val_<metric>, or None",
-                               "what early stopping and restore_best watch")
-    mode: str = _opt("auto", "choice", "one of auto, min, max (auto: max for accuracy-like names, else min)",
-                     "whether the monitored number should go down (min) or up (max)", choices=("auto", "min", "max"))
-    patience: int | None = _opt(None, "int", "a whole number >= 1, or None (no early stopping)",
-                                "stop after this many validations without improvement of `monitor`", low=1,
-                                nullable=True)
-    restore_best: bool = _opt(False, "bool", "true or false",
-                           "at the end, put back the weights of the best validation of `monitor`")
-    logger: str = _opt("none", "choice", "one of none, tensorboard, csv",
-                       "also write the run's metrics for TensorBoard or as CSV files (rank 0 only)",
-                       choices=("none", "tensorboard", "csv"))
-    logger_dir: str | None = _opt(None, "text", "a folder path, or None (.nbtrain/logs)",
-                                  "where the logger writes (a folder per run)")
-    log_every_n_steps: int = _opt(10, "int", "a whole number >= 1",
-                                  "read losses back from the device every N optimizer steps", low=1)
+    preload_data: bool | None = setting(None, "switch", "hold the training tensors in memory on the training device "
+                                        "and cut each batch by index, in the DataLoader's order (no per-sample reads "
+                                        "and collate); num_workers >= 1, a DataLoader's own sampler or samples that "
+                                        "change at each read keep the DataLoader", nullable=True,
+                                        allowed="true, false or auto (a TensorDataset, when num_workers=0 and it fits)")
+    lr: float | None = setting(None, "number", "base learning rate (before scaling)", above=0, nullable=True,
+                               none="keep the optimizer's own rate")
+    scale_lr: str = setting("none", "choice", "scale the rate with global batch / base_batch_size", choices=LR_RULES)
+    base_batch_size: int | None = setting(None, "whole", "the global batch the base learning rate was tuned for "
+                                          "(scale_lr)", low=1, nullable=True)
+    warmup_steps: int = setting(0, "whole", "linear warm-up steps from the base to the scaled rate", low=0)
+    gradient_clip_val: float | None = setting(None, "number", "clip the gradient norm to this value", above=0,
+                                              nullable=True)
+    seed: int | None = setting(0, "whole", "random seed (None: not seeded)", low=0, cap=2**63 - 1, nullable=True)
+    compile: str = setting("none", "choice", "torch.compile the model (compile time is measured apart from step time)",
+                           choices=COMPILE_MODES, note="or true / false",
+                           aliases={"true": "default", "on": "default", "false": "none", "off": "none"})
+    channels_last: bool = setting(False, "switch", "channels-last memory format for conv models and inputs")
+    matmul_precision: str | None = setting(None, "choice", "float32 matmul precision on CUDA",
+                                           choices=MATMUL_PRECISIONS, nullable=True, note="TF32 on Ampere+")
+    cudnn_benchmark: bool | None = setting(None, "switch", "let cuDNN pick the fastest convolution algorithms",
+                                           nullable=True, allowed="true, false or None (leave torch's setting)")
+    optimizer_impl: str = setting("auto", "choice", "optimizer kernels: torch's default, per-tensor loop, foreach or "
+                                  "fused", choices=OPTIMIZER_IMPLS)
+    activation_checkpointing: str | None = setting(None, "modules", "recompute these submodules' activations in "
+                                                   "backward to save memory",
+                                                   allowed="None, auto (every top-level block with parameters) or "
+                                                           "submodule names separated by commas")
+    checkpoint_every: str | None = setting(None, "every", "write a checkpoint this often (atomically)",
+                                           allowed="N optimizer steps, a duration such as 90s / 10m / 1h, or None")
+    checkpoint_dir: str | None = setting(None, "path", "where checkpoints are written",
+                                         allowed="a folder path, or None (.nbtrain/checkpoints)")
+    resume: str | None = setting(None, "path", "continue a run from a checkpoint",
+                                 allowed="a checkpoint file, 'last' (newest in checkpoint_dir), or None")
+    on_nonfinite_loss: str = setting("stop", "choice", "stop (naming the step) when the loss becomes NaN/inf, or "
+                                     "continue", choices=("stop", "continue"))
+    val_every_n_steps: int | None = setting(None, "whole", "how often the held-out data is evaluated", low=1,
+                                            nullable=True, none="at the end of each epoch")
+    monitor: str | None = setting(None, "text", "what early stopping and restore_best watch",
+                                  allowed="a held-out number such as val_loss, val_acc or val_<metric>, or None")
+    mode: str = setting("auto", "choice", "whether the monitored number should go down (min) or up (max)",
+                        choices=("auto", "min", "max"), note="auto: max for accuracy-like names, else min")
+    patience: int | None = setting(None, "whole", "stop after this many validations without improvement of "
+                                   "`monitor`", low=1, nullable=True, none="no early stopping")
+    restore_best: bool = setting(False, "switch", "at the end, put back the weights of the best validation of "
+                                 "`monitor`")
+    logger: str = setting("none", "choice", "also write the run's metrics for TensorBoard or as CSV files (rank 0 "
+                          "only)", choices=("none", "tensorboard", "csv"))
+    logger_dir: str | None = setting(None, "path", "where the logger writes (a folder per run)",
+                                     allowed="a folder path, or None (.nbtrain/logs)")
+    log_every_n_steps: int = setting(10, "whole", "read losses back from the device every N optimizer steps", low=1)
 
     def __post_init__(self):
         problems: list[Problem] = []
@@ -158,7 +143,7 @@ class TrainConfig:
                 raw = None
             try:
                 object.__setattr__(self, f.name, option.read(raw))
-            except _Reject:
+            except Reject:
                 problems.append(Problem(f.name, raw, option.allowed))
         if not problems:
             problems += _combination_problems(self)

@@ -18,14 +18,13 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training configuration (TrainConfig)")
     for name, (option, default) in options().items():
         text = f"{option.help}; {option.allowed} (default: {default})"
-        if option.kind == "bool":
+        if option.kind == "switch":
             # `--pin-memory` alone means true; `--pin-memory false` is accepted too.
             group.add_argument(flag_name(name), dest=name, nargs="?", const="true", default=argparse.SUPPRESS,
                                metavar="BOOL", help=text)
         else:
             group.add_argument(flag_name(name), dest=name, default=argparse.SUPPRESS,
-                               metavar=option.kind.upper() if option.kind != "choice" else "|".join(option.choices),
-                               help=text)
+                               metavar=option.metavar, help=text)
 
 
 def config_from_flags(namespace: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:

@@ -12,6 +12,7 @@ from array import array
 import numpy as np
 
 from .format import number
+from .records import samples_start
 
 MAX_POINTS = 1000  # points a line draws: enough for any figure's width
 
@@ -56,11 +57,10 @@ def throughput_series(log, max_points: int = MAX_POINTS) -> tuple[list, list]:
     rows = len(cols["step"])
     if not rows:
         return [], []
-    start = log.last("start")
     ends = np.append(_bucket_starts(rows, _every(log, rows, max_points))[1:] - 1, rows - 1)
     steps, t, s = (_numbers(cols[name])[ends] for name in ("step", "time", "samples"))
     t0 = np.append(0.0, t[:-1])
-    s0 = np.append(start["info"].get("samples_start", 0) if start else 0, s[:-1])
+    s0 = np.append(samples_start(log), s[:-1])
     ok = t > t0  # (a requeued run's clock starts again: no rate across that)
     return steps[ok].tolist(), ((s - s0)[ok] / (t - t0)[ok]).tolist()
 

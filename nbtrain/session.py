@@ -13,6 +13,7 @@ from .api import fit
 from .config import TrainConfig
 from .metrics import MetricsLog
 from .recipe import Recipe
+from .records import run_steps, start_info
 from .runs.result import RunResult
 from .runs.store import RunStore
 
@@ -43,9 +44,9 @@ class Session:
 def ending(result: RunResult) -> str:
     """How a run that did not complete ended, and what the model holds: one statement about it. An
     in-kernel run's model holds its steps so far; a DDP run that did not complete loaded nothing back."""
-    planned = (result.log.last("start") or {}).get("info", {}).get("planned_steps", "?")
+    planned = start_info(result.log).get("planned_steps", "?")
     model = "" if result.extras.get("weights_loaded") is False else " and the model keeps its training so far"
-    steps = result.summary.get("run_steps", result.summary["steps"])
+    steps = run_steps(result.summary)
     return (f"{result.status} after {steps} of {planned} planned steps: {result.message}. "
             f"The partial history is kept{model}.")
 

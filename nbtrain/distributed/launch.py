@@ -30,6 +30,7 @@ from . import plan as plans
 from .plan import LaunchPlan
 from .pool import ZYGOTE, FileTail, ForkRefused, Relay, start, start_rank, terminate, worker_env
 from ..recipe import Recipe
+from ..records import start_info
 from ..runs.result import RunResult, summarize
 from .rundir import RunDir
 from .tracebacks import error_line, with_user_source
@@ -77,7 +78,7 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         state = run.load_model() if status == "completed" else None
         if state is not None:
             recipe.model.load_state_dict(state)
-        result = _result(config, log, run.load_result(), status)
+        result = gathered_result(config, log, run.load_result(), status)
         # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
         # back only from a run that completed).
         result.extras["weights_loaded"] = state is not None
@@ -266,14 +267,15 @@ def _raised_error(rank: int, text: str, timeout_s: float, shipped) -> WorkerErro
     return WorkerError(f"{head}\n\n[rank {rank}] {text}", rank=rank, traceback=text)
 
 
-def _result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: str) -> RunResult:
+def gathered_result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: str) -> RunResult:
+    """The RunResult of a run the ranks trained: rank 0's saved result, else its end event, else a summary
+    of the history the kernel received (a run stopped before its ranks reported: no `run_steps` then)."""
     end = log.last("end")
     if saved is not None and status == "completed":
         return RunResult(config, log, saved["summary"], saved["status"], saved["message"])
     if end is not None and status == "completed":
         return RunResult(config, log, end["summary"], end["status"], end.get("message", ""))
-    start = log.last("start")
-    info = dict(start["info"]) if start else {}
+    info = dict(start_info(log))
     info.update(status=status, epochs_trained=float("nan"))
     message = (f"interrupted; the history up to step {log.columns['step'][-1] if len(log) else 0} is kept; the "
                "model keeps its weights from before the run (the workers were stopped, and a DDP run's training "

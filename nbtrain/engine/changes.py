@@ -8,6 +8,7 @@ from . import dist, fsdp, toggles
 from ..config import ConfigError, Problem, TrainConfig, check_runnable
 from .precision import Precision
 from ..recipe import FIXED_OPTIONS, fixed_reason
+from ..records import ChangeEvent
 from .split import device_map
 from .support import plain as _plain
 
@@ -113,8 +114,8 @@ class LiveChanges:
                                       f"{new.global_batch_size}, {new.scale_lr} rule")
             self.set_lr(self.step)
         if self.running:  # between runs the next run's start event states the config
-            self.log.emit({"type": "change", "step": self.step,
-                           "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in changes.items()}})
+            self.log.emit(ChangeEvent(type="change", step=self.step,
+                                      changes={k: [_plain(a), _plain(b)] for k, (a, b) in changes.items()}))
 
     def _check_batches(self, config: TrainConfig) -> None:
         """Refuse a config whose epoch holds no batch (it would loop over empty epochs forever), and a

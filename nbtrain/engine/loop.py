@@ -46,6 +46,7 @@ from ..metrics import MetricsLog
 from .monitor import Monitor, check_monitor
 from .precision import Precision
 from ..recipe import Recipe
+from ..records import EndEvent, StartEvent, StartInfo
 from ..runs.result import RunResult, summarize
 from .split import device_map, input_device
 from .stream import FixedLoader, StreamLoader
@@ -193,10 +194,10 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
         # call trains, and every figure of it, counts from where it begins training.
         start_step, from_step, from_samples = self._run_start["step"], self.step, self.samples
         self._clock = Clock()
-        self.log.emit({"type": "start", "config": plain(c.to_dict()),
-                       "info": {**self._info(), "samples_start": self.samples, "step_start": self.step,
-                                "planned_steps": self._planned_steps() - (from_step - start_step),
-                                **({"resumed_from": str(resumed_from)} if resumed_from else {})}})
+        self.log.emit(StartEvent(type="start", config=plain(c.to_dict()),
+                                 info=StartInfo(**self._info(), samples_start=self.samples, step_start=self.step,
+                                                planned_steps=self._planned_steps() - (from_step - start_step),
+                                                **({"resumed_from": str(resumed_from)} if resumed_from else {}))))
         status, message = "completed", ""
         try:
             with stop_on_sigint(self):
@@ -259,7 +260,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
             extra["notes"].append(self.log.thinning)
             extra["steps"] = self.log.steps_seen
         summary = summarize(self.log, extra)
-        self.log.emit({"type": "end", "summary": plain(summary), "status": status, "message": message})
+        self.log.emit(EndEvent(type="end", summary=plain(summary), status=status, message=message))
         if logger is not None:
             logger.close()
         return RunResult(self.config, self.log, summary, status, message)

@@ -9,6 +9,7 @@ import torch
 
 from . import data, fsdp
 from ..format import ratio as ratio_text
+from ..records import EngineInfo, LoggedEvent, StepsEvent
 
 
 class RunReport:
@@ -53,12 +54,12 @@ class RunReport:
         by_epochs = per_epoch * c.epochs_budget if c.epochs_budget is not None else None
         return min(x for x in (by_epochs, c.max_steps) if x is not None)
 
-    def _info(self) -> dict:
+    def _info(self) -> EngineInfo:
         c = self.config
-        return {"device": str(self.device), "strategy": self._strategy(), "world_size": self.world.size,
-                "global_batch": c.global_batch_size,
-                "lr": self._target_lrs()[0], "lr_note": self.lr_note(), "precision": c.precision,
-                "scaler": self.precision.scaler.is_enabled(), "pin_memory": c.pin, "seed": self.seed}
+        return EngineInfo(device=str(self.device), strategy=self._strategy(), world_size=self.world.size,
+                          global_batch=c.global_batch_size,
+                          lr=self._target_lrs()[0], lr_note=self.lr_note(), precision=c.precision,
+                          scaler=self.precision.scaler.is_enabled(), pin_memory=c.pin, seed=self.seed)
 
     def _strategy(self) -> str:
         if fsdp.is_sharded(self.model):
@@ -83,8 +84,8 @@ class RunReport:
                 self.stop("failed")
         self._rows.clear()
         self._losses.clear()
-        self.log.emit({"type": "steps", "rows": columns})
+        self.log.emit(StepsEvent(type="steps", rows=columns))
         logged = self.recipe.logged.drain() if self.recipe.logged is not None else None
         if logged:  # the user's own self.log(...) values, read back with the losses
             self._logged.update(logged)
-            self.log.emit({"type": "logged", "step": self.step, "values": logged})
+            self.log.emit(LoggedEvent(type="logged", step=self.step, values=logged))

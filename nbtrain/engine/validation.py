@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import evaluation, fsdp
+from ..records import EpochEvent
 
 
 class Validation:
@@ -14,7 +15,7 @@ class Validation:
             self.set_lr(self.step)
         self.epoch += 1
         self.epoch_offset = 0
-        event = {"type": "epoch", "epoch": self.epoch, "step": self.step}
+        event = EpochEvent(type="epoch", epoch=self.epoch, step=self.step)
         if self.recipe.val_data is not None and self._validates and not self.config.val_every_n_steps:
             with self._clock.paused():
                 event.update(self._validate(emit=False))
@@ -37,7 +38,7 @@ class Validation:
         numbers = self.evaluate(self.recipe.val_data)
         self._validated_at = self.step
         if emit:
-            self.log.emit({"type": "epoch", "epoch": self.epoch, "step": self.step, "partial": True, **numbers})
+            self.log.emit(EpochEvent(type="epoch", epoch=self.epoch, step=self.step, partial=True, **numbers))
         if self.schedule is not None and self.schedule.on_plateau and not closing:
             self.schedule.step_on(numbers, self.config, self.optimizer)
             self.set_lr(self.step)

@@ -21,6 +21,7 @@ from ..tools import trial
 from ..tools.tool_options import ToolRefusal
 from ..config import TrainConfig
 from ..metrics import MetricsLog
+from ..records import samples_start
 from .steady import block_rates, columns_series, steady_rate
 from .verdict import UNMEASURED, Verdict, paired
 
@@ -67,8 +68,7 @@ def trial_rate(engine, config: TrainConfig, *, steps: int | None = None, seconds
     m = trial.measure(engine, config, steps=steps, seconds=seconds, log=log, **options)
     if not m.error and (diverged := nonfinite_loss(log)):  # a diverged block's rate is no speed of the config
         m = dataclasses.replace(m, error=diverged, diverged=True)
-    start = log.last("start")
-    series = columns_series(log.columns, start["info"].get("samples_start", 0) if start else 0)
+    series = columns_series(log.columns, samples_start(log))
     return m, steady_rate(*series), block_rates(*series)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..config import TrainConfig
 from ..metrics import MetricsLog
+from ..records import run_steps, start_info
 from ..runs.result import RunResult
 from ..runs.table import Row
 
@@ -35,12 +36,10 @@ class RunRecord:
         """This run's own optimizer steps (the model may have trained before it): the count every view states."""
         if self.result is None:
             return None
-        s = self.result.summary
-        return s.get("run_steps", s.get("steps"))
+        return run_steps(self.result.summary)
 
     def row(self) -> Row:
         """This run as the runs table shows it (runs/table.py: the one table of every front-end)."""
-        start = self.log.last("start")
         summary = self.result.summary if self.result is not None else {}
         return Row(self.number, None, self.status, self.config.to_dict(), summary, self.steps,
-                   info=start["info"] if start else {}, error=self.error)
+                   info=start_info(self.log), error=self.error)

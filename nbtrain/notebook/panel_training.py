@@ -10,6 +10,7 @@ import traceback
 
 from ..runs.result import RunResult
 from ..format import number
+from ..records import start_info
 from .panel_runs import RunRecord
 
 
@@ -56,7 +57,7 @@ def on_event(panel, record: RunRecord, event: dict, log) -> None:
                else "Stop ends it at the next optimizer step; Apply now changes it there")
         panel.say(f"run #{record.number} training: {record.settings_text()}. {how}")
     elif kind == "steps" and event["rows"]["step"]:
-        rows, info = event["rows"], log.last("start")["info"]
+        rows, info = event["rows"], start_info(log)
         panel.progress.steps(rows["step"][-1] - info.get("step_start", 0), rows["loss"][-1])
 
 
@@ -67,8 +68,7 @@ def outcome_text(record: RunRecord, result: RunResult, engine=None) -> str:
     s, steps = result.summary, record.steps
     head = f"run #{record.number} {result.status} after {steps:,} steps"
     if result.status in ("stopped", "interrupted") and engine is not None:
-        start = record.log.last("start")
-        planned = start["info"].get("planned_steps") if start else None
+        planned = start_info(record.log).get("planned_steps")
         overall = f"; the model's step {engine.step:,} overall" if engine.step != steps else ""
         head = (f"run #{record.number} {result.status} after {steps:,}{f' of {planned:,}' if planned else ''} steps"
                 f" (epoch {engine.epoch}, {engine.epoch_offset} samples into it{overall})")

@@ -18,6 +18,7 @@ from ..measure.steady import columns_series
 from ..measure.verdict import Verdict, steady_ratio
 from ..plotting import held_out_series
 from ..format import number
+from ..records import samples_start
 from .result import RunResult, peak_memory, peak_memory_text
 
 
@@ -149,13 +150,8 @@ def versus(first: RunResult, other: RunResult) -> Verdict:
     Two runs taken at different times cannot see a load that changed between them; for a
     verdict on one config against another, `nbtrain.ab` measures them in alternation.
     """
-    return steady_ratio(columns_series(first.history, _samples_start(first)),
-                        columns_series(other.history, _samples_start(other)))
-
-
-def _samples_start(run: RunResult) -> int:
-    start = run.log.last("start")
-    return start["info"].get("samples_start", 0) if start else 0
+    return steady_ratio(columns_series(first.history, samples_start(first.log)),
+                        columns_series(other.history, samples_start(other.log)))
 
 
 def _draw(results, labels, target, times):

@@ -8,22 +8,22 @@ from ..config import TrainConfig
 from ..format import duration, number
 from ..measure.steady import SteadyRate, of_columns
 from ..metrics import PHASES, MetricsLog
+from ..records import Summary, samples_start
 
 
-def summarize(log: MetricsLog, extra: dict) -> dict:
+def summarize(log: MetricsLog, extra: dict) -> Summary:
     """Numbers measured on this run's history; `extra` adds what only the engine knows."""
     cols = log.columns
     steps = len(cols["step"])
     train_time = cols["time"][-1] if steps else 0.0
-    start = log.last("start")
-    samples_start = start["info"].get("samples_start", 0) if start else 0
-    samples = cols["samples"][-1] - samples_start if steps else 0
-    steady = of_columns(cols, samples_start)
+    first = samples_start(log)
+    samples = cols["samples"][-1] - first if steps else 0
+    steady = of_columns(cols, first)
     losses = [x for x in cols["loss"] if x is not None]
     phase_totals = {p[:-2]: sum(cols[p]) for p in PHASES}
     step_total = sum(cols["step_s"]) or float("nan")
     held = held_out(log)
-    summary = {
+    summary: Summary = {
         "steps": steps,
         "samples": samples,
         "train_time_s": train_time,
@@ -56,7 +56,7 @@ def held_out(log: MetricsLog) -> dict:
 
 
 
-def peak_memory(summary: dict) -> tuple[float | None, int]:
+def peak_memory(summary: Summary) -> tuple[float | None, int]:
     """(MB, processes): a run's peak memory over all its processes. A DDP run's rank 0 alone would look
     like half the memory of the same run in one process."""
     peaks = summary.get("peak_mem_mb_per_rank") or []
@@ -65,7 +65,7 @@ def peak_memory(summary: dict) -> tuple[float | None, int]:
     return summary.get("peak_mem_mb"), 1
 
 
-def peak_memory_text(summary: dict) -> str:
+def peak_memory_text(summary: Summary) -> str:
     """'762 MB', or '891.6 MB in 2 processes' (their peaks summed)."""
     mb, processes = peak_memory(summary)
     return number(mb, " MB") + (f" in {processes} processes" if processes > 1 else "")
@@ -81,7 +81,7 @@ def _per_rank(peaks) -> str:
 class RunResult:
     config: TrainConfig
     log: MetricsLog
-    summary: dict
+    summary: Summary
     status: str = "completed"  # completed | stopped | interrupted | failed
     message: str = ""
     name: str | None = None

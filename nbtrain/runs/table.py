@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .. import format
 from ..measure.steady import WIDE_SPREAD
+from ..records import run_steps
 from .result import peak_memory_text
 
 COLUMNS = (("run", "the run's number and name"),
@@ -51,7 +52,7 @@ class Row:
     def stored(cls, run) -> "Row":
         """A run-store row (runs.store.StoredRun)."""
         s = run.summary
-        return cls(run.id, run.name, run.status, dict(run.config), s, s.get("run_steps", s.get("steps")),
+        return cls(run.id, run.name, run.status, dict(run.config), s, run_steps(s),
                    run.model, run.created, {"device": s.get("device"), "lr": s.get("lr")})
 
     def differs_from(self, first: "Row") -> str:

@@ -136,11 +136,10 @@ class CachedDataset(Dataset):
 
 
 @declare("cache", "nbtrain.cache", "offline preprocessing cache: a dataset's deterministic per-sample work done once", (
-    option("num_workers", "whole", "a whole number >= 0, or None (one per core)", "DataLoader workers filling the "
-           "cache", low=0, nullable=True),
-    option("batch_size", "whole", "a whole number >= 1", "samples each worker computes at a time", low=1),
-    option("transform", "function", "a function sample -> sample, or None", "applied after reading (random "
-           "augmentation)", nullable=True)), magic=False)
+    option("num_workers", "whole", "DataLoader workers filling the cache", low=0, nullable=True, none="one per core"),
+    option("batch_size", "whole", "samples each worker computes at a time", low=1),
+    option("transform", "function", "applied after reading (random augmentation)", nullable=True,
+           allowed="a function sample -> sample, or None")), magic=False)
 def cache(dataset, path, num_workers: int | None = None, batch_size: int = 64, transform=None) -> CachedDataset:
     """Compute every sample of `dataset` once (in parallel) into memory-mapped files under `path`."""
     # The dataset is the data, not an option: its problems are about what it holds.

@@ -9,10 +9,10 @@ from .tool_options import declare, option
 
 @declare("ceilings", "nbtrain.ceilings", "the step's four ceilings (data, host, compute, memory), each measured "
          "with its interval, the binding one first, and the remedies in the order the numbers favour", (
-             option("steps", "whole", "a whole number >= 10 (batches and steps measured per ceiling)",
-                    "batches and steps measured per ceiling", low=10),
-             option("seconds", "number", "a number of seconds > 0 (longest time per ceiling)",
-                    "longest time per ceiling", above=0)),
+             option("steps", "whole", "batches and steps measured per ceiling",
+                    note="batches and steps measured per ceiling", low=10),
+             option("seconds", "number", "longest time per ceiling", noun="a number of seconds",
+                    note="longest time per ceiling", above=0)),
          label="Ceilings", figsize=(7, 2.6))
 def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 30,
              seconds: float = 5.0, **parts) -> measured.Ceilings:

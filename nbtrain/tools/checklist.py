@@ -39,7 +39,7 @@ from ..measure.race import Block, Entrant, race
 from ..measure.steady import NOTHING
 from ..measure.verdict import UNMEASURED, Verdict
 from .tool_options import ToolRefusal, declare, option
-from .tune import MEMORY_BUDGET, _is_oom, checked_lr, memory_limit
+from .tune import MEMORY_BUDGET, checked_lr, is_oom, memory_limit
 
 _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
 _BLOCKS_PER_TRIAL = 6  # a race block is a sixth of trial_s: short blocks pair closely in time (the
@@ -185,7 +185,7 @@ class _Walk:
         try:
             m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
         except Exception as error:  # noqa: BLE001 - see the docstring
-            if _is_oom(error):
+            if is_oom(error):
                 return None, NOTHING, [], "out of memory"
             if config == self.start:
                 raise
@@ -254,20 +254,21 @@ class _Walk:
 
 @declare("checklist", "nbtrain.checklist", "the automated checklist walk: each item kept only when its head-to-head "
          "interval lies above the keep threshold; table and waterfall", (
-             option("budget_s", "number", "a number of seconds > 0", "seconds the walk may take", above=0,
+             option("budget_s", "number", "seconds the walk may take", noun="a number of seconds", above=0,
                     flag="budget", metavar="S", panel="walk budget (s)"),
-             option("keep_best", "switch", "true or false", "leave the live model on the best config, and use it in "
+             option("keep_best", "switch", "leave the live model on the best config, and use it in "
                     "later cells", flag="keep_best"),
-             option("target_global_batch", "whole", "a whole number >= 1, or None", "global batch the walk "
+             option("target_global_batch", "whole", "global batch the walk "
                     "accumulates up to", low=1, nullable=True, flag="target_global_batch"),
-             option("items", "names", "each one of " + ", ".join(ITEMS), "checklist items to try (default all): "
+             option("items", "names", "checklist items to try (default all): "
                     + ", ".join(ITEMS), choices=ITEMS, flag="items"),
-             option("trial_s", "number", "a number of seconds > 0, or None (from the budget)",
-                    "seconds per screening trial", above=0, nullable=True),
-             option("min_gain", "number", "a fraction in [0, 1) (smallest speed-up worth keeping)",
-                    "smallest speed-up worth keeping", low=0, below=1),
+             option("trial_s", "number", "seconds per screening trial", noun="a number of seconds",
+                    none="from the budget", above=0, nullable=True),
+             option("min_gain", "number", "smallest speed-up worth keeping", noun="a fraction",
+                    note="smallest speed-up worth keeping", low=0, below=1),
              MEMORY_BUDGET,
-             option("clock", "function", "a function returning seconds, like time.monotonic", "the walk's clock")),
+             option("clock", "function", "the walk's clock",
+                    allowed="a function returning seconds, like time.monotonic")),
          label="Checklist walk", figsize=(9, 3.8))
 def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
               budget_s: float = 60.0, keep_best: bool = False, target_global_batch: int | None = None,

@@ -19,6 +19,7 @@ from . import trial
 from .diagnose import usable_cores
 from ..measure.steady import NOTHING, SteadyRate, block_rates, columns_series
 from ..measure.verdict import UNMEASURED, Verdict, unpaired
+from ..records import samples_start
 
 # Batch before workers: more workers only pay once a batch is big enough to keep them busy, and a
 # larger batch is the cheaper change; a coordinate search that tries workers first keeps too few.
@@ -220,8 +221,7 @@ def ddp(walk, engine, start, current, target):
         walk.trials += 1
     if result.status != "completed":
         return [Tried(label, c, None, result.status)]
-    start_info = result.log.last("start")
-    series = columns_series(result.log.columns, start_info["info"].get("samples_start", 0) if start_info else 0)
+    series = columns_series(result.log.columns, samples_start(result.log))
     tried = Tried(label, c, result.steady().rate, steady=result.steady(), blocks=block_rates(*series), apart=True)
     now = walk.measure(current)  # the current config, right after: the nearest load to compare under
     ok = now is not None and now.samples_per_s is not None

@@ -29,6 +29,7 @@ from ..measure.ceilings import Ceilings, measure_ceilings
 from ..measure.device_rates import union_length
 from ..measure.steady import NOTHING, SteadyRate, of_columns
 from ..metrics import MetricsLog
+from ..records import samples_start
 from .tool_options import ToolRefusal, declare, option
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward", "backward": "backward",
@@ -215,14 +216,14 @@ class GradSyncClock:
 
 @declare("profile", "nbtrain.profile", "bottleneck breakdown: per-phase step time as a stacked bar, the step's "
          "four ceilings (data, host, compute, memory), and a verdict in words with remedies in order", (
-             option("steps", "whole", "a whole number >= 1 (optimizer steps to measure)", "optimizer steps to measure",
-                    low=1, flag="steps"),
-             option("warmup_steps", "whole", "a whole number >= 0 (steps not counted)", "steps not counted", low=0),
-             option("seconds", "number", "a number of seconds > 0, or None (steps alone)",
-                    "stop measuring after this many seconds", above=0, nullable=True),
-             option("trace", "path", "a file path, or None", "also write a torch.profiler trace (open in Perfetto)",
-                    flag="trace"),
-             option("ceilings", "switch", "true or false", "also measure the machine's ceilings")),
+             option("steps", "whole", "optimizer steps to measure", note="optimizer steps to measure", low=1,
+                    flag="steps"),
+             option("warmup_steps", "whole", "steps not counted", note="steps not counted", low=0),
+             option("seconds", "number", "stop measuring after this many seconds", noun="a number of seconds",
+                    none="steps alone", above=0, nullable=True),
+             option("trace", "path", "also write a torch.profiler trace (open in Perfetto)",
+                    allowed="a file path, or None", flag="trace"),
+             option("ceilings", "switch", "also measure the machine's ceilings")),
          label="Bottleneck breakdown", figsize=(8, 2.6))
 def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 20,
              warmup_steps: int = 3, seconds: float | None = None, trace: str | os.PathLike | None = None,
@@ -257,8 +258,7 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     device = engine.device.type
     kind, verdict, tips = verdict_for({**phases, **({"grad_sync": sync_ms} if sync_ms else {})}, m.step_ms,
                                       config, device, ceilings=ceiling)
-    start = log.last("start")
-    steady = of_columns(log.columns, start["info"].get("samples_start", 0) if start else 0)
+    steady = of_columns(log.columns, samples_start(log))
     return Diagnosis(config, str(engine.device), phases, m.step_ms, steady.rate, max(m.steps - warmup_steps, 1),
                      device == "cuda", kind, verdict, tips, trace_path, sync_ms, steady, ceiling)
 

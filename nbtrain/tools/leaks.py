@@ -132,7 +132,7 @@ class LeakReport:
 
 @declare("find_leaks", "nbtrain.leaks.find_graph_leaks", "graph-retention detector: loss tensors kept across "
          "steps, and the line to change", (
-             option("steps", "whole", "a whole number >= 4 (steps to watch)", "steps to watch", low=4, flag="steps"),),
+             option("steps", "whole", "steps to watch", note="steps to watch", low=4, flag="steps"),),
          figsize=(5, 3))
 def find_graph_leaks(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                      steps: int = 10, **parts) -> LeakReport:
@@ -274,7 +274,7 @@ class SyncCounter:
 
 @declare("find_sync", "nbtrain.leaks.find_sync_points", "sync-point detector (CUDA): where the step forces "
          "host/device synchronisation", (
-             option("steps", "whole", "a whole number >= 1 (steps to watch)", "steps to watch", low=1, flag="steps"),),
+             option("steps", "whole", "steps to watch", note="steps to watch", low=1, flag="steps"),),
          figsize=(7, 3))
 def find_sync_points(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                      steps: int = 5, **parts) -> SyncReport:

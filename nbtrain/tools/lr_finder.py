@@ -52,14 +52,14 @@ def _rates_in_order(values: dict) -> list:
 
 
 @declare("find_lr", "nbtrain.tune.find_lr", "LR finder: exponential sweep, suggestion at the steepest descent", (
-    option("start_lr", "number", "a number > 0 (the sweep's first rate)", "first rate of the sweep", above=0,
-           flag="start_lr", metavar="LR"),
-    option("end_lr", "number", "a number > 0 (the sweep's last rate)", "last rate of the sweep", above=0,
-           flag="end_lr", metavar="LR"),
-    option("steps", "whole", "a whole number >= 5 (rates to try)", "rates to try", low=5, flag="steps"),
-    option("beta", "number", "a number in [0, 1) (loss smoothing)", "loss smoothing", low=0, below=1),
-    option("diverge", "number", "a number > 1 (the smoothed loss this many times its lowest ends the sweep)",
-           "the smoothed loss this many times its lowest ends the sweep", above=1)), joint=_rates_in_order)
+    option("start_lr", "number", "first rate of the sweep", note="the sweep's first rate", above=0, flag="start_lr",
+           metavar="LR"),
+    option("end_lr", "number", "last rate of the sweep", note="the sweep's last rate", above=0, flag="end_lr",
+           metavar="LR"),
+    option("steps", "whole", "rates to try", note="rates to try", low=5, flag="steps"),
+    option("beta", "number", "loss smoothing", note="loss smoothing", low=0, below=1),
+    option("diverge", "number", "the smoothed loss this many times its lowest ends the sweep",
+           note="the smoothed loss this many times its lowest ends the sweep", above=1)), joint=_rates_in_order)
 def find_lr(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
             start_lr: float = 1e-7, end_lr: float = 10.0, steps: int = 100, beta: float = 0.9,
             diverge: float = 4.0, **parts) -> LRFind:

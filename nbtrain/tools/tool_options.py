@@ -1,12 +1,13 @@
 """How a checklist tool declares its options once, and how they are read, refused and spelled.
 
     @declare("find_lr", "nbtrain.tune.find_lr", "LR finder: ...", (
-        option("steps", "whole", "a whole number >= 5 (rates to try)", "rates to try", low=5, flag="steps"),
+        option("steps", "whole", "rates to try", note="rates to try", low=5, flag="steps"),
         ...))
     def find_lr(model=None, ..., steps: int = 100, ...):
 
 The defaults stay in the function's signature (the public API); the declaration says how each
-value is read (with options.Option, as TrainConfig's fields are), what is allowed, the help, and
+value is read (a kind of options.py's vocabulary with its bounds, as TrainConfig's fields are; what is
+allowed is written from them), the help, and
 where the option shows: its `%%nbtrain` flag and its panel field. Calling the tool reads every
 declared option first and raises one ToolOptionError listing every problem, so Python, the magic
 and the panel refuse the same values in the same words, each naming the option its own way
@@ -20,8 +21,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..options import ConfigError, Problem, _Reject
-from .tool_readers import METAVARS, READERS
+from ..options import METAVARS, ConfigError, Problem, Reject, allowed_text, reader
 
 NO_VALUE = object()  # a speller called without a value names the option alone ("lower --start-lr")
 Speller = Callable[..., str]  # (keyword, value=NO_VALUE) -> how a front-end writes the option
@@ -36,7 +36,7 @@ def keyword_spelling(keyword: str, value=NO_VALUE) -> str:
 class ToolOption:
     """One keyword of a tool: how it is read, what is allowed, and where it shows."""
     keyword: str                  # the tool function's keyword argument
-    kind: str                     # a key of tool_readers.READERS; the panel's widget and the flag's metavar follow it
+    kind: str                     # one of options.KINDS; the panel's widget and the flag's metavar follow it
     allowed: str                  # what a refusal says is allowed
     help: str
     reader: Callable = field(repr=False, compare=False)
@@ -46,10 +46,13 @@ class ToolOption:
     panel_value: Any = NO_VALUE   # the field's first value, where the default (None) cannot be shown
 
 
-def option(keyword: str, kind: str, allowed: str, help: str, *, flag: str | None = None, metavar: str | None = None,
-           panel: str | None = None, panel_value=NO_VALUE, **reading) -> ToolOption:
-    """A tool option; `reading` are the reader's bounds or choices (low=5, choices=(...), nullable=True)."""
-    return ToolOption(keyword, kind, allowed, help, READERS[kind](**reading), flag,
+def option(keyword: str, kind: str, help: str, *, allowed: str = "", flag: str | None = None,
+           metavar: str | None = None, panel: str | None = None, panel_value=NO_VALUE, noun: str | None = None,
+           note: str = "", none: str = "", **reading) -> ToolOption:
+    """A tool option; `reading` are the reader's bounds or choices (low=5, choices=(...), nullable=True).
+    What is allowed is written from them (options.allowed_text, with `noun`, `note`, `none`) unless given."""
+    allowed = allowed or allowed_text(kind, noun=noun, note=note, none=none, **reading)
+    return ToolOption(keyword, kind, allowed, help, reader(kind, **reading), flag,
                       metavar or METAVARS.get(kind, kind.upper()), panel, panel_value)
 
 
@@ -127,7 +130,7 @@ class Tool:
             raw = values.get(o.keyword, self.defaults[o.keyword])
             try:
                 read[o.keyword] = o.reader(raw)
-            except _Reject:
+            except Reject:
                 problems.append(Problem(o.keyword, raw, o.allowed))
         if not problems and self.joint is not None:
             problems = self.joint(read)

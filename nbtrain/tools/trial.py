@@ -24,6 +24,7 @@ from ..config import TrainConfig
 from ..engine.state import Snapshot  # noqa: F401  (every tool's trials use it)
 from ..adapters.lightning import is_lightning_module
 from ..recipe import Recipe
+from ..records import samples_start
 
 
 def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config: TrainConfig | None = None,
@@ -219,7 +220,7 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
     if n == 0:
         return Measurement(config, float("nan"), 0, wall, peak_bytes=peak_bytes, status=result.status,
                            error="no optimizer step finished")
-    start = result.log.last("start")["info"].get("samples_start", 0)
+    start = samples_start(result.log)
     points = ([(0.0, start)] if first == 0 else []) + list(zip(cols["time"], cols["samples"]))[max(first - 1, 0):]
     measured = range(first, n)
     phase_ms = {name[:-2]: 1000 * sum(cols[name][i] for i in measured) / len(measured)

@@ -101,7 +101,7 @@ class BatchSearch:
         return ax.figure
 
 
-def _is_oom(error: BaseException) -> bool:
+def is_oom(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
@@ -117,9 +117,9 @@ def _agree(fits: bool, peak: int, device) -> tuple[bool, int]:
 
 # One declaration for both tools that take it (the batch search and the checklist walk).
 MEMORY_BUDGET = option(
-    "memory_budget", "memory", "a fraction in (0, 1] of the free memory (e.g. 0.3), a size such as 512MB or 2GB, a "
-    "whole number of bytes, or None (CPU: 0.5; CUDA: out-of-memory only)", "peak memory a trial may reach: a "
-    "fraction of free memory (0.3) or a size (512MB, 2GB); CPU default 0.5", flag="memory_budget",
+    "memory_budget", "memory", "peak memory a trial may reach: a fraction of free memory (0.3) or a size (512MB, "
+    "2GB); CPU default 0.5", allowed="a fraction in (0, 1] of the free memory (e.g. 0.3), a size such as 512MB or "
+    "2GB, a whole number of bytes, or None (CPU: 0.5; CUDA: out-of-memory only)", flag="memory_budget",
     panel="memory fraction", panel_value=0.5)
 
 
@@ -142,19 +142,19 @@ def memory_limit(memory_budget, device) -> tuple[int | None, str]:
 
 @declare("find_batch_size", "nbtrain.tune.find_batch_size", "largest batch that fits the memory budget, with the "
          "learning rate scaled, and its speed against the starting batch (head to head, 95% interval)", (
-             option("max_batch", "whole", "a whole number >= 1 (largest batch to try), or None (the samples per "
-                    "process)", "largest batch to try (default: the samples per process)", low=1, nullable=True,
+             option("max_batch", "whole", "largest batch to try (default: the samples per process)",
+                    note="largest batch to try", none="the samples per process", low=1, nullable=True,
                     flag="max_batch"),
              MEMORY_BUDGET,
-             option("rule", "choice", "one of linear, sqrt, none (how the learning rate follows the batch)",
-                    "how the learning rate follows the batch found", choices=("linear", "sqrt", "none"),
+             option("rule", "choice", "how the learning rate follows the batch found",
+                    note="how the learning rate follows the batch", choices=("linear", "sqrt", "none"),
                     flag="lr_rule", metavar="linear|sqrt|none"),
-             option("steps", "whole", "a whole number >= 1 (steps per trial)", "steps per trial", low=1),
-             option("tolerance", "number", "a number in (0, 0.1] (relative gap at which the search stops)",
-                    "relative gap at which the search stops", above=0, high=0.1),
-             option("speed_s", "number", "seconds >= 0 (0: the speed is not compared)",
-                    "seconds comparing the batch found with the starting one", low=0),
-             option("clock", "function", "a function returning seconds, like time.monotonic", "the clock")),
+             option("steps", "whole", "steps per trial", note="steps per trial", low=1),
+             option("tolerance", "number", "relative gap at which the search stops",
+                    note="relative gap at which the search stops", above=0, high=0.1),
+             option("speed_s", "number", "seconds comparing the batch found with the starting one", noun="seconds",
+                    note="0: the speed is not compared", low=0),
+             option("clock", "function", "the clock", allowed="a function returning seconds, like time.monotonic")),
          label="Find batch size", figsize=(6, 3.2))
 def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                     max_batch: int | None = None, memory_budget=None, rule: str = "linear", steps: int = 1,
@@ -184,9 +184,9 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
             m = trial.measure(engine, start.replace(batch_size=b), steps=steps, warmup_steps=0)
             fits, peak, reason = m.ok, m.peak_bytes, m.error
         except Exception as error:  # noqa: BLE001 - the user's own batch raises; a batch the search chose is a row
-            if not _is_oom(error) and b == start.batch_size:
+            if not is_oom(error) and b == start.batch_size:
                 raise
-            fits, peak, reason = False, None, "out of memory" if _is_oom(error) else trial.failed(error)
+            fits, peak, reason = False, None, "out of memory" if is_oom(error) else trial.failed(error)
         finally:
             snapshot.restore()
             trial.release_memory()
@@ -247,7 +247,7 @@ def _speed(engine, snapshot, start: TrainConfig, found: TrainConfig, seconds: fl
         return compare_on(engine, snapshot, start, found, block_steps=4, block_s=seconds / 24, min_pairs=3,
                           max_pairs=10, budget_s=seconds, clock=clock), ""
     except Exception as error:  # noqa: BLE001 - out of memory over several steps is a result
-        if not _is_oom(error):
+        if not is_oom(error):
             raise
         return None, "out of memory over several steps at the batch found"
     finally:

@@ -69,13 +69,13 @@ class WorkerSearch:
 
 @declare("find_workers", "nbtrain.tune.find_workers", "DataLoader worker counts measured (steady rate, 95% "
          "interval); the fastest kept only when measurably faster than the start head to head", (
-             option("candidates", "whole_list", "a list of whole numbers >= 0 (worker counts to try, e.g. 0,1,2)",
-                    "worker counts to try (default 0,1,2,4,... up to the cores)", flag="workers", nullable=True),
-             option("seconds", "number", "a number > 0 (measuring time per setting)",
-                    "measuring time per worker setting", above=0, flag="seconds", metavar="S",
-                    panel="s per worker setting"),
-             option("warmup_steps", "whole", "a whole number >= 0 (steps not counted)", "steps not counted", low=0),
-             option("clock", "function", "a function returning seconds, like time.monotonic", "the clock")),
+             option("candidates", "whole_list", "worker counts to try (default 0,1,2,4,... up to the cores)",
+                    allowed="a list of whole numbers >= 0 (worker counts to try, e.g. 0,1,2)", flag="workers",
+                    low=0, nullable=True),
+             option("seconds", "number", "measuring time per worker setting", note="measuring time per setting",
+                    above=0, flag="seconds", metavar="S", panel="s per worker setting"),
+             option("warmup_steps", "whole", "steps not counted", note="steps not counted", low=0),
+             option("clock", "function", "the clock", allowed="a function returning seconds, like time.monotonic")),
          label="Find workers", figsize=(7, 3))
 def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                  candidates=None, seconds: float = 2.0, warmup_steps: int = 2, clock=time.monotonic,
