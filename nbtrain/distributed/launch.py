@@ -77,7 +77,7 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         state = run.load_model() if status == "completed" else None
         if state is not None:
             recipe.model.load_state_dict(state)
-        result = _result(config, log, run.load_result(), status)
+        result = run_result(config, log, run.load_result(), status)
         # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
         # back only from a run that completed).
         result.extras["weights_loaded"] = state is not None
@@ -266,7 +266,7 @@ def _raised_error(rank: int, text: str, timeout_s: float, shipped) -> WorkerErro
     return WorkerError(f"{head}\n\n[rank {rank}] {text}", rank=rank, traceback=text)
 
 
-def _result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: str) -> RunResult:
+def run_result(config: TrainConfig, log: MetricsLog, saved: dict | None, status: str) -> RunResult:
     end = log.last("end")
     if saved is not None and status == "completed":
         return RunResult(config, log, saved["summary"], saved["status"], saved["message"])

@@ -256,7 +256,7 @@ class NbtrainMagics(Magics):
     def _option(self, args, key):
         return getattr(args, key) or self.run_defaults.get(key)
 
-    def _views(self, log: MetricsLog, args) -> list:
+    def make_views(self, log: MetricsLog, args) -> list:
         """The live progress bar and plot, subscribed to `log`, unless the flags turned them off."""
         progress = None if self._option(args, "no_progress") else log.subscribe(Progress(args.name or ""))
         # A terminal IPython shows no pictures: there each frame was a line of text, printed into the bar.
@@ -269,7 +269,7 @@ class NbtrainMagics(Magics):
         if taken:
             print(earlier.header(taken))
         log = MetricsLog()
-        views = self._views(log, args)
+        views = self.make_views(log, args)
         try:
             result = Session(self._option(args, "store")).train(recipe, config, log, name=args.name)
             # What the live views cost inside the loop, measured, so the benchmark (and a user) can check it.

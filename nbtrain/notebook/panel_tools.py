@@ -55,7 +55,7 @@ class ToolButtons:
         for name, tool in PANEL_TOOLS.items():
             button = widgets.Button(description=tool.label, layout=widgets.Layout(width="auto"))
             button.add_class(f"nbtrain-tool-{name.replace('_', '-')}")
-            button.on_click(lambda _b, t=name: self.panel._run_tool(t))
+            button.on_click(lambda _b, t=name: self.panel.run_tool(t))
             self.buttons[name] = button
             for option in tool.options:
                 if option.panel and option.keyword not in self.fields:
@@ -91,11 +91,11 @@ class ToolButtons:
             config, note = config.replace(devices=1, num_nodes=1), " (in this kernel: 1 process)"
         panel.engine = api.engine_for(panel.recipe, config)  # the engine the tool's trials run on
         self.running_tool = tool
-        panel._thread = threading.Thread(target=self._work, args=(tool, config, kwargs),
+        panel.thread = threading.Thread(target=self._work, args=(tool, config, kwargs),
                                          name=f"nbtrain-panel-{tool}", daemon=True)
-        panel._set_running(True)
+        panel.set_running(True)
         panel.say(f"{LABELS[tool]}: measuring on the live model{note}…")
-        panel._thread.start()
+        panel.thread.start()
 
     def stop(self, grace_s: float = 5.0) -> None:
         """End the tool at the next step boundary of its current (or next) trial; it then restores the model.
@@ -105,7 +105,7 @@ class ToolButtons:
         interrupt would interrupt it.
         """
         panel = self.panel
-        thread, deadline = panel._thread, time.monotonic() + grace_s
+        thread, deadline = panel.thread, time.monotonic() + grace_s
         while thread.is_alive() and time.monotonic() < deadline:
             panel.engine.stop("interrupted")  # again and again: each new trial starts with the flag cleared
             thread.join(0.05)
@@ -132,7 +132,7 @@ class ToolButtons:
         finally:
             self.running_tool = None
             try:
-                panel._set_running(False)
+                panel.set_running(False)
             except Exception as exc:
                 panel.errors.append(traceback.format_exc())
                 message, error = f"{message}; updating the panel failed: {exc!r}", True

@@ -85,7 +85,7 @@ def run(magics, recipe, config, args):
             return None
         from ..metrics import MetricsLog
         log = MetricsLog()
-        views = magics._views(log, args)
+        views = magics.make_views(log, args)
         state_line = JobStateLine()
         handle = slurm.submit(recipe, config, job_name=job_name, log=log, **options)
         magics.shell.user_ns["_nbtrain_job"] = handle

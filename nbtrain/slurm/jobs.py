@@ -200,7 +200,7 @@ class JobHandle:
     # --- internals ---------------------------------------------------------------------------
 
     def _finish(self) -> RunResult:
-        from ..distributed.launch import _result
+        from ..distributed.launch import run_result
         state = self._state
         saved = self.run.load_result()
         config = self.run.config()
@@ -208,7 +208,7 @@ class JobHandle:
             weights = self.run.load_model()
             if weights is not None:
                 self.model.load_state_dict(weights)
-            result = _result(config, self.log, saved, "completed")
+            result = run_result(config, self.log, saved, "completed")
             result.extras.update(job_id=self.job_id, run_dir=str(self.run.path), slurm_state=str(state))
             return result
         errors = self.run.errors()
