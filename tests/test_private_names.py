@@ -101,3 +101,12 @@ def test_each_allowed_crossing_still_happens():
             elif isinstance(node, ast.Attribute):
                 used.add((module, node.attr))
     assert ALLOWED <= used, ALLOWED - used
+
+
+def test_the_engine_holds_its_parts_and_a_run_holds_what_it_resets():
+    """No mixins: the Engine and its Run are classes of their own; what a run resets is the Run's."""
+    from nbtrain.engine.engine import Engine
+    from nbtrain.engine.loop import Run
+    assert Engine.__mro__ == (Engine, object) and Run.__mro__ == (Run, object)
+    run_state = defined(modules()["engine/engine.py"])
+    assert not run_state & {"_rows", "_losses", "_monitor", "_logged", "_clock", "_stop", "_caller_stop"}
