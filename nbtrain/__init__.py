@@ -2,7 +2,7 @@
 from .api import fit
 from .runs.compare import compare
 from .config import ConfigError, TrainConfig
-from .engine.loop import Engine
+from .engine.engine import Engine
 from .metrics import MetricsLog
 from .recipe import Recipe, RecipeError
 from .runs.result import RunResult

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 
 from .config import ConfigError, Problem, TrainConfig, check_runnable
-from .engine.loop import Engine
+from .engine.engine import Engine
 from .engine.loggers import check_folder
 from .engine.monitor import check_monitor
 from .metrics import MetricsLog

@@ -16,7 +16,7 @@ import nbtrain
 from nbtrain import Recipe, TrainConfig
 from nbtrain.engine import data
 from nbtrain.engine.dist import World
-from nbtrain.engine.loop import Engine
+from nbtrain.engine.engine import Engine
 from helpers import regression_data
 from test_in_memory_data import CountedReads, DictSamples, _scripted
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from nbtrain import Recipe, TrainConfig, metrics, plotting
-from nbtrain.engine.loop import Engine
+from nbtrain.engine.engine import Engine
 from nbtrain.metrics import COLUMNS, MetricsLog
 from nbtrain.runs.result import RunResult
 from nbtrain.runs.store import RunStore

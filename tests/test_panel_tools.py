@@ -50,7 +50,7 @@ def unchanged(before, model):
 
 def click_and_wait(panel, tool, timeout=60):
     panel.tools.buttons[tool].click()
-    assert panel._thread is not None, panel.status_text  # (a refused value may already have ended it)
+    assert panel.thread is not None, panel.status_text  # (a refused value may already have ended it)
     assert panel.wait(timeout), "the tool did not finish"
     assert not panel.run_button.disabled and not panel.tools.buttons[tool].disabled
 
@@ -210,7 +210,7 @@ def test_a_value_a_tool_refuses_shows_in_the_status_line_with_the_fields_name(ma
     panel.tools.buttons[tool].click()
     assert panel.status_text.startswith(expected), panel.status_text
     # refused before anything runs: no thread, the buttons still enabled
-    assert panel._thread is None and not panel.running and not panel.tools.buttons[tool].disabled
+    assert panel.thread is None and not panel.running and not panel.tools.buttons[tool].disabled
     assert tool not in panel.tools.results
 
 

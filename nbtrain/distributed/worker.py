@@ -30,7 +30,7 @@ import torch.distributed as torch_dist
 
 from ..engine import fsdp
 from . import requeue
-from ..engine.loop import Engine
+from ..engine.engine import Engine
 from ..metrics import MetricsLog
 from .plan import LaunchPlan, started_since_boot
 from .rundir import RunDir

@@ -1,4 +1,4 @@
-"""The training engine: one loop for every mode, on one live model.
+"""A run: one loop for every mode, on the Engine's live model.
 
     for each optimizer step:
         apply a requested config change (only here, between optimizer steps)
@@ -12,207 +12,113 @@
         keep the loss on the device; every log_every_n_steps read the window back
         in one transfer and emit it to the MetricsLog
 
-The engine keeps the model, optimizer, loader and precision for the current config
-and, on a change, rebuilds only what the change touches. It knows nothing of Jupyter:
-front-ends subscribe views to its MetricsLog. This module is the loop and the run; the parts
-it is made of have modules of their own: engine_lr (rates, rule, warm-up, schedule),
-engine_changes (live config changes), engine_state (state as data, trials), engine_validation
-(epoch ends, held-out numbers) and engine_report (plan, device, compile costs).
+`Engine.run()` (engine.py) makes a Run: what a run resets lives here (its buffered rows and losses,
+the monitor, the user's logged values, the stop events, the clock, the peak memory), what lives
+across runs (model, optimizer, loader, precision, config, position) stays on the Engine. Read top to
+bottom: the start (`train`), the loop (`_train_some`), the loop's helpers (losses read back, epoch
+ends, held-out numbers), the end (`_finish`). `report` states the plan, device and compile cost.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
-import random
 import threading
 import time
-import weakref
 
 import torch
-from torch.utils.data import IterableDataset
 
-from . import checkpoint, data, dist, loggers, toggles
-from ..config import ConfigError, Problem, TrainConfig, check_runnable
-from .changes import TOGGLE_OPTIONS, LiveChanges
-from .rates import LearningRates
-from .report import RunReport
-from .state import StateAPI
-from .support import Clock, no_device_sync, plain, release_loader, seed_torch, stop_on_sigint
-from .validation import Validation
+from . import checkpoint, data, fsdp, loggers, report
+from ..config import ConfigError, Problem
+from .changes import check_batches
 from .evaluation import batch_size
 from .memory import PeakMemory
 from ..metrics import MetricsLog
 from .monitor import Monitor, check_monitor
-from .precision import Precision
-from ..recipe import Recipe
-from ..records import EndEvent, StartEvent, StartInfo
+from ..records import EndEvent, EpochEvent, LoggedEvent, StartEvent, StartInfo, StepsEvent
 from ..runs.result import RunResult, summarize
-from .split import device_map, input_device
-from .stream import FixedLoader, StreamLoader
-
+from .support import Clock, no_device_sync, plain, release_loader, stop_on_sigint
 
 _NEVER = threading.Event()  # the stop event of a run whose caller gave none: never set
+ROW = ("step", "epoch", "samples", "time", "lr", "step_s", "data_s", "h2d_s", "forward_s", "backward_s",
+       "optimizer_s")  # the columns of a buffered step row
 
-class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
-    def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None):
-        self.recipe = recipe
-        self.config = config or TrainConfig()
-        check_runnable(self.config)  # the engine runs here: this machine is the target
-        self.log = log or MetricsLog()
-        self.world = dist.world()
-        self.model = recipe.model
-        self.step = 0            # optimizer steps taken on this model by this engine
-        self.epoch = 0           # current epoch
-        self.epoch_offset = 0    # this rank's samples already used in the current epoch
-        self.samples = 0         # samples used, all ranks together
-        self.seed = self.config.seed if self.config.seed is not None else random.randrange(2**31)
-        self._pending: TrainConfig | None = None
-        self._lock = threading.Lock()
+
+class Run:
+    """One call of Engine.run(): trains the config's budget from where the engine's model is now."""
+
+    def __init__(self, engine, log: MetricsLog | None, stop: threading.Event | None):
+        self.engine = engine
+        self.log = engine.log = log if log is not None else MetricsLog()
         self._stop = threading.Event()
-        self._caller_stop = _NEVER  # during a run: the event its caller may set to end it
+        self._caller_stop = stop if stop is not None else _NEVER  # the event its caller may set to end it
         self._stop_reason = ""
-        self.running = False
-        self._rows: list[tuple] = []  # one tuple per optimizer step, columns as in _ROW
-        # Profiling only: synchronise the device at each phase boundary so CUDA phase times are
-        # honest. Off by default, so the hot loop never waits on the device (rule 5).
-        self.sync_phases = False
-        self._losses: list[torch.Tensor] = []
+        self._rows: list[tuple] = []  # one tuple per optimizer step, columns as in ROW
+        self._losses: list[torch.Tensor] = []  # on the device until a window is read back
+        self._nonfinite: tuple[int, float] | None = None  # (step, loss) of the first loss that was not finite
+        self._logged = {}  # the user's own self.log(...) values, latest each
+        self._monitor: Monitor | None = None
         self._clock = Clock()
-        self._run_start = {"step": 0, "samples": 0, "epochs_done": 0}
-        self._nonfinite: tuple[int, float] | None = None
-        if self.config.seed is not None:
-            seed_torch(self.config.seed)
-        self.notes: dict[str, str] = {}  # option -> why it does not apply here
-        self._eager_step_s: float | None = None
-        self._compiled_fresh = False
-        # A split model (split.py) stays where its parts are; batches go to its first part.
-        self.device = input_device(self.model) or dist.device_for(self.config.device_type, self.world)
-        if device_map(self.model) is None:
-            self.model.to(self.device)
-        self._train_model = self._wrap(self.model)
-        self.precision = Precision(self.config.precision, self.device.type)
-        self._held: data.Held | None = None  # the training data held for preload_data, kept across loaders
-        # Live Snapshots (state.py) keep the held data a restore dropped, so a tool alternating a holding
-        # config with one that does not hold reads the data set once, not once a block.
-        self._snapshots = weakref.WeakSet()
-        self.loader = self._build_loader()
-        self.replace_optimizer()
-        self._apply_toggles(TOGGLE_OPTIONS)
-
-    # --- building the parts ----------------------------------------------------------
-
-    def _build_loader(self):
-        config = self.config
-        if config.strategy == "dp":  # DataParallel splits each loaded batch across the devices
-            config = config.replace(batch_size=config.batch_size * config.devices)
-        spare = next((s.spare_held for s in list(self._snapshots) if s.spare_held is not None), None)
-        self._held, note = data.hold(self.recipe.train_data, config, self.world, self.device, self.recipe.collate_fn,
-                                     previous=self._held or spare, own_loader=self.recipe.fixed_loader)
-        self._note("preload_data", note)
-        if self._held is not None:  # the same batches in the same order, without the per-sample path
-            return data.HeldBatches(self._held, config, self.world, self.seed)
-        if self.recipe.fixed_loader is not None:
-            return FixedLoader(self.recipe.fixed_loader, lambda text: self._note("data order", text))
-        if isinstance(self.recipe.train_data, IterableDataset):
-            return StreamLoader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
-        return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
-
-    @property
-    def train_model(self):
-        """The module the loop calls: the model, or its DDP / compiled wrapper."""
-        return self._train_model
-
-    @property
-    def held_data(self) -> data.Held | None:
-        """The training data held in memory for preload_data (what it costs, where), or None."""
-        return self._held
-
-    def rebuild_loader(self) -> None:
-        """New training data: start its first epoch from the beginning."""
-        self._held = None
-        self.loader = self._build_loader()
-        self.epoch_offset = 0
-
-    def replace_optimizer(self) -> None:
-        """A new optimizer from the recipe's factory (fresh state), at the configured rate, and its schedule."""
-        self.optimizer = self.recipe.build_optimizer(self.model.parameters())
-        self._use_optimizer_impl()
-        self._optimizer_lrs = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
-        self.replace_schedule(fresh=False)
 
     @property
     def stopping(self) -> bool:
-        """A stop was asked for and the run has not reached its step boundary yet."""
         return self._stop.is_set() or self._caller_stop.is_set()
 
-    def stop(self, reason: str = "stopped") -> None:
-        """Stop at the next optimizer-step boundary (safe from any thread)."""
+    def stop(self, reason: str) -> None:
         self._stop_reason = reason
         self._stop.set()
 
-    # --- the run -----------------------------------------------------------------------
-
-    def run(self, log: MetricsLog | None = None, stop: threading.Event | None = None) -> RunResult:
-        """Train for the config's budget (max_epochs / max_steps) from where the model is now.
-
-        Each run records into a fresh MetricsLog (or `log`, where views already listen). `stop`, an
-        event set from any thread, ends the run at the next optimizer step as stop() does (one set
-        before the run starts ends it before its first step); the engine never sets it itself.
-        """
-        self.log = log if log is not None else MetricsLog()
-        c = self.config
-        self._check_batches(c)
-        self._run_start = {"step": self.step, "samples": self.samples, "epochs_done": 0}
+    def train(self) -> RunResult:
+        engine, c = self.engine, self.engine.config
+        check_batches(engine, c)
+        engine.run_start = {"step": engine.step, "samples": engine.samples, "epochs_done": 0}
         resumed_from = None
         if c.resume:
             # Every run asked to resume does (a second crash and `resume='last'` continues again); the
             # request is then consumed, so trials and later runs on this engine do not rewind it.
             resumed_from = checkpoint.resolve(c)
-            checkpoint.load(self, resumed_from)  # restores the interrupted run's start too
-            self.config = c = c.replace(resume=None)
+            checkpoint.load(engine, resumed_from)  # restores the interrupted run's start too
+            engine.config = c = c.replace(resume=None)
         # A run starts at a step boundary: gradients a crashed run left mid-accumulation must not
         # leak into its first step (a plain loop's zero_grad at the top says the same).
-        for parameter in self.model.parameters():
+        for parameter in engine.model.parameters():
             parameter.grad = None
-        if self.recipe.fixed_loader is None and self.loader.sampler.per_epoch is None and c.max_steps is None:
+        if engine.recipe.fixed_loader is None and engine.loader.sampler.per_epoch is None and c.max_steps is None:
             raise ConfigError([Problem("max_steps", None, "a whole number >= 1: the training data is an "
                                        "IterableDataset (a stream has no length, so no epoch count can budget it)")])
-        check_monitor(c, self.recipe)
+        check_monitor(c, engine.recipe)
         self._monitor = Monitor(c.monitor, c.mode, c.patience, c.restore_best) if c.monitor else None
-        self._logged = {}
-        logger = loggers.attach(self.log, c) if c.logger != "none" and self.world.is_main else None
-        self._stop.clear()
-        self._caller_stop = stop if stop is not None else _NEVER
-        self._stop_reason = ""
-        self._nonfinite = None
-        self.notes.pop("data order", None)  # this run's loader says it again where it applies
-        self.running = True
-        peak = PeakMemory(self.device)
+        logger = loggers.attach(self.log, c) if c.logger != "none" and engine.world.is_main else None
+        engine.notes.pop("data order", None)  # this run's loader says it again where it applies
+        engine.running = True
+        peak = PeakMemory(engine.device)
         peak.start()
         # The budget counts from the run's start (a resumed run's: the interrupted one's); what this
         # call trains, and every figure of it, counts from where it begins training.
-        start_step, from_step, from_samples = self._run_start["step"], self.step, self.samples
+        start_step, from_step, from_samples = engine.run_start["step"], engine.step, engine.samples
         self._clock = Clock()
         self.log.emit(StartEvent(type="start", config=plain(c.to_dict()),
-                                 info=StartInfo(**self._info(), samples_start=self.samples, step_start=self.step,
-                                                planned_steps=self._planned_steps() - (from_step - start_step),
+                                 info=StartInfo(**report.info(engine), samples_start=engine.samples,
+                                                step_start=engine.step,
+                                                planned_steps=report.planned_steps(c, engine.loader)
+                                                - (from_step - start_step),
                                                 **({"resumed_from": str(resumed_from)} if resumed_from else {}))))
-        status, message = "completed", ""
+        status = "completed"
         try:
-            with stop_on_sigint(self):
+            with stop_on_sigint(engine):
                 while True:
-                    c = self.config
-                    if c.max_steps is not None and self.step - start_step >= c.max_steps:
+                    c = engine.config
+                    if c.max_steps is not None and engine.step - start_step >= c.max_steps:
                         break
-                    if c.epochs_budget is not None and self._run_start["epochs_done"] >= c.epochs_budget:
+                    if c.epochs_budget is not None and engine.run_start["epochs_done"] >= c.epochs_budget:
                         break
                     if self.stopping:
                         status = self._stop_reason or "stopped"
                         break
-                    steps_left = None if c.max_steps is None else c.max_steps - (self.step - start_step)
+                    steps_left = None if c.max_steps is None else c.max_steps - (engine.step - start_step)
                     if self._train_some(steps_left):
-                        self._run_start["epochs_done"] += 1
+                        engine.run_start["epochs_done"] += 1
                         self._end_epoch()
         except KeyboardInterrupt:
             status = "interrupted"
@@ -220,86 +126,51 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
             release_loader(error.__traceback__)
             raise
         finally:
-            self.running = False
+            engine.running = False
             self._caller_stop = _NEVER
-            data.stop_workers(self.loader)
+            data.stop_workers(engine.loader)
             self._flush()
-        if status != "completed" and status != "early_stopped":
-            message = f"stopped at step {self.step} (epoch {self.epoch}, {self.epoch_offset} samples into it)"
-        if self._nonfinite is not None:
-            bad_step, value = self._nonfinite
-            status = "failed"
-            message = (f"the loss became {value} at step {bad_step} ({c.precision}); training stopped at step "
-                       f"{self.step}, where the losses were read back; lower the learning rate, check the data, "
-                       f"or resume from a checkpoint written before step {bad_step}")
-        if self.recipe.val_data is not None and self.epoch_offset and self._validates \
-                and self._validated_at != self.step:
-            self._validate(closing=True)  # a run ending mid-epoch still reports held-out numbers
-        if self._monitor is not None and self._monitor.failure:
-            status, message = "failed", self._monitor.failure
-        if status == "early_stopped":  # a planned end, not a stop from outside
-            status, message = "completed", self._monitor.stop_message(self.step)
-        best = self._monitor.put_best_back(self.model) if self._monitor is not None and c.restore_best else None
-        per_epoch = (self.loader.sampler.per_epoch or 0) * self.world.size
-        epochs = (self.samples - from_samples) / per_epoch if per_epoch else self._run_start["epochs_done"]
-        extra = {"epochs_trained": epochs, "status": status,
-                 "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": self.step - from_step}
-        extra.update(self._info())
-        # preload_data left on auto and not applying is the engine's business, not this summary's (except
-        # where the user's own sampler is why: that their order is kept is worth a line)
-        quiet = {"preload_data"} if self.config.preload_data is None and self._held is None \
-            and self.recipe.fixed_loader is None else set()
-        extra["notes"] = [n for k, n in self.notes.items() if k not in quiet] + self._compile_accounting(extra) \
-            + ([best] if best else []) + (self.schedule.notes if self.schedule is not None else []) \
-            + ([f"resumed from {os.path.basename(resumed_from)}: this run trained steps {from_step + 1:,} to "
-                f"{self.step:,} of the interrupted run's budget"] if resumed_from else []) \
-            + ([logger.note] if logger is not None else [])
-        if self._logged:
-            extra["logged"] = dict(self._logged)
-        if self.log.thinning:  # rows were dropped to bound memory: the count of steps is the log's, not its rows'
-            extra["notes"].append(self.log.thinning)
-            extra["steps"] = self.log.steps_seen
-        summary = summarize(self.log, extra)
-        self.log.emit(EndEvent(type="end", summary=plain(summary), status=status, message=message))
-        if logger is not None:
-            logger.close()
-        return RunResult(self.config, self.log, summary, status, message)
+        return self._finish(status, peak, logger, resumed_from, from_step, from_samples)
 
     def _train_some(self, steps_left: int | None) -> bool:
         """Train from the current position until the epoch ends (True) or a stop, budget or change (False)."""
-        c, recipe, precision = self.config, self.recipe, self.precision
-        model, optimizer, scaler = self._train_model, self.optimizer, precision.scaler
-        sampler = self.loader.sampler
-        sampler.set_position(self.epoch, self.epoch_offset)
-        if hasattr(self.model, "start_batches_at"):  # a LightningModule's batch_idx: the batch's index in its epoch
-            self.model.start_batches_at(self.epoch_offset // c.batch_size)
-        k, world = c.accumulate_grad_batches, self.world.size
+        engine = self.engine
+        c, recipe, precision = engine.config, engine.recipe, engine.precision
+        model, optimizer, scaler = engine.train_model, engine.optimizer, precision.scaler
+        loader = engine.loader
+        sampler = loader.sampler
+        sampler.set_position(engine.epoch, engine.epoch_offset)
+        if hasattr(engine.model, "start_batches_at"):  # a LightningModule's batch_idx: the batch's index in its epoch
+            engine.model.start_batches_at(engine.epoch_offset // c.batch_size)
+        k, world = c.accumulate_grad_batches, engine.world.size
         if sampler.per_epoch is None:  # a stream: as many batches as the budget needs, or until it ends
             sizes = None
-            passes = getattr(self.loader, "batches_per_pass", None)  # the user's own DataLoader knows its length
+            passes = getattr(loader, "batches_per_pass", None)  # the user's own DataLoader knows its length
             n = steps_left * k if passes is None else min(passes(), steps_left * k if steps_left else passes())
         else:
-            sizes = data.batch_sizes(len(sampler), self.loader.batch_size, c.drop_last)
+            sizes = data.batch_sizes(len(sampler), loader.batch_size, c.drop_last)
             n = len(sizes)
         if not n:
             return True
         # Everything the hot loop touches is a local: this loop must cost no more than a hand-written one.
-        move = (self.device.type != "cpu" and not isinstance(self.loader, data.HeldBatches)) or c.channels_last
+        device = engine.device
+        move = (device.type != "cpu" and not isinstance(loader, data.HeldBatches)) or c.channels_last
         perf, now = time.perf_counter, self._clock.now
         no_sync = getattr(model, "no_sync", None)
         # FSDP's no_sync: a flag that must hold through backward, set before every micro-step's forward.
         set_sync = getattr(model, "set_requires_gradient_sync", None) if k > 1 else None
         null = contextlib.nullcontext()
         clip, warm_until, log_every = c.gradient_clip_val, c.warmup_steps, c.log_every_n_steps
-        step_schedule = self.schedule.step if self.schedule is not None and self.schedule.interval == "step" else None
+        schedule = engine.schedule
+        step_schedule = schedule.step if schedule is not None and schedule.interval == "step" else None
         rows, losses, group = self._rows, self._losses, optimizer.param_groups[0]
         stop, caller_stop, step_loss = self._stop, self._caller_stop, recipe.step_loss
-        val_every = c.val_every_n_steps if self.recipe.val_data is not None else None
+        val_every = c.val_every_n_steps if recipe.val_data is not None else None
         every = c.checkpoint_every  # an options.Interval: steps or seconds, read once by the config
         save_steps, save_seconds = (every.steps, every.seconds) if every else (0, 0.0)
-        sync = functools.partial(torch.cuda.synchronize, self.device) \
-            if self.sync_phases and self.device.type == "cuda" else no_device_sync
-        iterator = iter(self.loader)
+        sync = functools.partial(torch.cuda.synchronize, device) \
+            if engine.sync_phases and device.type == "cuda" else no_device_sync
+        iterator = iter(loader)
         micro = window = window_samples = 0
         data_s = h2d_s = forward_s = backward_s = 0.0
         loss_sum = None
@@ -315,7 +186,7 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
                 return True
             t1 = perf()
             if move:
-                batch = self.prepare(batch)
+                batch = engine.prepare(batch)
             sync()
             t2 = perf()
             boundary = micro + 1 == window
@@ -341,55 +212,159 @@ class Engine(LearningRates, LiveChanges, StateAPI, Validation, RunReport):
                 continue
             if clip is not None:
                 scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+                torch.nn.utils.clip_grad_norm_(engine.model.parameters(), clip)
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             sync()
             t5 = perf()
-            self.step += 1
-            self.epoch_offset += window_samples
-            self.samples += window_samples * world
-            rows.append((self.step, self.epoch, self.samples, now(t5), group["lr"], t5 - t_step,
+            engine.step += 1
+            engine.epoch_offset += window_samples
+            engine.samples += window_samples * world
+            rows.append((engine.step, engine.epoch, engine.samples, now(t5), group["lr"], t5 - t_step,
                          data_s, h2d_s, forward_s, backward_s, t5 - t4))
             losses.append(loss_sum)
             if len(losses) >= log_every:
                 self._flush()
             if step_schedule is not None:
                 step_schedule(optimizer)
-            if self.step <= warm_until:
-                self.set_lr(self.step)
-            if (save_steps and self.step % save_steps == 0) or (save_seconds and t5 - self._saved_at >= save_seconds):
-                self.save_checkpoint()
-            if val_every and self.step % val_every == 0:
+            if engine.step <= warm_until:
+                engine.set_lr(engine.step)
+            if (save_steps and engine.step % save_steps == 0) or \
+                    (save_seconds and t5 - engine.saved_at >= save_seconds):
+                engine.save_checkpoint()
+            if val_every and engine.step % val_every == 0:
                 self._validate_now()
             micro = window_samples = 0
             data_s = h2d_s = forward_s = backward_s = 0.0
             if steps_left is not None:
                 steps_left -= 1
             if i + 1 < n and (steps_left == 0 or stop.is_set() or caller_stop.is_set()
-                              or self._pending is not None):
+                              or engine.pending is not None):
                 self._after_boundary()
                 return False
             t_step = perf()
         self._after_boundary()
         return sizes is not None  # a stream's budget ending is not the end of its pass
 
-    _saved_at = float("-inf")
+    # --- the loop's helpers ---------------------------------------------------------------
 
-    def save_checkpoint(self):
-        """Write a checkpoint now (the run's folder, step-N.pt); returns its path."""
-        self._saved_at = time.perf_counter()
-        if not self.world.is_main:
-            return None
-        return checkpoint.save(self, checkpoint.folder(self.config))
-
-    def prepare(self, batch):
-        """A batch on the training device, in the model's memory format."""
-        batch = data.to_device(batch, self.device, self.config.pin)
-        return toggles.to_channels_last(batch) if self.config.channels_last else batch
+    def _flush(self) -> None:
+        """Emit the buffered steps, reading their losses back in one transfer."""
+        if not self._losses:
+            return
+        engine = self.engine
+        columns = {name: list(values) for name, values in zip(ROW, zip(*self._rows))}
+        columns["loss"] = torch.stack(self._losses).float().tolist()  # the one host<->device sync per window
+        if self._nonfinite is None and engine.config.on_nonfinite_loss == "stop":
+            bad = next(((s, v) for s, v in zip(columns["step"], columns["loss"]) if not math.isfinite(v)), None)
+            if bad is not None:
+                self._nonfinite = bad
+                self.stop("failed")
+        self._rows.clear()
+        self._losses.clear()
+        self.log.emit(StepsEvent(type="steps", rows=columns))
+        logged = engine.recipe.logged.drain() if engine.recipe.logged is not None else None
+        if logged:  # the user's own self.log(...) values, read back with the losses
+            self._logged.update(logged)
+            self.log.emit(LoggedEvent(type="logged", step=engine.step, values=logged))
 
     def _after_boundary(self) -> None:
-        if self._pending is not None:
+        if self.engine.pending is not None:
             self._flush()
-            self._apply_pending()
+            self.engine.apply_pending()
+
+    def _end_stream_pass(self, micro: int) -> None:
+        """A stream ended: a half-accumulated window is dropped (its gradients would be scaled for a full one)."""
+        if micro:
+            self.engine.model.zero_grad(set_to_none=True)
+            self.engine.note("stream", f"the stream's last {micro} batch(es) of an accumulation window were "
+                             "dropped at the end of a pass")
+        self._after_boundary()
+
+    def _end_epoch(self) -> None:
+        self._flush()
+        engine = self.engine
+        if engine.schedule is not None and engine.schedule.interval == "epoch":
+            engine.schedule.step(engine.optimizer)
+            engine.set_lr(engine.step)
+        engine.epoch += 1
+        engine.epoch_offset = 0
+        event = EpochEvent(type="epoch", epoch=engine.epoch, step=engine.step)
+        if engine.recipe.val_data is not None and self._validates() and not engine.config.val_every_n_steps:
+            with self._clock.paused():
+                event.update(self._validate(emit=False))
+        self.log.emit(event)
+
+    def _validates(self) -> bool:
+        # A sharded model's forward gathers parameters from every rank, so every rank validates.
+        return self.engine.world.is_main or fsdp.is_sharded(self.engine.model)
+
+    def _validate(self, emit: bool = True, closing: bool = False) -> dict:
+        """Held-out numbers now; `closing`: the report of a run ending mid-epoch, which a plateau schedule
+        does not step on (a run continued in the next call then steps where one longer run would)."""
+        engine = self.engine
+        numbers = engine.evaluate(engine.recipe.val_data)
+        engine.validated_at = engine.step
+        if emit:
+            self.log.emit(EpochEvent(type="epoch", epoch=engine.epoch, step=engine.step, partial=True, **numbers))
+        if engine.schedule is not None and engine.schedule.on_plateau and not closing:
+            engine.schedule.step_on(numbers, engine.config, engine.optimizer)
+            engine.set_lr(engine.step)
+        if self._monitor is not None and self._monitor.update(numbers, engine.step, engine.model):
+            self.stop("failed" if self._monitor.problem else "early_stopped")
+        return numbers
+
+    def _validate_now(self) -> None:
+        """A held-out evaluation between steps (val_every_n_steps), kept out of the training clock."""
+        self._flush()
+        if self._validates():
+            with self._clock.paused():
+                self._validate()
+
+    # --- the end ------------------------------------------------------------------------
+
+    def _finish(self, status, peak, logger, resumed_from, from_step: int, from_samples: int) -> RunResult:
+        """The run's status, its closing held-out numbers and its summary (the `end` event)."""
+        engine, c, message = self.engine, self.engine.config, ""
+        if status != "completed" and status != "early_stopped":
+            message = f"stopped at step {engine.step} (epoch {engine.epoch}, {engine.epoch_offset} samples into it)"
+        if self._nonfinite is not None:
+            bad_step, value = self._nonfinite
+            status = "failed"
+            message = (f"the loss became {value} at step {bad_step} ({c.precision}); training stopped at step "
+                       f"{engine.step}, where the losses were read back; lower the learning rate, check the data, "
+                       f"or resume from a checkpoint written before step {bad_step}")
+        if engine.recipe.val_data is not None and engine.epoch_offset and self._validates() \
+                and engine.validated_at != engine.step:
+            self._validate(closing=True)  # a run ending mid-epoch still reports held-out numbers
+        if self._monitor is not None and self._monitor.failure:
+            status, message = "failed", self._monitor.failure
+        if status == "early_stopped":  # a planned end, not a stop from outside
+            status, message = "completed", self._monitor.stop_message(engine.step)
+        best = self._monitor.put_best_back(engine.model) if self._monitor is not None and c.restore_best else None
+        per_epoch = (engine.loader.sampler.per_epoch or 0) * engine.world.size
+        epochs = (engine.samples - from_samples) / per_epoch if per_epoch else engine.run_start["epochs_done"]
+        extra = {"epochs_trained": epochs, "status": status,
+                 "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": engine.step - from_step}
+        extra.update(report.info(engine))
+        # preload_data left on auto and not applying is the engine's business, not this summary's (except
+        # where the user's own sampler is why: that their order is kept is worth a line)
+        quiet = {"preload_data"} if engine.config.preload_data is None and engine.held_data is None \
+            and engine.recipe.fixed_loader is None else set()
+        extra["notes"] = [n for k, n in engine.notes.items() if k not in quiet] \
+            + engine.compile_cost.notes(self.log.columns["step_s"], engine.config.compile, extra) \
+            + ([best] if best else []) + (engine.schedule.notes if engine.schedule is not None else []) \
+            + ([f"resumed from {os.path.basename(resumed_from)}: this run trained steps {from_step + 1:,} to "
+                f"{engine.step:,} of the interrupted run's budget"] if resumed_from else []) \
+            + ([logger.note] if logger is not None else [])
+        if self._logged:
+            extra["logged"] = dict(self._logged)
+        if self.log.thinning:  # rows were dropped to bound memory: the count of steps is the log's, not its rows'
+            extra["notes"].append(self.log.thinning)
+            extra["steps"] = self.log.steps_seen
+        summary = summarize(self.log, extra)
+        self.log.emit(EndEvent(type="end", summary=plain(summary), status=status, message=message))
+        if logger is not None:
+            logger.close()
+        return RunResult(engine.config, self.log, summary, status, message)

@@ -8,7 +8,6 @@ disk; trials keep a copy in memory and put it back after measuring.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import random
 
@@ -110,7 +109,7 @@ class Snapshot:
         self.state = capture(engine, detached=True)
         self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
         self.spare_held = None  # held training data a restore dropped, reused while this snapshot lives
-        engine._snapshots.add(self)
+        engine.snapshots.add(self)
 
     def restore(self, config=None) -> None:
         """Put the state back; the engine ends configured with `config` (default: the one taken)."""
@@ -143,9 +142,9 @@ class Setup:
 
     def put_back(self, engine) -> None:
         engine.recipe, engine.optimizer, engine.schedule = self.recipe, self.optimizer, self.schedule
-        engine._optimizer_lrs = list(self.base_lrs)
+        engine.base_lrs = self.base_lrs
         engine.reconfigure(self.config)  # toggles, precision and device as they were
-        engine.loader, engine._held = self.loader, self.held
+        engine.loader, engine.held_data = self.loader, self.held
         for group, saved in zip(self.optimizer.param_groups, self.groups):
             group.update(saved)  # the rates exactly, not rescaled there and back
         if self.schedule is not None:
@@ -153,45 +152,3 @@ class Setup:
             self.schedule.notes[:] = self.schedule_notes
         engine.set_position(self.position)
 
-
-class StateAPI:
-    """Part of Engine (engine.py): its state as data, and trials that put it back."""
-
-    def state_dict(self) -> dict:
-        """Everything needed to continue training exactly (see py); what checkpoints write."""
-        return capture(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from `state`, all or nothing (StateMismatch when it does not fit)."""
-        restore(self, state)
-
-    @contextlib.contextmanager
-    def trial(self):
-        """Train inside the block, then put everything back bit for bit: weights, gradients, optimizer,
-        schedule, scaler, every RNG, the position and the config (what every checklist tool measures in)."""
-        snapshot = Snapshot(self)
-        try:
-            yield self
-        finally:
-            snapshot.restore()
-
-    def setup(self) -> Setup:
-        """What this engine trains with (recipe, config, optimizer, schedule, loader), to put back later."""
-        return Setup(self)
-
-    def use_setup(self, setup: Setup) -> None:
-        """Train with `setup` again, exactly as it was taken (its optimizer object, rates and schedule)."""
-        setup.put_back(self)
-
-    def position(self) -> dict:
-        """Where training stands, for checkpoints: enough to continue exactly."""
-        return {"step": self.step, "epoch": self.epoch, "epoch_offset": self.epoch_offset, "samples": self.samples,
-                "seed": self.seed, "run_start": dict(self._run_start)}
-
-    def set_position(self, position: dict) -> None:
-        self.step, self.epoch = position["step"], position["epoch"]
-        self.epoch_offset, self.samples = position["epoch_offset"], position["samples"]
-        self._run_start = dict(position["run_start"])
-        if position["seed"] != self.seed:  # the data order is the seed's: a loader of the other seed
-            self.seed = position["seed"]
-            self.loader = self._build_loader()

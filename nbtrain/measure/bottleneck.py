@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..format import ratio as ratio_text
 from ..hardware import usable_cores
 from .verdict import MIN_EFFECT, Verdict
 
@@ -126,7 +127,8 @@ def _host(c) -> list[Remedy]:
         h, d = split.host_s.value, split.device_s.value
         gain = 2 * (h + d) / (h + 2 * d) if h + 2 * d > 0 else math.nan
         out.append(Remedy("host", "batch_size", f"batch_size={2 * b}: the fixed {1000 * h:.2f} ms per step spread over "
-                                                f"twice the samples (x{gain:.2f} predicted by the two-batch fit)"))
+                                                f"twice the samples ({ratio_text(gain)} faster, predicted by the "
+                                                "two-batch fit)"))
     else:
         out.append(Remedy("host", "batch_size", f"batch_size={2 * b}: the fixed per-step cost spread over more samples"))
     steps = []

@@ -74,7 +74,7 @@ class Panel:
         self.errors: list[str] = []      # tracebacks behind every failure the status line showed
         self.status_text = ""
         self.config: TrainConfig | None = self.base
-        self._thread: threading.Thread | None = None
+        self.thread: threading.Thread | None = None
         self._current: RunRecord | None = None
         self._closed = False
         self._displayed = False
@@ -104,7 +104,7 @@ class Panel:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self.thread is not None and self.thread.is_alive()
 
     def say(self, text: str, error: bool = False) -> None:
         """Set the status line (safe from any thread)."""
@@ -113,7 +113,7 @@ class Panel:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the current run ends; True when it has."""
-        thread = self._thread
+        thread = self.thread
         if thread is not None:
             thread.join(timeout)
         return not self.running
@@ -153,11 +153,11 @@ class Panel:
         self.table.show(self.runs)
         self.plot.follow(record.log, record.label())
         self.progress.start(record.number, {})  # the run's start event then says how many steps it plans
-        self._set_running(True)
+        self.set_running(True)
         self.say(f"run #{record.number} starting: {record.settings_text()}")
-        self._thread = threading.Thread(target=training.train, args=(self, record), name="nbtrain-panel-run",
+        self.thread = threading.Thread(target=training.train, args=(self, record), name="nbtrain-panel-run",
                                         daemon=True)
-        self._thread.start()
+        self.thread.start()
 
     @_reported
     def _on_stop(self, _button=None) -> None:
@@ -223,7 +223,7 @@ class Panel:
             return
         self._current.stop.set()  # at the next step boundary; with several devices every rank at the same one
 
-    def _set_running(self, running: bool) -> None:
+    def set_running(self, running: bool) -> None:
         self.run_button.disabled = running
         self.stop_button.disabled = not running
         self.controls.set_running(running)
@@ -234,7 +234,7 @@ class Panel:
         return TOOL_LABELS[tool] if tool else f"run #{self._current.number}"
 
     @_reported
-    def _run_tool(self, tool: str) -> None:
+    def run_tool(self, tool: str) -> None:
         """A checklist tool on the live model, in the background thread, with the controls' settings."""
         if self.running:
             self.say(f"{self._busy()} is still going: Stop it first")

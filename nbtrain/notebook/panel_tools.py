@@ -58,7 +58,7 @@ class ToolButtons:
         for name, tool in PANEL_TOOLS.items():
             button = widgets.Button(description=tool.label, layout=widgets.Layout(width="auto"))
             button.add_class(f"nbtrain-tool-{name.replace('_', '-')}")
-            button.on_click(lambda _b, t=name: self.panel._run_tool(t))
+            button.on_click(lambda _b, t=name: self.panel.run_tool(t))
             self.buttons[name] = button
             for option in tool.options:
                 if option.panel and option.keyword not in self.fields:
@@ -95,11 +95,11 @@ class ToolButtons:
         panel.engine = api.engine_for(panel.recipe, config)  # the engine the tool's trials run on
         self.running_tool = tool
         self.stop_requested = threading.Event()
-        panel._thread = threading.Thread(target=self._work, args=(tool, config, kwargs),
+        panel.thread = threading.Thread(target=self._work, args=(tool, config, kwargs),
                                          name=f"nbtrain-panel-{tool}", daemon=True)
-        panel._set_running(True)
+        panel.set_running(True)
         panel.say(f"{LABELS[tool]}: measuring on the live model{note}…")
-        panel._thread.start()
+        panel.thread.start()
 
     def stop(self) -> None:
         """Ask the tool to stop, and say so if it has not after `stop_grace_s`.
@@ -108,7 +108,7 @@ class ToolButtons:
         it then restores the model. Nothing is raised into its thread from outside: a tool that takes longer
         (a long step, DDP workers starting) is reported in the status line and stops when it reaches the edge.
         """
-        thread, tool = self.panel._thread, self.running_tool
+        thread, tool = self.panel.thread, self.running_tool
         self.stop_requested.set()
         thread.join(self.stop_grace_s)
         with self._said:
@@ -137,7 +137,7 @@ class ToolButtons:
             with self._said:
                 self.running_tool = None
                 try:
-                    panel._set_running(False)
+                    panel.set_running(False)
                 except Exception as exc:
                     panel.errors.append(traceback.format_exc())
                     message, error = f"{message}; updating the panel failed: {exc!r}", True

@@ -38,7 +38,7 @@ def train(panel, record: RunRecord) -> None:
                 message += f" ({panel.plot.error})"
             panel.table.show(panel.runs)
             panel.compare.offer(panel.runs)  # the new selection redraws the compare view
-            panel._set_running(False)
+            panel.set_running(False)
         except Exception as exc:
             panel.errors.append(traceback.format_exc())
             message, error = f"{message}; updating the panel failed: {exc!r}", True

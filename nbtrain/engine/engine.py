@@ -1,0 +1,255 @@
+"""The Engine: what lives across runs on one live model.
+
+It keeps the model, optimizer (with its own rates and the schedule), loader, precision, config and the
+position (step, epoch, samples), and on a config change rebuilds only what the change touches. Each
+`run()` is a `loop.Run`: what a run resets (its rows, losses, monitor, logged values, stop events,
+clock) lives there, with the loop. The Engine holds its collaborators and calls them with what they
+read: `rates` (LR rule, warm-up, schedule), `changes` (live config changes), `state` (state as data,
+trials), `report.CompileCost` (compile cost across runs), `data` / `stream` (batches), `evaluation`.
+It knows nothing of Jupyter: front-ends subscribe views to its MetricsLog.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+import weakref
+
+from torch.utils.data import IterableDataset
+
+from . import changes, checkpoint, data, dist, evaluation, rates, state, toggles
+from ..config import TrainConfig, check_runnable
+from .loop import Run
+from ..metrics import MetricsLog
+from .precision import Precision
+from ..recipe import Recipe
+from .report import CompileCost
+from ..runs.result import RunResult
+from .split import device_map, input_device
+from .stream import FixedLoader, StreamLoader
+from .support import seed_torch
+
+
+class Engine:
+    def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None):
+        self.recipe = recipe
+        self.config = config or TrainConfig()
+        check_runnable(self.config)  # the engine runs here: this machine is the target
+        self.log = log or MetricsLog()  # the current (or last) run's log
+        self.world = dist.world()
+        self.model = recipe.model
+        self.step = 0            # optimizer steps taken on this model by this engine
+        self.epoch = 0           # current epoch
+        self.epoch_offset = 0    # this rank's samples already used in the current epoch
+        self.samples = 0         # samples used, all ranks together
+        # Where the current run's budget counts from (a resumed run's: the interrupted one's); checkpoints keep it.
+        self.run_start = {"step": 0, "samples": 0, "epochs_done": 0}
+        self.seed = self.config.seed if self.config.seed is not None else random.randrange(2**31)
+        self.pending: TrainConfig | None = None  # a requested config, applied at the next step boundary
+        self._lock = threading.Lock()
+        self._run: Run | None = None  # the run in progress
+        self.running = False
+        # Profiling only: synchronise the device at each phase boundary so CUDA phase times are
+        # honest. Off by default, so the hot loop never waits on the device (rule 5).
+        self.sync_phases = False
+        if self.config.seed is not None:
+            seed_torch(self.config.seed)
+        self.notes: dict[str, str] = {}  # option -> why it does not apply here
+        self.compile_cost = CompileCost()
+        self.validated_at: int | None = None  # the step the model was last validated at
+        self.saved_at = float("-inf")  # when the last checkpoint was written (perf_counter)
+        # A split model (split.py) stays where its parts are; batches go to its first part.
+        self.device = input_device(self.model) or dist.device_for(self.config.device_type, self.world)
+        if device_map(self.model) is None:
+            self.model.to(self.device)
+        self.train_model = changes.wrap(self, self.model)  # the module the loop calls: the model, or its wrapper
+        self.precision = Precision(self.config.precision, self.device.type)
+        self.held_data: data.Held | None = None  # the training data held for preload_data, kept across loaders
+        # Live Snapshots (state.py) keep the held data a restore dropped, so a tool alternating a holding
+        # config with one that does not hold reads the data set once, not once a block.
+        self.snapshots = weakref.WeakSet()
+        self.loader = self.build_loader()
+        self.replace_optimizer()
+        changes.apply_toggles(self, changes.TOGGLE_OPTIONS)
+
+    # --- building the parts ----------------------------------------------------------
+
+    def build_loader(self):
+        config = self.config
+        if config.strategy == "dp":  # DataParallel splits each loaded batch across the devices
+            config = config.replace(batch_size=config.batch_size * config.devices)
+        spare = next((s.spare_held for s in list(self.snapshots) if s.spare_held is not None), None)
+        self.held_data, note = data.hold(self.recipe.train_data, config, self.world, self.device,
+                                         self.recipe.collate_fn, previous=self.held_data or spare,
+                                         own_loader=self.recipe.fixed_loader)
+        self.note("preload_data", note)
+        if self.held_data is not None:  # the same batches in the same order, without the per-sample path
+            return data.HeldBatches(self.held_data, config, self.world, self.seed)
+        if self.recipe.fixed_loader is not None:
+            return FixedLoader(self.recipe.fixed_loader, lambda text: self.note("data order", text))
+        if isinstance(self.recipe.train_data, IterableDataset):
+            return StreamLoader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
+        return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
+
+    def rebuild_loader(self) -> None:
+        """New training data: start its first epoch from the beginning."""
+        self.held_data = None
+        self.loader = self.build_loader()
+        self.epoch_offset = 0
+
+    def replace_optimizer(self) -> None:
+        """A new optimizer from the recipe's factory (fresh state), at the configured rate, and its schedule."""
+        self.optimizer = self.recipe.build_optimizer(self.model.parameters())
+        changes.use_optimizer_impl(self)
+        self.base_lrs = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
+        self.replace_schedule(fresh=False)
+
+    def note(self, option: str, note: str | None) -> None:
+        """Say (or stop saying) why `option` does not apply here; runs report these."""
+        if note:
+            self.notes[option] = note
+        else:
+            self.notes.pop(option, None)
+
+    def prepare(self, batch):
+        """A batch on the training device, in the model's memory format."""
+        batch = data.to_device(batch, self.device, self.config.pin)
+        return toggles.to_channels_last(batch) if self.config.channels_last else batch
+
+    # --- learning rates (rates.py) ------------------------------------------------------
+
+    @property
+    def base_lrs(self) -> list[float]:
+        """Each param group's own rate before the LR rule and warm-up (the optimizer's, as given)."""
+        return list(self._base_lrs)
+
+    @base_lrs.setter
+    def base_lrs(self, lrs: list[float]) -> None:
+        self._base_lrs = list(lrs)
+
+    def target_lrs(self, config: TrainConfig | None = None) -> list[float]:
+        """Each group's rate under the LR rule of `config` (default: the live one), before warm-up."""
+        return rates.target_lrs(config or self.config, self.optimizer, self._base_lrs)
+
+    def replace_schedule(self, fresh: bool = True) -> None:
+        """The recipe's scheduler (or none) over the live optimizer (see rates.build_schedule)."""
+        self.schedule = None
+        self.schedule = rates.build_schedule(self.recipe, self.optimizer, self.target_lrs(), fresh)
+        self.set_lr(self.step)
+
+    def check_schedule(self) -> None:
+        """Before a run (not a trial, which never validates): a plateau schedule has a number to step on."""
+        if self.schedule is not None:
+            self.schedule.check(self.config, self.recipe.val_data is not None, self.world.size)
+
+    def set_lr(self, step: int) -> None:
+        targets = self.schedule.lrs() if self.schedule is not None else self.target_lrs()
+        rates.set_lr(self.optimizer, targets, self.config.warmup_steps, step)
+
+    def lr_note(self, config: TrainConfig | None = None) -> str:
+        """The learning rate this run uses (or `config` would use), and why."""
+        c = config or self.config
+        return rates.lr_note(c, self.target_lrs(c)[0], self._base_lrs[0], self.schedule)
+
+    # --- config changes (changes.py) ------------------------------------------------------
+
+    def request(self, **asked) -> TrainConfig:
+        """Ask for a config change; it is validated now and applied at the next optimizer step."""
+        new = (self.pending or self.config).replace(**asked)
+        changes.check_request(self, new)
+        with self._lock:
+            self.pending = new
+        if not self.running:
+            self.apply_pending()
+        return new
+
+    def reconfigure(self, config: TrainConfig) -> None:
+        """Switch to `config` (between runs, or at the next step boundary of a run)."""
+        self.request(**{name: new for name, (_, new) in config.changed_from(self.config).items()})
+
+    def apply_pending(self) -> None:
+        """Apply the requested config (the run calls this at a step boundary)."""
+        with self._lock:
+            new, self.pending = self.pending, None
+        if new is not None:
+            changes.apply(self, new)
+
+    # --- state as data (state.py) ---------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue training exactly (see state.py); what checkpoints write."""
+        return state.capture(self)
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from `saved`, all or nothing (StateMismatch when it does not fit)."""
+        state.restore(self, saved)
+
+    @contextlib.contextmanager
+    def trial(self):
+        """Train inside the block, then put everything back bit for bit: weights, gradients, optimizer,
+        schedule, scaler, every RNG, the position and the config (what every checklist tool measures in)."""
+        snapshot = state.Snapshot(self)
+        try:
+            yield self
+        finally:
+            snapshot.restore()
+
+    def setup(self) -> state.Setup:
+        """What this engine trains with (recipe, config, optimizer, schedule, loader), to put back later."""
+        return state.Setup(self)
+
+    def use_setup(self, setup: state.Setup) -> None:
+        """Train with `setup` again, exactly as it was taken (its optimizer object, rates and schedule)."""
+        setup.put_back(self)
+
+    def position(self) -> dict:
+        """Where training stands, for checkpoints: enough to continue exactly."""
+        return {"step": self.step, "epoch": self.epoch, "epoch_offset": self.epoch_offset, "samples": self.samples,
+                "seed": self.seed, "run_start": dict(self.run_start)}
+
+    def set_position(self, position: dict) -> None:
+        self.step, self.epoch = position["step"], position["epoch"]
+        self.epoch_offset, self.samples = position["epoch_offset"], position["samples"]
+        self.run_start = dict(position["run_start"])
+        if position["seed"] != self.seed:  # the data order is the seed's: a loader of the other seed
+            self.seed = position["seed"]
+            self.loader = self.build_loader()
+
+    def save_checkpoint(self):
+        """Write a checkpoint now (the run's folder, step-N.pt); returns its path."""
+        self.saved_at = time.perf_counter()
+        if not self.world.is_main:
+            return None
+        return checkpoint.save(self, checkpoint.folder(self.config))
+
+    def evaluate(self, dataset) -> dict:
+        """Held-out numbers of the live model on `dataset` (see evaluation.py)."""
+        return evaluation.evaluate(self, dataset)
+
+    # --- runs (loop.py) -------------------------------------------------------------------
+
+    def run(self, log: MetricsLog | None = None, stop: threading.Event | None = None) -> RunResult:
+        """Train for the config's budget (max_epochs / max_steps) from where the model is now.
+
+        Each run records into a fresh MetricsLog (or `log`, where views already listen). `stop`, an
+        event set from any thread, ends the run at the next optimizer step as stop() does (one set
+        before the run starts ends it before its first step); the engine never sets it itself.
+        """
+        self._run = Run(self, log, stop)
+        try:
+            return self._run.train()
+        finally:
+            self._run = None
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for and the run has not reached its step boundary yet."""
+        run = self._run
+        return run is not None and run.stopping
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop the run in progress at its next optimizer-step boundary (safe from any thread)."""
+        run = self._run
+        if run is not None:
+            run.stop(reason)
