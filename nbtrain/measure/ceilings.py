@@ -62,6 +62,7 @@ class Ceilings:
     has_convolutions: bool = False
     held: bool = False          # batches cut from tensors held in memory (no DataLoader)
     source: str = "the DataLoader"
+    cores: int = 0              # CPU cores the loader's workers may use (0: this process's, hardware.usable_cores)
 
     @property
     def device_type(self) -> str:

@@ -47,7 +47,8 @@ _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most r
 _BLOCKS_PER_TRIAL = 6  # a race block is a sixth of trial_s: short blocks pair closely in time (the
 # machine's speed drifts within a second) and the walk does its work in a third of a grid's time
 _NEAR = 1.5  # a ceiling within this factor of the binding one is answered too: the readings' error is of this order
-_CEILING_BLOCKS = 4  # a reading of the ceilings costs about this many blocks (loader, model at two batches, peaks)
+_READING_S = 4.0  # first guess at one reading of the ceilings (3.4 s on this 2-core CPU: the peaks' matmuls, the
+# bandwidth's copy, half a second each of the loader and of the model at two batches); re-estimated from each
 
 
 class Walk:
@@ -66,6 +67,9 @@ class Walk:
         self.current = bench.start  # the config the walk has kept so far
         self.start_rates: list = []  # the starting config's block rates, from the first race
         self.retry_batch: int | None = None  # a larger batch the workers item races as well (checklist_items)
+        self.seen: set = set()  # configs measured once already (their start-up paid)
+        self.start_up_s = 0.5  # what a config's first block takes beyond the others; re-estimated
+        self.reading_s = _READING_S
 
     def left(self) -> float:
         return self.budget_s - (self.clock() - self.t0)
@@ -77,14 +81,20 @@ class Walk:
         t0 = self.clock()
         self.bench.current = self.current
         block = self.bench.block(config, self.block_s)
-        self.block_overhead_s = max(0.005, 0.5 * self.block_overhead_s + 0.5 * (self.clock() - t0 - self.block_s))
+        extra = self.clock() - t0 - self.block_s
+        if config in self.seen:
+            self.block_overhead_s = max(0.005, 0.5 * self.block_overhead_s + 0.5 * extra)
+        else:  # a config's first block also pays its start-up (workers, autotuning), once
+            self.seen.add(config)
+            self.start_up_s = max(0.0, 0.5 * self.start_up_s + 0.5 * (extra - self.block_overhead_s))
         return block
 
     def race(self, candidates: list, ordered: bool = False) -> list[Tried]:
         """Race (label, config) candidates against the current config (measure/race.py), within the budget.
 
         Returns [] when not even one round fits what is left of the budget."""
-        if self.left() < (len(candidates) + 1) * self.block_cost_s():
+        new = sum(config not in self.seen for _, config in candidates) + (self.current not in self.seen)
+        if self.left() < (len(candidates) + 1) * self.block_cost_s() + new * self.start_up_s:
             return []
         entrants = [Entrant(label, config) for label, config in candidates]
         result = race(self.block, self.current, entrants, decide_at=self.min_gain, min_rounds=_ROUNDS[0],
@@ -127,21 +137,34 @@ class Walk:
 
     def bottleneck(self):
         """The ceilings' verdict at the current config, or None where they cannot be read (or the budget has no
-        room: a reading costs about _CEILING_BLOCKS blocks and must leave room for one race)."""
-        if self.left() < (_CEILING_BLOCKS + 2 * _ROUNDS[0]) * self.block_cost_s():
+        room: a reading must leave room for another and for one race)."""
+        if self.left() < 2 * self.reading_s + 2 * _ROUNDS[0] * self.block_cost_s():
             return None
+        t0 = self.clock()
         try:
             return self.bench.bottleneck(self.current, self.block_s)
         except Exception:  # noqa: BLE001 - a walk without a reading walks every item once instead
             return None
+        finally:
+            self.reading_s = 0.5 * self.reading_s + 0.5 * (self.clock() - t0)
 
 
 def answering(bottleneck, items) -> list:
     """The items that answer the binding ceiling (or one within _NEAR of it), in the order of its remedies."""
-    near = {k for k, r in bottleneck.ratios.items() if r <= _NEAR or k == bottleneck.binding}
+    near = _near(bottleneck)
     options = [r.item for r in bottleneck.remedies if r.ceiling in near]
     ranked = [i for i in items if i.stage == "bottleneck" and any(a in options for a in i.answers)]
     return sorted(ranked, key=lambda i: min(options.index(a) for a in i.answers if a in options))
+
+
+def _near(bottleneck) -> set:
+    """The binding ceiling and those within _NEAR of it."""
+    return {k for k, r in bottleneck.ratios.items() if r <= _NEAR or k == bottleneck.binding}
+
+
+def _where(bottleneck) -> tuple:
+    """Where the bottleneck is: the binding ceiling and the ceilings near it (it moved when this changed)."""
+    return ("",) if bottleneck is None else (bottleneck.binding, *sorted(_near(bottleneck)))
 
 
 def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks: list) -> list:
@@ -152,7 +175,8 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
     left out silently); one kept there resumes the path."""
     for item in (i for i in items if i.stage == "first"):
         _try(walk, item, None, skipped, results, lr_checks)
-    path, rejected, tried = [], {}, set()  # rejected: item name -> the binding ceiling it was rejected under
+    path, rejected, tried = [], {}, set()  # rejected: item name -> the binding ceiling it was rejected under,
+    # until the bottleneck moves
 
     def attempt(item, binding) -> bool:
         tried.add(item.name)
@@ -163,8 +187,10 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
 
     while True:
         b = walk.bottleneck()
-        path.append((walk.current, b))
         binding = b.binding if b is not None else ""
+        if path and _where(b) != _where(path[-1][1]):
+            rejected.clear()  # the bottleneck moved: what it rejected before may pay now
+        path.append((walk.current, b))
         answers = answering(b, items) if b is not None else []
         if any(attempt(i, binding) for i in answers if rejected.get(i.name) != binding):
             continue
