@@ -28,7 +28,7 @@ def test_the_walk_reaches_nine_tenths_of_the_grids_best_in_a_third_of_its_time(s
         assert r["walk"].elapsed_s <= r["walk"].budget_s, (r["walk"].device, r["walk"].elapsed_s)
 
 
-def test_the_h200_walk_follows_the_bottleneck_from_the_host_to_the_loader_and_asks_for_held_data_again():
+def test_the_h200_walk_follows_the_bottleneck_from_the_host_to_the_loader_and_asks_for_held_data_again(tmp_path):
     # The first GPU walk raced held data once at batch 32, bound by the host, and never again at 2048,
     # where it pays ~3x: here it is tried under the host, rejected, and tried again once the loader binds.
     r = walk_against_grid(H200, seed=0)
@@ -43,6 +43,9 @@ def test_the_h200_walk_follows_the_bottleneck_from_the_host_to_the_loader_and_as
     assert "bound by" in table and "path: host-bound -> data-bound" in table
     lines = [line.split()[:2] for line in table.splitlines()[3:3 + len(walk.items)]]
     assert lines == [[i.bottleneck, i.name] for i in walk.items], table  # rows in the order walked
+    figure = walk.plot(tmp_path / "walk.png")  # and the waterfall's bars, each with its bottleneck
+    ticks = [t.get_text() for t in figure.axes[0].get_xticklabels()]
+    assert ticks[1:3] == ["batch_size\n(host-bound)", "preload_data\n(data-bound)"] and ticks[-1] == "result", ticks
 
 
 def test_an_item_rejected_under_one_bottleneck_is_raced_again_when_the_bottleneck_moves():

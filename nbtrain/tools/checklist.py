@@ -215,7 +215,8 @@ def _try(walk: Walk, item, binding: str | None, skipped: dict, results: list, lr
                                   bottleneck=binding or ""))
         return False
     if isinstance(outcome, str):
-        skipped[item.name] = outcome
+        if not any(r.name == item.name for r in results):  # one raced before keeps its row, not a skip too
+            skipped[item.name] = outcome
         return False
     tried = [t for t in outcome if t.samples_per_s is not None or t.note]
     if not tried:
