@@ -78,8 +78,9 @@ def test_an_a_a_item_is_not_kept_and_its_row_shows_the_interval(monkeypatch):
     before = state(recipe.model)
     walk = checklist(recipe, config=TrainConfig(batch_size=32, accelerator="cpu"), budget_s=10, clock=lambda: 0.0,
                      trial_s=0.3, items=("precision",))
-    (item,) = walk.items
-    assert not item.kept and walk.best_config == walk.start_config, walk.table()
+    item, *second_look = walk.items  # a race too noisy to tell may be looked at once more
+    assert len(second_look) <= 1 and not any(i.kept for i in walk.items), walk.table()
+    assert walk.best_config == walk.start_config, walk.table()
     assert f"({item.verdict.interval_text()})" in walk.table()
     assert not item.verdict.above(0.03)
     assert same_state(before, state(recipe.model))

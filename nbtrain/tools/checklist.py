@@ -12,7 +12,8 @@ change), in the remedies' order, and keeps the first whose race shows a gain; th
 ceilings again at the config kept, and so on, until no item answering the binding ceiling gains or
 the budget ends; then the items not tried yet are tried once each (a reading can be wrong where two
 ceilings are close, and an item asked for is never left out silently), and one kept there resumes
-the path. An item rejected under one bottleneck is tried again when the bottleneck moves: a
+the path; an item whose race ended too noisy to tell with a promising ratio gets one second look
+from the same config while the budget lasts. An item rejected under one bottleneck is tried again when the bottleneck moves: a
 batch of 32 bound by the host cannot show what held data buys at a batch of 2048 bound by the
 loader. Items with stage "first" (the GPU) come before the first reading, those with stage "last"
 (accumulation to a target, DDP) once after the path ends. Where the ceilings cannot be read, every
@@ -167,6 +168,14 @@ def _where(bottleneck) -> tuple:
     return ("",) if bottleneck is None else (bottleneck.binding, *sorted(_near(bottleneck)))
 
 
+def _undecided(results: list, name: str) -> bool:
+    """The item's last race, run from the current config (after the last keep), ended too noisy to tell with a
+    ratio above the bar."""
+    kept_at = max((k for k, r in enumerate(results) if r.kept), default=-1)
+    last = max((k for k, r in enumerate(results) if r.name == name), default=-1)
+    return last > kept_at and results[last].note.startswith("too noisy to tell")
+
+
 def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks: list) -> list:
     """Walk `items` (Item) along the bottleneck; returns the path: (config, Bottleneck or None) per reading.
 
@@ -175,6 +184,7 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
     left out silently); one kept there resumes the path."""
     for item in (i for i in items if i.stage == "first"):
         _try(walk, item, None, skipped, results, lr_checks)
+    second: set = set()  # (item name, config) given a second look
     path, rejected, tried = [], {}, set()  # rejected: item name -> the binding ceiling it was rejected under,
     # until the bottleneck moves
 
@@ -195,7 +205,13 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
         if any(attempt(i, binding) for i in answers if rejected.get(i.name) != binding):
             continue
         rest = [i for i in items if i.stage == "bottleneck" and i.name not in tried]
-        if not any(attempt(i, binding) for i in rest):
+        if any(attempt(i, binding) for i in rest):
+            continue
+        # A second look, while the budget lasts, at the items whose race ended too noisy to tell with a
+        # promising ratio: a passing load decides one race, rarely two. Once per item and config.
+        looks = [i for i in items if (i.name, walk.current) not in second and _undecided(results, i.name)]
+        second.update((i.name, walk.current) for i in looks)
+        if not any(attempt(i, binding) for i in looks):
             break  # nothing gained: the path ends here
     for item in (i for i in items if i.stage == "last"):
         _try(walk, item, None, skipped, results, lr_checks)
