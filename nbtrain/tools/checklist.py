@@ -39,7 +39,6 @@ from .checklist_items import (ITEMS, REGISTRY, Tried, batch_candidates, batch_to
                               precision_candidates, with_batch, with_workers, worker_candidates)
 from .checklist_result import ChecklistResult, ItemResult  # noqa: F401
 from ..measure.race import Entrant, race
-from ..measure.verdict import Verdict
 from .tool_options import ToolRefusal, declare, option
 from .tune import MEMORY_BUDGET
 from .walk_bench import EngineBench
@@ -209,7 +208,8 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
             continue
         # A second look, while the budget lasts, at the items whose race ended too noisy to tell with a
         # promising ratio: a passing load decides one race, rarely two. Once per item and config.
-        looks = [i for i in items if (i.name, walk.current) not in second and _undecided(results, i.name)]
+        looks = [i for i in items if i.stage == "bottleneck" and (i.name, walk.current) not in second
+                 and _undecided(results, i.name)]
         second.update((i.name, walk.current) for i in looks)
         if not any(attempt(i, binding) for i in looks):
             break  # nothing gained: the path ends here

@@ -15,13 +15,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from .. import hardware
 from ..config import ConfigError, TrainConfig, runnable_problems
-from . import trial
 from .diagnose import usable_cores
-from ..measure.steady import NOTHING, SteadyRate, block_rates, columns_series
+from ..measure.steady import NOTHING, SteadyRate
 from ..measure.verdict import UNMEASURED, Verdict, unpaired
 
 
