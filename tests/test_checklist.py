@@ -319,3 +319,20 @@ def test_the_walk_drops_a_candidate_whose_loss_diverges_and_refuses_when_the_cur
         checklist(recipe=recipe, config=TrainConfig(batch_size=4, accelerator="cpu", lr=5.0),
                   items=("batch_size",), budget_s=30, clock=lambda: 0.0, trial_s=0.2)
     assert same_state(before, state(recipe.model))
+
+
+def test_the_walk_measures_the_devices_peaks_and_bandwidth_once_not_at_every_reading(monkeypatch):
+    # They belong to the machine, not the config: 5.8 s of a 6 s first reading here, 0.3 s each reading after.
+    from nbtrain.measure import device_rates
+    from nbtrain.tools.walk_bench import EngineBench
+    bench = EngineBench(trial_engine := engine_for(digits_recipe(), TrainConfig(batch_size=32)))
+    first = bench.bottleneck(bench.start, 0.05)
+    assert {torch.float32, "bandwidth"} <= set(bench.device_rates), bench.device_rates
+
+    def measured_again(*args, **kwargs):
+        raise AssertionError("a device rate measured again")
+    monkeypatch.setattr(device_rates, "peak_flops", measured_again)
+    monkeypatch.setattr(device_rates, "bandwidth", measured_again)
+    again = bench.bottleneck(bench.start.replace(batch_size=64), 0.05)
+    assert again.rates["compute"] > 0 and first.binding in ("host", "data", "compute", "memory")
+    assert trial_engine.config.batch_size == 32  # each reading puts the engine back

@@ -68,6 +68,7 @@ class EngineBench:
         self.start = trial.plain_config(engine.config)  # the user's own config: its errors are theirs
         self.current = self.start
         self.device = str(engine.device)
+        self.device_rates: dict = {}  # the device's peaks and bandwidth, measured at the first reading only
         self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" else (None, "")
 
     def _over_memory(self, m) -> str:
@@ -117,7 +118,7 @@ class EngineBench:
         from ..measure.ceilings import measure_ceilings
         try:
             self.engine.reconfigure(config)
-            return measure_ceilings(self.engine, steps=10, seconds=seconds).bottleneck()
+            return measure_ceilings(self.engine, steps=10, seconds=seconds, known=self.device_rates).bottleneck()
         finally:
             self.snapshot.restore()
 
