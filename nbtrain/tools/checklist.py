@@ -86,7 +86,8 @@ class Walk:
             self.block_overhead_s = max(0.005, 0.5 * self.block_overhead_s + 0.5 * extra)
         else:  # a config's first block also pays its start-up (workers, autotuning), once
             self.seen.add(config)
-            self.start_up_s = max(0.0, 0.5 * self.start_up_s + 0.5 * (extra - self.block_overhead_s))
+            paid = extra - self.block_overhead_s  # up at once, down by halves: a budget errs on the safe side
+            self.start_up_s = max(0.0, paid, 0.5 * self.start_up_s + 0.5 * paid)
         return block
 
     def race(self, candidates: list, ordered: bool = False) -> list[Tried]:
