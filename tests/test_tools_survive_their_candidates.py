@@ -13,7 +13,8 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 from nbtrain import Recipe, TrainConfig, hardware
 from nbtrain.demo import digits_recipe
 from nbtrain.tools import checklist_items, trial
-from nbtrain.tools.checklist import _Walk, checklist
+from nbtrain.tools.checklist import Walk, checklist
+from nbtrain.tools.walk_bench import EngineBench
 from nbtrain.tools.tune import find_batch_size
 from nbtrain.tools.tune_workers import find_workers
 
@@ -44,9 +45,9 @@ def test_on_one_gpu_the_walk_skips_ddp_with_its_reason_before_measuring_anything
     recipe = digits_recipe()
     with hardware.assume(ONE_GPU):
         engine = trial.resolve(recipe=recipe, config=TrainConfig(batch_size=16, accelerator="cpu"))
-        walk = _Walk(engine, 60.0, 0.2, None, 0.03, lambda: 0.0, 0.0)
+        walk = Walk(EngineBench(engine), 60.0, 0.2, 0.03, lambda: 0.0, 0.0)
         on_the_gpu = TrainConfig(batch_size=16, accelerator="cuda")
-        reason = checklist_items.ddp(walk, engine, walk.start, on_the_gpu, None)
+        reason = checklist_items.ddp(walk, on_the_gpu)
     assert reason == ("1 CUDA device on this machine: 2 DDP processes would share one GPU, which is slower "
                       "by construction")
     assert walk.trials == 0 and walk.blocks == 0  # nothing was measured for an item that cannot run here
@@ -56,8 +57,8 @@ def test_the_ddp_item_says_what_this_machines_cores_allow():
     recipe = digits_recipe()
     with hardware.assume(hardware.Inventory(cuda_devices=1, cuda_bf16=True, mps=False, cpu_cores=1)):
         engine = trial.resolve(recipe=recipe, config=TrainConfig(batch_size=16, accelerator="cpu"))
-        walk = _Walk(engine, 60.0, 0.2, None, 0.03, lambda: 0.0, 0.0)
-        reason = checklist_items.ddp(walk, engine, walk.start, walk.start, None)
+        walk = Walk(EngineBench(engine), 60.0, 0.2, 0.03, lambda: 0.0, 0.0)
+        reason = checklist_items.ddp(walk, walk.start)
     assert "devices=2" in reason and "at most 1 CPU processes" in reason and walk.trials == 0
 
 

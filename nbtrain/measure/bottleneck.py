@@ -192,7 +192,7 @@ def _data(c) -> list[Remedy]:
     if c.held is False:
         out.append(Remedy("data", "preload_data", "preload_data=True: hold the samples in memory, each read "
                                                   "(and transformed) once, where a sample read twice is the same"))
-    more = min(max(2, 2 * cfg.num_workers), max(usable_cores() - 1, 1))
+    more = min(max(2, 2 * cfg.num_workers), max((getattr(c, "cores", 0) or usable_cores()) - 1, 1))
     if c.held is False and more > cfg.num_workers:
         out.append(Remedy("data", "num_workers", f"num_workers={more}: samples loaded in parallel processes"))
     if c.cuda and not cfg.pin:

@@ -62,6 +62,7 @@ class Ceilings:
     has_convolutions: bool = False
     held: bool = False          # batches cut from tensors held in memory (no DataLoader)
     source: str = "the DataLoader"
+    cores: int = 0              # CPU cores the loader's workers may use (0: this process's, hardware.usable_cores)
 
     @property
     def device_type(self) -> str:
@@ -277,8 +278,13 @@ def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     return measure_ceilings(engine, steps=steps, seconds=seconds)
 
 
-def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0) -> Ceilings:
-    """The ceilings of the engine's current config; its state is restored afterwards."""
+def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: dict | None = None) -> Ceilings:
+    """The ceilings of the engine's current config; its state is restored afterwards.
+
+    `known`: the device's rates measured before (matmul peaks by dtype, copy bandwidth), read from it and
+    added to it: they belong to the machine, not the config, so a caller reading several configs (the
+    checklist walk) measures them once."""
+    known = {} if known is None else known
     config = trial.plain_config(engine.config)
     snapshot = trial.Snapshot(engine)
     generator = getattr(engine.loader, "generator", None)  # batches cut from held tensors have none
@@ -298,17 +304,20 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0) -> Ceilin
         for group in engine.optimizer.param_groups:
             group["lr"] = torch.zeros_like(group["lr"]) if torch.is_tensor(group["lr"]) else 0.0
         dtype = engine.precision.dtype or torch.get_default_dtype()
-        peak = device_rates.peak_flops(device, dtype)  # before and after the model: a passing load spike hits one
-        memory = device_rates.bandwidth(device)
+        peak = known.get(dtype) or device_rates.peak_flops(device, dtype)  # before and after the model: a
+        memory = known.get("bandwidth") or device_rates.bandwidth(device)  # passing load spike hits one
         train_step(engine, batch)  # warm-up: lazy state, allocator
         counts = device_rates.count_step(lambda counter: train_step(engine, batch, counter))
         small = small_batch(engine, batch)
         full_series, small_series = model_alone(engine, batch, small, steps, seconds)
         if device.type == "cuda":
             busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
-        peak = max(peak, device_rates.peak_flops(device, dtype), key=lambda p: p.value)
+        if dtype not in known:
+            peak = max(peak, device_rates.peak_flops(device, dtype), key=lambda p: p.value)
         if dtype == torch.float32:
-            low_peak = device_rates.peak_flops(device, torch.bfloat16, seconds=0.2)
+            low_peak = known.get(torch.bfloat16) or device_rates.peak_flops(device, torch.bfloat16, seconds=0.2)
+            known[torch.bfloat16] = low_peak
+        known[dtype], known["bandwidth"] = peak, memory
     finally:
         snapshot.restore()
         if generator_state is not None:

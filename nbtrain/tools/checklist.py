@@ -1,170 +1,75 @@
-"""The automated checklist walk: try each applicable speed item on the live model, keep what helps.
+"""The automated checklist walk: follow the bottleneck on the live model, keep what the race shows.
 
     walk = nbtrain.checklist(recipe, config=cfg, budget_s=60)
-    print(walk.table())       # every item: its candidates, the head-to-head verdict, kept or not, skips and why
-    walk.plot("walk.png")     # waterfall of the measured speed-ups
+    print(walk.table())       # the path: each step's bottleneck, what was tried, the verdict, what was kept
+    walk.plot("walk.png")     # waterfall of the measured speed-ups, in the order walked
     cfg = walk.best_config    # or checklist(..., keep_best=True) leaves the live engine on it
 
-Starting from the current config, items are tried in order — the data held in memory, batch size
-(learning rate scaled by the linear rule), DataLoader workers (after the batch: workers pay only once
-a batch keeps them busy), accumulation to a target global batch, device,
-precision, optimizer kernels, channels_last, TF32 matmuls, torch.compile, activation
-checkpointing, DDP processes — each item either measured or skipped with the reason
-(checklist_items.py). An item's candidates race the current config on the user's own engine
-(measure/race.py): rounds of short blocks, the current config's block beside every candidate's,
-so each candidate's speed-up comes with the 95% interval of its pairs; a candidate leaves the
-race as soon as it cannot be kept, and the race ends once the leader's interval answers the
-question. The leader is kept only when that interval lies above `min_gain`: one short trial on a
-shared machine moves by tens of percent, an interval says whether the gain is real. Screening
-and comparing are one measurement, so no config is measured twice for one question. The next
-item starts from what was kept. Blocks never keep their weights (each is undone by a Snapshot);
-the walk starts no round that would pass the stated budget. The budget is read on the walk's
-own clock (`clock=`, default time.monotonic), so a test can run it on a fake one.
+The walk reads the four ceilings at the current config (measure/ceilings.py, their verdict from
+measure/bottleneck.py: the binding ceiling and its remedies in order), tries the items that answer
+the binding ceiling (and any ceiling within `_NEAR` of it: a near one may bind after the next
+change), in the remedies' order, and keeps the first whose race shows a gain; then it reads the
+ceilings again at the config kept, and so on, until no item answering the binding ceiling gains or
+the budget ends; then the items not tried yet are tried once each (a reading can be wrong where two
+ceilings are close, and an item asked for is never left out silently), and one kept there resumes
+the path; an item whose race ended too noisy to tell with a promising ratio gets one second look
+from the same config while the budget lasts. An item rejected under one bottleneck is tried again when the bottleneck moves: a
+batch of 32 bound by the host cannot show what held data buys at a batch of 2048 bound by the
+loader. Items with stage "first" (the GPU) come before the first reading, those with stage "last"
+(accumulation to a target, DDP) once after the path ends. Where the ceilings cannot be read, every
+item is tried once in the order registered (checklist_items.py). The walk never names an item.
+
+An item's candidates race the current config (measure/race.py): rounds of short blocks, the
+current config's block beside every candidate's, so each speed-up comes with the 95% interval of
+its pairs; a candidate is kept only when that interval lies above `min_gain`. A race that ends
+without a verdict says why (which side's blocks varied, by how much). Blocks never keep their
+weights; no round starts that would pass the stated budget, read on the walk's own clock (`clock=`,
+default time.monotonic). The measurements go through a bench (walk_bench.py): the live engine
+here, a simulated machine in the tests (measure/simulated.py).
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
-from . import trial
-from .checklist_items import (FUNCTIONS as _ITEM_FUNCTIONS, ITEMS, Tried, batch_candidates,  # noqa: F401
-                              batch_to_retry, precision_candidates, with_batch, with_workers, worker_candidates)
 import numpy as np
 
-from ..config import TrainConfig
-from ..format import ratio as ratio_text
-from ..measure.ab import diverged_refusal, trial_rate
-from ..measure.race import Block, Entrant, race
-from ..measure.steady import NOTHING
-from ..measure.verdict import UNMEASURED, Verdict
+from . import trial
+from .checklist_items import (ITEMS, REGISTRY, Tried, batch_candidates, batch_to_retry,  # noqa: F401
+                              precision_candidates, with_batch, with_workers, worker_candidates)
+from .checklist_result import ChecklistResult, ItemResult  # noqa: F401
+from ..measure.race import Entrant, race
 from .tool_options import ToolRefusal, declare, option
-from .tune import MEMORY_BUDGET, checked_lr, is_oom, memory_limit
+from .tune import MEMORY_BUDGET
+from .walk_bench import EngineBench
 
 _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
 _BLOCKS_PER_TRIAL = 6  # a race block is a sixth of trial_s: short blocks pair closely in time (the
 # machine's speed drifts within a second) and the walk does its work in a third of a grid's time
+_NEAR = 1.5  # a ceiling within this factor of the binding one is answered too: the readings' error is of this order
+_READING_S = 4.0  # first guess at one reading of the ceilings (3.4 s on this 2-core CPU: the peaks' matmuls, the
+# bandwidth's copy, half a second each of the loader and of the model at two batches); re-estimated from each
 
 
-@dataclass
-class ItemResult:
-    name: str
-    tried: list
-    before: float
-    after: float
-    kept: bool
-    chosen: str
-    verdict: Verdict = UNMEASURED   # the leading candidate over the current config, with its interval
-    compared: str = ""              # the leading candidate
-    note: str = ""                  # why no verdict (e.g. no candidate ran)
-    apart: bool = False             # the verdict compares runs measured apart (DDP), not paired blocks
+class Walk:
+    """The walk's state and its clock; measurements go through `bench` (walk_bench.py)."""
 
-    @property
-    def speedup(self) -> float:
-        return self.after / self.before if self.before else float("nan")
-
-    def verdict_text(self) -> str:
-        if self.note:
-            return self.note
-        if self.verdict.paired:
-            return self.verdict.short()
-        if self.apart:
-            return self.verdict.short() + ", measured apart"
-        n = self.verdict.pairs  # a race that ended before its pairs gave an interval: the blocks' screen
-        return self.verdict.short() + f", screened on {n} block{'s' if n != 1 else ''} each"
-
-
-@dataclass
-class ChecklistResult:
-    start_config: TrainConfig
-    best_config: TrainConfig
-    baseline: float
-    items: list
-    skipped: list                 # (item, reason)
-    budget_s: float
-    elapsed_s: float
-    trials: int
-    device: str
-    lr_note: str = ""
-    kept_on_engine: bool = False
-    blocks: int = 0               # race blocks measured
-    start: Tried | None = None    # the starting config, from its blocks in the first race
-    rounds: int = 0               # race rounds, all items together
-
-    @property
-    def final(self) -> float:
-        return self.items[-1].after if self.items else self.baseline
-
-    def overall(self) -> Verdict:
-        """The kept items' speed-ups multiplied, with their intervals combined (on the log scale)."""
-        kept = [i for i in self.items if i.kept]
-        if not kept:
-            return Verdict(1.0, 1.0, 1.0, 0)
-        ratio = self.final / self.baseline
-        halves = [(math.log(i.verdict.high) - math.log(i.verdict.low)) / 2 for i in kept]
-        half = math.sqrt(sum(h * h for h in halves)) if all(math.isfinite(h) for h in halves) else float("nan")
-        return Verdict(ratio, ratio * math.exp(-half), ratio * math.exp(half), min(i.verdict.pairs for i in kept))
-
-    def changes(self) -> dict:
-        return {k: v for k, (_, v) in self.best_config.changed_from(self.start_config).items()}
-
-    def table(self) -> str:
-        total = self.overall()
-        w = max([len("start")] + [len(i.name) for i in self.items] + [len(n) for n, _ in self.skipped])  # names fit
-        v = max([42] + [len(i.verdict_text()) for i in self.items])  # and verdicts
-        interval = f", 95% interval {total.interval_text()}" if math.isfinite(total.low) and total.pairs else ""
-        lines = [f"nbtrain checklist walk on {self.device}: {self.baseline:,.0f} -> {self.final:,.0f} samples/s "
-                 f"({ratio_text(self.final / self.baseline)}{interval}), {self.blocks} blocks in {self.rounds} rounds"
-                 + (f" and {self.trials} separate trials" if self.trials else "")
-                 + f" in {self.elapsed_s:.1f} s of a {self.budget_s:.0f} s budget",
-                 f"  {'item':<{w}} {'head to head vs current (95% interval)':<{v}} {'kept':<4}  "
-                 f"candidates (median samples/s of their blocks)",
-                 f"  {'start':<{w}} {(self.start.text() if self.start else ''):<{v}} {'':<4}  "
-                 f"{_describe(self.start_config)}"]
-        for item in self.items:
-            tried = "; ".join(t.text() for t in item.tried)
-            lines.append(f"  {item.name:<{w}} {item.verdict_text():<{v}} {'yes' if item.kept else 'no':<4}  {tried}"
-                         + (f" -> {item.chosen}" if item.kept else ""))
-        for name, reason in self.skipped:
-            lines.append(f"  {name:<{w}} {'skipped':<{v}} {'':<4}  {reason}")
-        changes = self.changes()
-        lines.append("best config: " + (", ".join(f"{k}={v!r}" for k, v in changes.items()) or "the starting one"))
-        if self.lr_note:
-            lines.append(f"learning rate: {self.lr_note}")
-        lines.append("the live engine now uses the best config" if self.kept_on_engine
-                     else "model and config restored (keep_best=True keeps the best config)")
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return f"ChecklistResult({ratio_text(self.final / self.baseline)}: {self.changes()})"
-
-    def plot(self, path=None, ax=None):
-        """Waterfall: the starting throughput, each item's measured change, the result."""
-        from .waterfall import waterfall
-        return waterfall(self, path=path, ax=ax)
-
-
-def _describe(c: TrainConfig) -> str:
-    return (f"batch {c.batch_size} x accumulate {c.accumulate_grad_batches}, {c.num_workers} workers, "
-            f"{c.device_type}, {c.precision}, {c.world_size} process(es)")
-
-
-class _Walk:
-    def __init__(self, engine, budget_s: float, trial_s: float, memory_budget, min_gain: float, clock, t0: float):
-        self.engine, self.clock, self.t0 = engine, clock, t0
-        self.budget_s, self.trial_s, self.min_gain = budget_s, trial_s, min_gain
+    def __init__(self, bench, budget_s: float, trial_s: float, min_gain: float, clock, t0: float,
+                 target: int | None = None):
+        self.bench, self.here, self.clock, self.t0 = bench, bench.here, clock, t0
+        self.budget_s, self.trial_s, self.min_gain, self.target = budget_s, trial_s, min_gain, target
         self.block_s = trial_s / _BLOCKS_PER_TRIAL
         self.overhead_s = 0.5  # start-up and restore of a whole trial (DDP's comparison); re-estimated
         self.block_overhead_s = 0.1  # the same per race block (no memory release); re-estimated from each block
         self.trials = self.blocks = self.rounds = 0
         self.rate = float("nan")  # samples/s of the config the walk has kept so far
-        self.current: TrainConfig | None = None  # the config the walk has kept so far
+        self.start = bench.start
+        self.current = bench.start  # the config the walk has kept so far
         self.start_rates: list = []  # the starting config's block rates, from the first race
         self.retry_batch: int | None = None  # a larger batch the workers item races as well (checklist_items)
-        self.snapshot = trial.Snapshot(engine)
-        self.start = trial.plain_config(engine.config)  # the user's own config: its errors are theirs
-        self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" \
-            else (None, "")
+        self.seen: set = set()  # configs measured once already (their start-up paid)
+        self.start_up_s = 0.5  # what a config's first block takes beyond the others; re-estimated
+        self.reading_s = _READING_S
 
     def left(self) -> float:
         return self.budget_s - (self.clock() - self.t0)
@@ -172,52 +77,31 @@ class _Walk:
     def block_cost_s(self) -> float:
         return self.block_s + self.block_overhead_s
 
-    def _over_memory(self, m) -> str:
-        if self.limit is not None and m.config.device_type == "cpu" and m.peak_bytes > self.limit:
-            return f"over the memory budget (peak {m.peak_bytes / 2**20:,.0f} MB)"
-        return ""
-
-    def _trial(self, config: TrainConfig, seconds: float):
-        """(measurement or None, steady rate, block rates, why it failed) of `config` trained for `seconds`
-        on the live model, the state put back after it; out of memory, a candidate whose loss diverged, or any
-        error of a config the walk chose, is a result ("failed: ..."); only the user's own starting config raises
-        (and the current config diverging: nothing could be compared with it)."""
-        try:
-            m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
-        except Exception as error:  # noqa: BLE001 - see the docstring
-            if is_oom(error):
-                return None, NOTHING, [], "out of memory"
-            if config == self.start:
-                raise
-            return None, NOTHING, [], trial.failed(error)
-        finally:
-            self.snapshot.restore()
-        if m.diverged and config == self.current:  # a candidate that diverges leaves the race; the current
-            # config diverging leaves nothing to measure candidates against
-            raise diverged_refusal("the current config", m.error)
-        return m, steady, parts, m.error or self._over_memory(m)
-
-    def block(self, config: TrainConfig) -> Block:
-        """One race block of `config`."""
+    def block(self, config):
         t0 = self.clock()
-        m, steady, parts, note = self._trial(config, self.block_s)
-        rate = float("nan") if m is None else steady.rate if math.isfinite(steady.rate) else m.samples_per_s
-        if note:  # a config that did not fit leaves memory behind that the next block would be charged with
-            trial.release_memory()
-        self.block_overhead_s = max(0.005, 0.5 * self.block_overhead_s + 0.5 * (self.clock() - t0 - self.block_s))
-        return Block(rate, parts, note)
+        self.bench.current = self.current
+        block = self.bench.block(config, self.block_s)
+        extra = self.clock() - t0 - self.block_s
+        if config in self.seen:
+            self.block_overhead_s = max(0.005, 0.5 * self.block_overhead_s + 0.5 * extra)
+        else:  # a config's first block also pays its start-up (workers, autotuning), once
+            self.seen.add(config)
+            paid = extra - self.block_overhead_s  # up at once, down by halves: a budget errs on the safe side
+            self.start_up_s = max(0.0, paid, 0.5 * self.start_up_s + 0.5 * paid)
+        return block
 
     def race(self, candidates: list, ordered: bool = False) -> list[Tried]:
         """Race (label, config) candidates against the current config (measure/race.py), within the budget.
 
         Returns [] when not even one round fits what is left of the budget."""
-        if self.left() < (len(candidates) + 1) * self.block_cost_s():
+        new = sum(config not in self.seen for _, config in candidates) + (self.current not in self.seen)
+        if self.left() < (len(candidates) + 1) * self.block_cost_s() + new * self.start_up_s:
             return []
         entrants = [Entrant(label, config) for label, config in candidates]
         result = race(self.block, self.current, entrants, decide_at=self.min_gain, min_rounds=_ROUNDS[0],
                       max_rounds=_ROUNDS[1], budget_s=max(self.left(), 0.0), block_cost_s=self.block_cost_s(),
                       ordered=ordered, clock=self.clock)
-        trial.release_memory()
+        self.bench.race_over()
         self.blocks += result.blocks
         self.rounds += result.rounds
         if not self.start_rates:
@@ -225,23 +109,24 @@ class _Walk:
         if not math.isfinite(self.rate):
             self.rate = result.base_rate
         out_of_time = result.stopped_by == "budget"
-        return [Tried(e.label, e.config, e.rate, e.note, blocks=e.rates, verdict=e.verdict,
-                      left=(f"left after round {e.left_at}: {e.why_left}" if e.left_at else
-                            f"out of time after {result.rounds} round{'s' if result.rounds > 1 else ''}"
-                            if out_of_time and not e.note else "")) for e in entrants]
+        tried = [Tried(e.label, e.config, e.rate, e.note, blocks=e.rates, verdict=e.verdict,
+                       left=(f"left after round {e.left_at}: {e.why_left}" if e.left_at else
+                             f"out of time after {result.rounds} round{'s' if result.rounds > 1 else ''}"
+                             if out_of_time and not e.note else "")) for e in entrants]
+        self.last_race = result
+        return tried
 
-    def measure(self, config: TrainConfig) -> Tried | None:
+    def measure(self, config) -> Tried | None:
         """One timed trial of a whole trial_s (DDP's comparison); None when the budget has no room for it."""
         seconds = min(self.trial_s, self.left() - self.overhead_s)
         if seconds < 0.25 * self.trial_s:
             return None
         t0 = self.clock()
-        m, steady, blocks, note = self._trial(config, seconds)
-        trial.release_memory()
+        self.bench.current = self.current
+        tried = self.bench.trial(config, seconds)
         self.trials += 1
         self.overhead_s = max(0.2, 0.5 * self.overhead_s + 0.5 * (self.clock() - t0 - seconds))
-        ok = not note and math.isfinite(steady.rate)
-        return Tried("", config, steady.rate if ok else None, note, steady if ok else NOTHING, blocks)
+        return tried
 
     def ensure_rate(self) -> None:
         """The current config's rate, measured now when no race has measured it yet."""
@@ -251,9 +136,217 @@ class _Walk:
         if t is not None and t.samples_per_s:
             self.rate, self.start_rates = t.samples_per_s, t.blocks
 
+    def bottleneck(self):
+        """The ceilings' verdict at the current config, or None where they cannot be read (or the budget has no
+        room: a reading must leave room for another and for one race)."""
+        if self.left() < 2 * self.reading_s + 2 * _ROUNDS[0] * self.block_cost_s():
+            return None
+        t0 = self.clock()
+        try:
+            return self.bench.bottleneck(self.current, self.block_s)
+        except Exception:  # noqa: BLE001 - a walk without a reading walks every item once instead
+            return None
+        finally:
+            self.reading_s = 0.5 * self.reading_s + 0.5 * (self.clock() - t0)
 
-@declare("checklist", "nbtrain.checklist", "the automated checklist walk: each item kept only when its head-to-head "
-         "interval lies above the keep threshold; table and waterfall", (
+
+def answering(bottleneck, items) -> list:
+    """The items that answer the binding ceiling (or one within _NEAR of it), in the order of its remedies."""
+    near = _near(bottleneck)
+    options = [r.item for r in bottleneck.remedies if r.ceiling in near]
+    ranked = [i for i in items if i.stage == "bottleneck" and any(a in options for a in i.answers)]
+    return sorted(ranked, key=lambda i: min(options.index(a) for a in i.answers if a in options))
+
+
+def _near(bottleneck) -> set:
+    """The binding ceiling and those within _NEAR of it."""
+    return {k for k, r in bottleneck.ratios.items() if r <= _NEAR or k == bottleneck.binding}
+
+
+def _where(bottleneck) -> tuple:
+    """Where the bottleneck is: the binding ceiling and the ceilings near it (it moved when this changed)."""
+    return ("",) if bottleneck is None else (bottleneck.binding, *sorted(_near(bottleneck)))
+
+
+def _undecided(results: list, name: str) -> bool:
+    """The item's last race, run from the current config (after the last keep), ended too noisy to tell with a
+    ratio above the bar."""
+    kept_at = max((k for k, r in enumerate(results) if r.kept), default=-1)
+    last = max((k for k, r in enumerate(results) if r.name == name), default=-1)
+    return last > kept_at and results[last].note.startswith("too noisy to tell")
+
+
+def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks: list) -> list:
+    """Walk `items` (Item) along the bottleneck; returns the path: (config, Bottleneck or None) per reading.
+
+    When nothing that answers the binding ceiling gains, the items not yet tried at all are tried once
+    each (a reading can be wrong where two ceilings are close, and an item the user named is never
+    left out silently); one kept there resumes the path."""
+    for item in (i for i in items if i.stage == "first"):
+        _try(walk, item, None, skipped, results, lr_checks)
+    second: set = set()  # (item name, config) given a second look
+    path, rejected, tried = [], {}, set()  # rejected: item name -> the binding ceiling it was rejected under,
+    # until the bottleneck moves
+
+    def attempt(item, binding) -> bool:
+        tried.add(item.name)
+        if _try(walk, item, binding, skipped, results, lr_checks):
+            return True
+        rejected[item.name] = binding
+        return False
+
+    while True:
+        b = walk.bottleneck()
+        binding = b.binding if b is not None else ""
+        if path and _where(b) != _where(path[-1][1]):
+            rejected.clear()  # the bottleneck moved: what it rejected before may pay now
+        path.append((walk.current, b))
+        answers = answering(b, items) if b is not None else []
+        if any(attempt(i, binding) for i in answers if rejected.get(i.name) != binding):
+            continue
+        rest = [i for i in items if i.stage == "bottleneck" and i.name not in tried]
+        if any(attempt(i, binding) for i in rest):
+            continue
+        # A second look, while the budget lasts, at the items whose race ended too noisy to tell with a
+        # promising ratio: a passing load decides one race, rarely two. Once per item and config.
+        looks = [i for i in items if i.stage == "bottleneck" and (i.name, walk.current) not in second
+                 and _undecided(results, i.name)]
+        second.update((i.name, walk.current) for i in looks)
+        if not any(attempt(i, binding) for i in looks):
+            break  # nothing gained: the path ends here
+    for item in (i for i in items if i.stage == "last"):
+        _try(walk, item, None, skipped, results, lr_checks)
+    return path
+
+
+def _try(walk: Walk, item, binding: str | None, skipped: dict, results: list, lr_checks: list) -> bool:
+    """Race one item's candidates against the current config; True when one was kept."""
+    current = walk.current
+    try:
+        outcome = item.candidates(walk, current)
+        if isinstance(outcome, list) and outcome and not isinstance(outcome[0], Tried):
+            outcome = walk.race(outcome, ordered=item.ordered)
+    except Exception as error:  # noqa: BLE001 - an item that fails is a row; the walk goes on
+        walk.bench.restore()
+        results.append(ItemResult(item.name, [], walk.rate, walk.rate, False, "", note=trial.failed(error),
+                                  bottleneck=binding or ""))
+        return False
+    if isinstance(outcome, str):
+        if not any(r.name == item.name for r in results):  # one raced before keeps its row, not a skip too
+            skipped[item.name] = outcome
+        return False
+    tried = [t for t in outcome if t.samples_per_s is not None or t.note]
+    if not tried:
+        left = max(walk.left(), 0)
+        skipped[item.name] = f"time budget: {left:.1f} s left" + (
+            f"; its first round needs about {(len(outcome) + 1) * walk.block_cost_s():.1f} s" if left > 0 and outcome
+            else "")
+        return False
+    skipped.pop(item.name, None)
+    result = _decide(walk, item, tried)
+    result.bottleneck = binding or ""
+    results.append(result)
+    if item.after is not None:
+        item.after(walk, result, tried)
+    if result.kept:
+        chosen = next(t.config for t in tried if t.label == result.chosen)
+        if chosen.scale_lr != "none" and chosen.lr_factor() != current.lr_factor():
+            chosen, notes = walk.bench.checked_lr(chosen)  # the walk never hands over a diverging rate
+            lr_checks += notes
+        walk.current = chosen
+        walk.rate = result.after
+    return result.kept
+
+
+def _decide(walk: Walk, item, tried: list) -> ItemResult:
+    """The item's leading candidate and its verdict over the current config; kept when the paired
+    interval lies above min_gain (an item kept regardless, asked for by the user, is kept without a gain;
+    DDP, whose processes cannot alternate with the live model, on its interval measured apart)."""
+    rate = walk.rate
+    ran = [t for t in tried if t.samples_per_s and math.isfinite(t.verdict.ratio)]
+    # The race's leader: a candidate still in it, else the one that stayed longest (its verdict rests on
+    # the most pairs), then the higher ratio.
+    best = max(ran, key=lambda t: (not t.left.startswith("left"), t.verdict.pairs, t.verdict.ratio), default=None)
+    if best is None:
+        note = "no candidate ran" if not any(t.samples_per_s for t in tried) else \
+            "no time left to measure the current config beside it"
+        return ItemResult(item.name, tried, rate, rate, False, "", note=note)
+    verdict = best.verdict
+    paired_enough = verdict.paired and verdict.pairs >= _ROUNDS[0]  # screens and two pairs only ever drop
+    keep = item.keep_regardless or (verdict.above(walk.min_gain) and (paired_enough or best.apart))
+    note = "" if keep or best.apart else _why_undecided(walk, best)
+    return ItemResult(item.name, tried, rate, rate * verdict.ratio if keep else rate, keep,
+                      best.label if keep else "", verdict, best.label, note=note, apart=best.apart)
+
+
+def _spread(rates) -> float:
+    """Interquartile range over median of finite block rates (0.05: 5%)."""
+    ok = [r for r in rates if math.isfinite(r)]
+    if len(ok) < 2:
+        return float("nan")
+    q1, q2, q3 = np.percentile(ok, [25, 50, 75])
+    return (q3 - q1) / q2 if q2 else float("nan")
+
+
+def _why_undecided(walk: Walk, best: Tried) -> str:
+    """Why a leader whose interval straddles the bar stayed undecided ("" where the verdict is clear)."""
+    v = best.verdict
+    if not (math.isfinite(v.low) and v.low <= 1 + walk.min_gain < v.high and v.ratio > 1 + walk.min_gain):
+        return ""
+    race = getattr(walk, "last_race", None)
+    if race is None:
+        return ""
+    base, own = _spread(race.base_rates), _spread(best.blocks)
+    side = "the current config's" if base >= own else "the candidate's"
+    why = "the budget ended the race" if race.stopped_by == "budget" else f"{race.rounds} rounds did not settle it"
+    return (f"too noisy to tell: {why}; {side} blocks varied most (current {100 * base:.0f}%, "
+            f"candidate {100 * own:.0f}% interquartile range)")
+
+
+def run_walk(bench, *, budget_s: float, trial_s: float | None = None, min_gain: float = 0.03,
+             items=ITEMS, target_global_batch: int | None = None, keep_best: bool = False,
+             clock=time.monotonic, t0: float | None = None) -> ChecklistResult:
+    """The walk on `bench` (walk_bench.py: the live engine, or a simulated machine); see the module doc."""
+    t0 = clock() if t0 is None else t0
+    trial_s = trial_s or min(max(budget_s / 20, 0.5), 3.0)  # blocks are short: a race's pairs decide
+    walk = Walk(bench, float(budget_s), trial_s, min_gain, clock, t0, target_global_batch)
+    if walk.left() < 2 * _ROUNDS[0] * walk.block_cost_s():  # the least that can keep anything
+        raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
+                                        f"config against one candidate for {_ROUNDS[0]} rounds; allow more "
+                                        f"(e.g. {spell('budget_s', 30)})")
+    skipped, results, lr_checks, finished = {}, [], [], False
+    start = current = walk.start
+    try:
+        path = walk_items(walk, [REGISTRY[name] for name in ITEMS if name in items], skipped, results, lr_checks)
+        current = walk.current
+        walk.current = start
+        if not walk.start_rates:  # no item raced: the start is measured on its own
+            walk.rate = float("nan")
+            walk.ensure_rate()
+        finished = True
+    finally:
+        bench.restore(current if keep_best and finished else None)
+    if not walk.start_rates:
+        raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
+                                        f"config; allow more (e.g. {spell('budget_s', 30)})")
+    base = Tried("steady rate", start, float(np.median(walk.start_rates)), blocks=walk.start_rates)
+    lr_note = ""
+    if current.scale_lr != "none":
+        lr_note = (f"{current.scale_lr} rule: x{current.lr_factor():.3g} for global batch {current.global_batch_size} "
+                   f"vs {current.base_batch_size}" + (f", linear warm-up over {current.warmup_steps} steps"
+                                                      if current.warmup_steps else
+                                                      "; add warmup_steps (linear warm-up) for large scale-ups"))
+    if keep_best and finished and current.lr_factor() != start.lr_factor():
+        lr_note += bench.schedule_note()
+    lr_note = "; ".join(filter(None, [lr_note] + lr_checks))
+    return ChecklistResult(start_config=start, best_config=current, baseline=base.samples_per_s, items=results,
+                           skipped=list(skipped.items()), budget_s=float(budget_s), elapsed_s=clock() - t0,
+                           trials=walk.trials, device=bench.device, lr_note=lr_note, kept_on_engine=keep_best,
+                           blocks=walk.blocks, start=base, rounds=walk.rounds, path=path)
+
+
+@declare("checklist", "nbtrain.checklist", "the automated checklist walk along the bottleneck: each item kept only "
+         "when its head-to-head interval lies above the keep threshold; table and waterfall", (
              option("budget_s", "number", "seconds the walk may take", noun="a number of seconds", above=0,
                     flag="budget", metavar="S", panel="walk budget (s)"),
              option("keep_best", "switch", "leave the live model on the best config, and use it in "
@@ -270,93 +363,11 @@ class _Walk:
              option("clock", "function", "the walk's clock",
                     allowed="a function returning seconds, like time.monotonic")),
          label="Checklist walk", figsize=(9, 3.8))
-def checklist(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
-              budget_s: float = 60.0, keep_best: bool = False, target_global_batch: int | None = None,
-              items=ITEMS, trial_s: float | None = None, min_gain: float = 0.03, memory_budget=None,
-              clock=time.monotonic, **parts) -> ChecklistResult:
+def checklist(model=None, train_data=None, *, recipe=None, config=None, budget_s: float = 60.0, keep_best: bool = False,
+              target_global_batch: int | None = None, items=ITEMS, trial_s: float | None = None,
+              min_gain: float = 0.03, memory_budget=None, clock=time.monotonic, **parts) -> ChecklistResult:
     """Walk the checklist on the live model within `budget_s` seconds of `clock`; see the module docstring."""
     t0 = clock()  # the budget counts from here: finding the engine is part of the walk
     engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
-    start = trial.plain_config(engine.config)
-    # Blocks are short: a race's pairs of blocks, not one long trial, decide what is kept.
-    trial_s = trial_s or min(max(budget_s / 20, 0.5), 3.0)
-    walk = _Walk(engine, float(budget_s), trial_s, memory_budget, min_gain, clock, t0)
-    if walk.left() < 2 * _ROUNDS[0] * walk.block_cost_s():  # the least that can keep anything
-        raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
-                                        f"config against one candidate for {_ROUNDS[0]} rounds; allow more "
-                                        f"(e.g. {spell('budget_s', 30)})")
-    skipped, results, lr_checks = [], [], []
-    current, finished = start, False
-    try:
-        for name in items:
-            walk.current = current
-            try:
-                outcome = _ITEM_FUNCTIONS[name](walk, engine, start, current, target_global_batch)
-            except Exception as error:  # noqa: BLE001 - an item that fails is a row; the walk goes on
-                walk.snapshot.restore()
-                results.append(ItemResult(name, [], walk.rate, walk.rate, False, "", note=trial.failed(error)))
-                continue
-            if isinstance(outcome, str):
-                skipped.append((name, outcome))
-                continue
-            tried = [t for t in outcome if t.samples_per_s is not None or t.note]
-            if not tried:
-                left = max(walk.left(), 0)
-                skipped.append((name, f"time budget: {left:.1f} s left" + (
-                    f"; its first round needs about {(len(outcome) + 1) * walk.block_cost_s():.1f} s"
-                    if left > 0 and outcome else "")))
-                continue
-            item = _decide(walk, name, tried)
-            results.append(item)
-            if name == "batch_size":
-                walk.retry_batch = batch_to_retry(item, tried)
-            if item.kept:
-                chosen = next(t.config for t in tried if t.label == item.chosen)
-                if chosen.scale_lr != "none" and chosen.lr_factor() != current.lr_factor():
-                    chosen, notes = checked_lr(engine, chosen)  # the walk never hands over a diverging rate
-                    lr_checks += notes
-                current = chosen
-                walk.rate = item.after
-        walk.current = start
-        if not walk.start_rates:  # no item raced: the start is measured on its own
-            walk.rate = float("nan")
-            walk.ensure_rate()
-        finished = True
-    finally:
-        walk.snapshot.restore(current if keep_best and finished else None)
-    if not walk.start_rates:
-        raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
-                                        f"config; allow more (e.g. {spell('budget_s', 30)})")
-    base = Tried("steady rate", start, float(np.median(walk.start_rates)), blocks=walk.start_rates)
-    lr_note = ""
-    if current.scale_lr != "none":
-        lr_note = (f"{current.scale_lr} rule: x{current.lr_factor():.3g} for global batch {current.global_batch_size} "
-                   f"vs {current.base_batch_size}" + (f", linear warm-up over {current.warmup_steps} steps"
-                                                      if current.warmup_steps else
-                                                      "; add warmup_steps (linear warm-up) for large scale-ups"))
-    if keep_best and finished and engine.schedule is not None and current.lr_factor() != start.lr_factor():
-        lr_note += f"; the live {type(engine.schedule.scheduler).__name__}'s rates rescaled by the same factor"
-    lr_note = "; ".join(filter(None, [lr_note] + lr_checks))
-    return ChecklistResult(start, current, base.samples_per_s, results, skipped, float(budget_s), clock() - t0,
-                           walk.trials, str(engine.device), lr_note, keep_best, walk.blocks, base, walk.rounds)
-
-
-def _decide(walk, name: str, tried: list) -> ItemResult:
-    """The item's leading candidate and its verdict over the current config; kept when the paired
-    interval lies above min_gain (accumulation, asked for by target_global_batch, is kept regardless;
-    DDP, whose processes cannot alternate with the live model, on its interval measured apart)."""
-    rate = walk.rate
-    ran = [t for t in tried if t.samples_per_s and math.isfinite(t.verdict.ratio)]
-    # The race's leader: a candidate still in it, else the one that stayed longest (its verdict rests on
-    # the most pairs), then the higher ratio.
-    best = max(ran, key=lambda t: (not t.left.startswith("left"), t.verdict.pairs, t.verdict.ratio), default=None)
-    if best is None:
-        note = "no candidate ran" if not any(t.samples_per_s for t in tried) else \
-            "no time left to measure the current config beside it"
-        return ItemResult(name, tried, rate, rate, False, "", note=note)
-    verdict = best.verdict
-    paired_enough = verdict.paired and verdict.pairs >= _ROUNDS[0]  # screens and two pairs only ever drop
-    keep = name == "accumulation" or (verdict.above(walk.min_gain) and (paired_enough or best.apart))
-    ratio = verdict.ratio
-    return ItemResult(name, tried, rate, rate * ratio if keep else rate, keep, best.label if keep else "",
-                      verdict, best.label, apart=best.apart)
+    return run_walk(EngineBench(engine, memory_budget), budget_s=budget_s, trial_s=trial_s, min_gain=min_gain,
+                    items=items, target_global_batch=target_global_batch, keep_best=keep_best, clock=clock, t0=t0)

@@ -1,5 +1,5 @@
 """Waterfall chart of a checklist walk: start, each item's measured change (head to head, with its
-95% interval), result."""
+95% interval) in the order walked, under each the bottleneck it was tried for, result."""
 from __future__ import annotations
 
 from .. import plotting
@@ -22,7 +22,8 @@ def _lines(text: str) -> str:
 
 
 def waterfall(walk, path=None, ax=None):
-    labels = ["start"] + [item.name for item in walk.items] + ["result"]
+    labels = ["start"] + [f"{item.name}\n({item.bottleneck}-bound)" if item.bottleneck else item.name
+                          for item in walk.items] + ["result"]
     with plotting.axes(path, ax, figsize=(1.1 * len(labels) + 2, 3.6)) as ax:
         ax.bar(0, walk.baseline, color="tab:grey")
         ax.annotate(f"{walk.baseline:,.0f}", (0, walk.baseline), ha="center", va="bottom", fontsize=7)

@@ -196,13 +196,15 @@ for name, c in cases.items():
 #
 # ## The whole checklist, walked automatically
 #
-# `%nbtrain_checklist` starts from the current settings and tries each item in turn — the data held in
-# memory, batch size (with the learning rate scaled), workers, accumulation, device, precision, optimizer
-# kernels, channels_last, compile, DDP processes — on this model. An item's candidates *race* the current
-# settings: rounds of short blocks, one block of the current settings beside one block of each candidate
-# still in the race, the model put back after every block. The pairs give each candidate's speed-up with
-# its 95% interval as the race goes; a candidate leaves the race as soon as it cannot be kept, and an item
-# is kept only when the interval of at least three pairs lies above 3%. The walk says why it skipped the
+# `%nbtrain_checklist` follows the bottleneck. It reads the four ceilings above at the current settings,
+# tries the items that answer the binding one (in the order of its remedies), keeps what a race shows, and
+# reads the ceilings again at what it kept — until nothing that answers the binding ceiling gains, or the
+# budget ends. An item rejected under one bottleneck is tried again once the bottleneck moves. An item's
+# candidates *race* the current settings: rounds of short blocks, one block of the current settings beside
+# one block of each candidate still in the race, the model put back after every block. The pairs give each
+# candidate's speed-up with its 95% interval as the race goes; a candidate leaves the race as soon as it
+# cannot be kept, and an item is kept only when the interval of at least three pairs lies above 3%; a race
+# that ends undecided says why. The walk says why it skipped the
 # rest, within the time budget. Blocks never keep their weights; the model ends as it started. (The
 # ceilings above measured other models too; `model` and `train_data` are still the digits MLP and its
 # slow storage, which the walk takes from the notebook.)
@@ -214,31 +216,28 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 %nbtrain_checklist --budget 30 --batch-size 32 --accelerator cpu --name walk
 
 # %% [markdown]
-# The walk's first item is `preload_data`: hold the training data in memory and cut each batch by index,
-# in the DataLoader's order. This data set is not a `TensorDataset`, so nbtrain holds it only when asked
-# (`preload_data=True`); the walk asks, after checking that a sample read twice comes back the same (no
-# random augmentation) and that the data fits in memory — here it is 0.4 MB. Read once, held, the batches
-# wait for nothing: tens of times faster, head to head. With the wait gone, each step is mostly fixed
-# costs (a Python call per layer, the optimizer's loop over parameters), so the next item, a larger batch
-# (learning rate scaled by the linear rule), spreads them over more samples; in the run stored here it was
-# kept with its interval, and the smaller batch left the race early, behind the leader.
-# Workers come after the batch — they only pay once a batch keeps them busy — and here they would mean
-# going back to the DataLoader's per-sample reads: their first blocks sit far below the held rate, and
-# they leave the race ("left after round ...: below a gain worth keeping" in the last column). A candidate
-# may leave on the screen of its first blocks ("screened on 1 block each"), but only the pairs of three
-# rounds or more can keep one. The breakdown's remedies put holding the data before workers; the walk
-# compared the fixes head to head and kept it for this data set. (A data set too large to hold, or one
-# that augments at random, gets the reason in the preload row instead, and then workers are worth
-# trying.) Later rows show what this CPU makes of the remaining items — bf16 is not kept here; the two
-# other optimizer kernels race the current one (a fused kernel does the same update in one pass, its last
-# bits of rounding may differ); two DDP processes cannot take turns with the live model, so they are set
-# against the current settings measured right after them ("measured apart") — and
-# the table says which items the 30 s budget had no time for: on your own model give the walk minutes
-# (`--budget 120`), not seconds.
+# The table reads top to bottom as the path: the first column is the bottleneck each row was tried for.
+# The walk starts data-bound, as the breakdown above said, so its first item is `preload_data`: hold the
+# training data in memory and cut each batch by index, in the DataLoader's order. This data set is not a
+# `TensorDataset`, so nbtrain holds it only when asked (`preload_data=True`); the walk asks, after checking
+# that a sample read twice comes back the same (no random augmentation) and that the data fits in memory —
+# here it is 0.4 MB. Read once, held, the batches wait for nothing: tens of times faster, head to head.
+# The walk then reads the ceilings again: with the wait gone, each step is mostly fixed costs (a Python
+# call per layer, the optimizer's loop over parameters) — host-bound — so the next items are what answers
+# the host: a larger batch (learning rate scaled by the linear rule) spreads those costs over more samples,
+# then the optimizer's kernels. The `path:` line under the table lists each reading's bottleneck.
+# Workers answer a data-bound step; once the data is held there is no DataLoader left for them, and the
+# row says so. (A data set too large to hold, or one that augments at random, gets the reason in the
+# preload row instead, and then workers are raced.) A candidate may leave on the screen of its first
+# blocks ("screened on 1 block each"), but only the pairs of three rounds or more can keep one. Once
+# nothing answering the bottleneck gains, the items not tried yet are tried once each — bf16 is not kept
+# on this CPU — and the table says which items the 30 s budget had no time for: on your own model give the
+# walk minutes (`--budget 120`), not seconds.
 #
-# Each bar of the waterfall is one kept item's measured change in samples/s, from the starting
-# configuration on the left to the best one found on the right. `walk.best_config` is that configuration,
-# ready for `nbtrain.fit` (`--keep-best` makes it the default of later `%%nbtrain` cells). When the walk
+# Each bar of the waterfall is one item's measured change in samples/s, in the order walked, with the
+# bottleneck it was tried for under its name, from the starting configuration on the left to the best one
+# found on the right. `walk.best_config` is that configuration, ready for `nbtrain.fit` (`--keep-best`
+# makes it the default of later `%%nbtrain` cells). When the walk
 # keeps a larger batch, its learning-rate note says how the rate was scaled — check the accuracy
 # consequence as in notebook 2 before keeping it.
 #
@@ -339,6 +338,7 @@ assert all(c.ceiling(k).low <= c.ceiling(k).value <= c.ceiling(k).high for c in 
            for k in ("data", "host", "compute", "memory"))
 assert after.fractions["data"] < before.fractions["data"]           # workers shrink the wait...
 assert workers_verdict.verdict.faster, workers_verdict.text()        # ... and speed the step up, head to head
+assert walk.path[0][1].binding == "data" and walk.items[0].name == "preload_data"  # the path starts at the loader
 assert walk.changes().get("preload_data") is True and items["preload_data"].kept  # the walk holds the data...
 assert items["preload_data"].verdict.above(1.0), items["preload_data"].verdict   # ... more than twice as fast
 assert not (items["workers"].kept if "workers" in items else False)  # ... and then workers only lose (if reached)
