@@ -194,7 +194,10 @@ def _judge(result: RaceResult, base_parts: list, decide_at: float, max_rounds: i
         # Too few pairs for a useful interval: the sub-blocks of the same rounds screen it; from two
         # pairs on, the pairs' own (wide) interval may already say more, so the narrower one is used.
         screen = unpaired([p for i in rounds for p in base_parts[i]], e.parts)
-        e.verdict = Verdict(pairs.ratio, screen.low, screen.high, len(rounds), paired=False)
+        # One estimator for the ratio and its interval: the screen's own ratio where it has an interval (the
+        # pairs' ratio beside the screen's interval printed "1.05x (0.81-0.87)", outside its own interval).
+        ratio = screen.ratio if math.isfinite(screen.low) else pairs.ratio
+        e.verdict = Verdict(ratio, screen.low, screen.high, len(rounds), paired=False)
         if len(rounds) == 2 and math.isfinite(pairs.low) and not (
                 math.isfinite(screen.low) and screen.high / screen.low < pairs.high / pairs.low):
             e.verdict = pairs
