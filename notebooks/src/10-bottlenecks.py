@@ -178,7 +178,7 @@ plt.show()
 for name, c in cases.items():
     verdict = c.bottleneck()
     print(f"{name}: {verdict.kind}; ceilings over it: "
-          + ", ".join(f"{k} x{v:,.1f}" for k, v in verdict.ratios.items() if k != verdict.binding)
+          + ", ".join(f"{k} {v:,.1f}x" for k, v in verdict.ratios.items() if k != verdict.binding)
           + f"; try in turn: {', '.join(r.item for r in verdict.remedies[:4])}")
 
 # %% [markdown]
