@@ -178,6 +178,17 @@ def release_memory() -> None:
         pass
 
 
+class AnyEvent:
+    """Set as soon as any of its events is: one stop for a run made of a trial's deadline and the tool's Stop
+    (a run reads only is_set())."""
+
+    def __init__(self, *events: threading.Event | None):
+        self.events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+
 def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps: int | None = None,
             warmup_steps: int = 2, sync_phases: bool = False, log=None) -> Measurement:
     """Train `config` on the live engine for `steps` optimizer steps or `seconds` (whichever first).
@@ -189,7 +200,10 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
     stop_at_block_edge()
     cap = steps if steps is not None else 10**9
     engine.reconfigure(config.replace(max_steps=cap, max_epochs=None))
-    timer = threading.Timer(seconds, engine.stop, args=("time",)) if seconds is not None else None
+    # The time limit is an event the run reads, not a call to engine.stop(): a timer that fires before the run
+    # has begun (a short block on a busy machine) would stop nothing, and the trial would train to `cap`.
+    deadline = threading.Event()
+    timer = threading.Timer(seconds, deadline.set) if seconds is not None else None
     engine.sync_phases = sync_phases
     # Trials measure training only: held-out evaluation at epoch ends would be charged to them.
     recipe = engine.recipe
@@ -201,7 +215,7 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
         if timer is not None:
             timer.start()
         peak.start()
-        result = engine.run(log=log, stop=tool_stop())
+        result = engine.run(log=log, stop=AnyEvent(deadline, tool_stop()))
         peak_bytes = peak.peak()
     finally:
         if timer is not None:
