@@ -93,6 +93,7 @@ def test_a_stopped_lightningmodule_continues_as_one_trainer_fit():
 
 
 @pytest.mark.parametrize("tool", ["ab", "find_batch_size", "ceilings"])
+@pytest.mark.slow
 def test_a_tool_between_two_lightning_calls_changes_nothing(tool):
     reference = trainer_fit(20)
     module = Lit()
@@ -198,6 +199,7 @@ def test_a_scheduler_added_in_a_later_cell_is_used(shell):
 
 
 @pytest.mark.parametrize("tool", ["ab", "checklist", "find_batch_size", "ceilings"])
+@pytest.mark.slow
 def test_a_tool_measures_the_live_optimizer_and_config_and_leaves_them_exactly(tool):
     ce = nn.CrossEntropyLoss()
     step_lr = lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5)  # noqa: E731
@@ -334,6 +336,7 @@ def test_reduce_lr_on_plateau_without_a_monitored_number_is_refused_before_train
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_reduce_lr_on_plateau_on_two_processes_is_refused_before_training():
     # only the first rank validates, so the ranks' rates would part at the first plateau step
     model, optimizer = plain_parts()

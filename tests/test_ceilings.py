@@ -27,6 +27,7 @@ def every_ceiling_has_an_interval(c):
     assert c.table().count("95% interval") >= 4
 
 
+@pytest.mark.slow
 def test_many_tiny_operations_are_bound_by_the_host_and_a_larger_batch_comes_first():
     c = nbtrain.ceilings(tiny_ops_recipe(), config=TrainConfig(batch_size=8))
     b = bottleneck(c)
@@ -42,6 +43,7 @@ def test_many_tiny_operations_are_bound_by_the_host_and_a_larger_batch_comes_fir
     assert "step times at batch 8 and 2" in c.table() and "try: batch_size=16" in c.table()
 
 
+@pytest.mark.slow
 def test_a_large_matmul_is_compute_bound_and_precision_or_fusion_comes_first():
     c = nbtrain.ceilings(compute_bound_recipe(n=1024, width=1024), config=TrainConfig(batch_size=512))
     b = c.bottleneck()
@@ -70,6 +72,7 @@ def test_a_slow_loader_is_data_bound_and_its_remedies_come_first():
     assert "verdict: data-bound" in c.table()
 
 
+@pytest.mark.slow
 def test_utilisation_counts_the_flops_of_a_matmul_heavy_mlp():
     width, batch = 512, 128
     c = nbtrain.ceilings(compute_bound_recipe(n=512, width=width), config=TrainConfig(batch_size=batch))

@@ -194,6 +194,7 @@ def test_a_budget_too_small_to_measure_the_start_says_so():
         checklist(digits_recipe(), budget_s=0.5)
 
 
+@pytest.mark.slow
 def test_the_modern_toggles_are_walked_or_skipped_with_a_reason():
     walk = checklist(digits_recipe(), config=TrainConfig(batch_size=32), budget_s=15,
                      items=("optimizer_impl", "channels_last", "matmul_precision", "compile",
@@ -211,6 +212,7 @@ def test_the_modern_toggles_are_walked_or_skipped_with_a_reason():
     assert "compiling does not fit" in walk.table()
 
 
+@pytest.mark.slow
 def test_the_walk_never_hands_over_a_scaled_learning_rate_that_diverges():
     """Accumulating up to a target global batch scales the rate by the linear rule (64x here, far past
     this problem's stable rate): the walk checks it in a short trial and keeps a gentler rule, saying why."""
@@ -223,6 +225,7 @@ def test_the_walk_never_hands_over_a_scaled_learning_rate_that_diverges():
     assert "made the loss diverge" in walk.lr_note and "made the loss diverge" in walk.table()
 
 
+@pytest.mark.slow
 def test_the_walk_table_keeps_its_columns_in_line_for_long_item_names():
     walk = checklist(digits_recipe(), config=TrainConfig(batch_size=64, accelerator="cpu"),
                      items=("activation_checkpointing", "matmul_precision"), budget_s=10, clock=lambda: 0.0,
@@ -308,6 +311,7 @@ def test_the_batch_to_retry_with_workers_is_the_largest_batch_not_shown_slower()
     assert checklist_items.batch_to_retry(kept, largest_slower) is None  # every larger one shown slower
 
 
+@pytest.mark.slow
 def test_the_walk_drops_a_candidate_whose_loss_diverges_and_refuses_when_the_current_config_does():
     """A block whose loss became NaN/inf timed NaN arithmetic: never a speed-up of the config. Batch 16 and
     up with the linear rule scale this recipe's rate 4x and more, past its stable rate."""
@@ -326,6 +330,7 @@ def test_the_walk_drops_a_candidate_whose_loss_diverges_and_refuses_when_the_cur
     assert same_state(before, state(recipe.model))
 
 
+@pytest.mark.slow
 def test_the_walk_measures_the_devices_peaks_and_bandwidth_once_not_at_every_reading(monkeypatch):
     # They belong to the machine, not the config: 5.8 s of a 6 s first reading here, 0.3 s each reading after.
     from nbtrain.measure import device_rates

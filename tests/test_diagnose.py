@@ -25,6 +25,7 @@ def test_verdict_is_data_bound_for_a_heavy_per_sample_transform():
     assert f"({d.steady.text()})" in d.table() and d.samples_per_s == d.steady.rate
 
 
+@pytest.mark.slow
 def test_verdict_flips_to_compute_bound_for_a_big_model_on_ready_tensors():
     d = diagnose(compute_bound_recipe(n=1024, width=1024), config=TrainConfig(batch_size=512), steps=5)
     assert d.kind == "compute-bound", d.table()
@@ -34,6 +35,7 @@ def test_verdict_flips_to_compute_bound_for_a_big_model_on_ready_tensors():
     assert 0 < d.ceilings.utilisation(d.samples_per_s) < 1.2
 
 
+@pytest.mark.slow
 def test_forward_and_backward_of_tiny_operations_are_the_hosts_time():
     d = diagnose(tiny_ops_recipe(), config=TrainConfig(batch_size=8), steps=20)
     # the phases say forward and backward; the ceilings say whose time that is, and what to try first

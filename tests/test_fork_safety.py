@@ -126,6 +126,7 @@ def test_ddp_after_training_in_the_kernel_forks_ranks_that_never_initialised_cud
     assert _before_the_job(record) == []
 
 
+@pytest.mark.slow
 def test_a_zygote_with_cuda_initialised_starts_fresh_ranks_and_says_why(recording_zygote, capfd):
     start, _ = recording_zygote
     zygote = start(initialised=True)

@@ -83,6 +83,7 @@ def test_a_dataset_that_declares_its_samples_fixed_is_read_once_to_be_held():
     assert held is not None and DeclaredFixed.reads - before == len(dataset) + 1  # (+1: its first sample's shape)
 
 
+@pytest.mark.slow
 def test_the_walk_never_keeps_a_frozen_read_of_an_augmentation_that_changes_one_read_in_ten():
     from nbtrain.tools.checklist import checklist
     dataset = SometimesAugmented()

@@ -69,6 +69,7 @@ def test_bottleneck_button_shows_the_breakdown_and_its_bar_for_the_controls_sett
     assert unchanged(before, panel.recipe.model) and panel.engine.step == 0
 
 
+@pytest.mark.slow
 def test_ceilings_button_shows_the_four_ceilings_binding_first_with_their_bars(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)
@@ -127,6 +128,7 @@ def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_pa
     assert unchanged(before, panel.recipe.model)
 
 
+@pytest.mark.slow
 def test_stop_ends_a_running_tool_and_the_model_is_restored(make_panel):
     panel = make_panel()
     before = weights(panel.recipe.model)
@@ -182,6 +184,7 @@ def wait_until(condition, timeout=60.0):
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_a_tool_waits_for_a_run_and_a_run_for_a_tool(make_panel):
     panel = make_panel()
     panel.controls.max_epochs.value = "1000"

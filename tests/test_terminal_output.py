@@ -8,6 +8,8 @@ import subprocess
 import sys
 import termios
 
+import pytest
+
 SESSION = r'''
 import warnings
 from IPython.terminal.interactiveshell import TerminalInteractiveShell
@@ -76,6 +78,7 @@ def _run_in_a_terminal(tmp_path, code: str) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_a_terminal_shows_one_bar_a_run_with_warnings_on_lines_of_their_own_and_no_plot_text(tmp_path):
     lines = _screen(_run_in_a_terminal(tmp_path, SESSION))
     shown = "\n".join(lines)

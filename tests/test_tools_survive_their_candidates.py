@@ -6,6 +6,7 @@ These run on the CPU, with the one-GPU machine as an assumed inventory (hardware
 """
 import os
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, get_worker_info
@@ -62,6 +63,7 @@ def test_the_ddp_item_says_what_this_machines_cores_allow():
     assert "devices=2" in reason and "at most 1 CPU processes" in reason and walk.trials == 0
 
 
+@pytest.mark.slow
 def test_a_candidate_the_walk_chose_that_raises_is_a_row_and_the_walk_goes_on():
     recipe = _small_batch_recipe()
     with hardware.assume(ONE_GPU):
@@ -87,6 +89,7 @@ def test_the_users_own_config_that_raises_still_raises_from_the_walk():
         raise AssertionError("the user's own failing config must raise its own error")
 
 
+@pytest.mark.slow
 def test_find_batch_size_shows_a_batch_that_raises_as_a_failed_trial():
     search = find_batch_size(recipe=_small_batch_recipe(), config=TrainConfig(batch_size=4, accelerator="cpu"),
                              speed_s=0)
