@@ -318,7 +318,7 @@ def allowed_text(kind: str, *, low=None, high=None, above=None, below=None, choi
         text = ("one of " if kind == "choice" else "each one of ") + ", ".join(choices)
     else:
         raise ValueError(f"an option of kind {kind!r} says what is allowed itself")
-    return text + (f" ({note})" if note else "") + (f", or None" + (f" ({none})" if none else "") if nullable else "")
+    return text + (f" ({note})" if note else "") + (", or None" + (f" ({none})" if none else "") if nullable else "")
 
 
 @dataclass(frozen=True)

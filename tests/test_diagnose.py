@@ -1,7 +1,6 @@
 import json
 
 import pytest
-import torch
 
 from nbtrain import TrainConfig
 from nbtrain.tools.diagnose import diagnose, profile, verdict_for

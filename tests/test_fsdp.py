@@ -40,7 +40,6 @@ def test_fsdp_on_two_processes_matches_one_process_with_the_same_global_batch():
 
 def _train_fsdp_counting_reduce_scatters(accumulate):
     """On each rank: FSDP training with 1 and with `accumulate` micro-batches, counting gradient reductions."""
-    import torch
     from torch.distributed.tensor.debug import CommDebugMode
     from nbtrain import Engine, TrainConfig
     from nbtrain.demo import digits_recipe

@@ -1,7 +1,7 @@
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import IterableDataset, TensorDataset
+from torch.utils.data import TensorDataset
 
 from nbtrain import Engine, Recipe, RecipeError, TrainConfig
 from nbtrain.adapters import recipe_from_namespace

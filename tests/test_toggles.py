@@ -4,9 +4,7 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
-import nbtrain
 from nbtrain import ConfigError, Engine, TrainConfig
 from nbtrain.config import options
 from nbtrain.engine.toggles import TOGGLES, _conv_recipe, _mlp_recipe, image_recipe
