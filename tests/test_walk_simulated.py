@@ -23,7 +23,7 @@ def test_the_walk_reaches_nine_tenths_of_the_grids_best_in_a_third_of_its_time(s
     results = {land.name: walk_against_grid(land, seed) for land in LANDSCAPES}
     good = [name for name, r in results.items() if r["quality"] >= 0.90 and r["time"] <= 1 / 3]
     report = {name: (round(r["quality"], 2), round(r["time"], 2)) for name, r in results.items()}
-    assert len(LANDSCAPES) >= 12 and len(good) >= 11, report
+    assert len(LANDSCAPES) >= 12 and len(good) >= len(LANDSCAPES) - 1, report
     for r in results.values():  # no round was started that would pass the budget
         assert r["walk"].elapsed_s <= r["walk"].budget_s, (r["walk"].device, r["walk"].elapsed_s)
 
@@ -65,6 +65,18 @@ def test_an_item_rejected_under_one_bottleneck_is_raced_again_when_the_bottlenec
     held = [(i.bottleneck, i.kept) for i in walk.items if i.name == "preload_data"]
     assert held[0] == ("host", False) and any(kept and where != "host" for where, kept in held[1:]), walk.table()
     assert walk.best_config.preload_data and walk.best_config.batch_size == 2048, walk.table()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_item_rejected_before_a_keep_is_raced_again_at_the_config_kept(seed):
+    # The CPU benchmark on this 2-core box: two workers gain nothing at batch 16 (each batch they hand over
+    # costs the main process ~2 ms) and 1.7x at batch 256. A walk that rejected workers at batch 16 and kept
+    # batch 256 under the same (data) bottleneck never raced them again: 0.63 of the grid's best.
+    land = next(land for land in LANDSCAPES if land.name == "cpu-data-bound-fft-2-cores")
+    r = walk_against_grid(land, seed)
+    workers = [(i.kept, i.before) for i in r["walk"].items if i.name == "workers"]
+    assert workers[0][0] is False and any(kept for kept, _ in workers[1:]), r["walk"].table()
+    assert r["walk"].best_config.num_workers == 2 and r["quality"] >= 0.9, r["walk"].table()
 
 
 def test_the_walk_is_deterministic_for_a_seed():

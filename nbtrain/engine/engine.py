@@ -16,9 +16,10 @@ import threading
 import time
 import weakref
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from . import changes, checkpoint, data, dist, evaluation, rates, state, toggles
+from .kept_loaders import KeptLoaders
 from ..config import TrainConfig, check_runnable
 from .loop import Run
 from ..metrics import MetricsLog
@@ -69,6 +70,7 @@ class Engine:
         # Live Snapshots (state.py) keep the held data a restore dropped, so a tool alternating a holding
         # config with one that does not hold reads the data set once, not once a block.
         self.snapshots = weakref.WeakSet()
+        self.kept_loaders: KeptLoaders | None = None  # loaders whose workers outlive a run (keeping_workers)
         self.loader = self.build_loader()
         self.replace_optimizer()
         changes.apply_toggles(self, changes.TOGGLE_OPTIONS)
@@ -90,7 +92,33 @@ class Engine:
             return FixedLoader(self.recipe.fixed_loader, lambda text: self.note("data order", text))
         if isinstance(self.recipe.train_data, IterableDataset):
             return StreamLoader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
-        return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
+        def build():
+            return data.build_loader(self.recipe.train_data, config, self.world, self.seed, self.recipe.collate_fn)
+        if self.kept_loaders is None or not (config.num_workers and config.persistent_workers):
+            return build()
+        return self.kept_loaders.get(self.loader_key(config), build)
+
+    def loader_key(self, config: TrainConfig) -> tuple:
+        """What a DataLoader of `config` is built from: two configs with one key share a kept loader."""
+        return (id(self.recipe.train_data), id(self.recipe.collate_fn), self.seed, config.pin,
+                *(getattr(config, name) for name in sorted(changes.LOADER_OPTIONS)))
+
+    @contextlib.contextmanager
+    def keeping_workers(self):
+        """Inside the block, loaders with persistent workers outlive their runs (kept_loaders.py): a later run
+        with the same loader settings takes one back with its workers running. Yields the KeptLoaders (its
+        keep_only stops those a caller is done with); every worker kept is stopped on the way out."""
+        if self.kept_loaders is not None:  # already keeping: the outer block stops them
+            yield self.kept_loaders
+            return
+        self.kept_loaders = KeptLoaders()
+        if isinstance(self.loader, DataLoader) and self.loader.persistent_workers:  # the live loader is one too
+            self.kept_loaders.get(self.loader_key(self.config), lambda: self.loader)
+        try:
+            yield self.kept_loaders
+        finally:
+            kept, self.kept_loaders = self.kept_loaders, None
+            kept.keep_only()
 
     def rebuild_loader(self) -> None:
         """New training data: start its first epoch from the beginning."""

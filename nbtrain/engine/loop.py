@@ -128,7 +128,8 @@ class Run:
         finally:
             engine.running = False
             self._caller_stop = _NEVER
-            data.stop_workers(engine.loader)
+            if engine.kept_loaders is None or not engine.kept_loaders.settle(engine.loader):
+                data.stop_workers(engine.loader)
             self._flush()
         return self._finish(status, peak, logger, resumed_from, from_step, from_samples)
 

@@ -34,6 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 _ONE_S = 0.02  # one timed matmul or copy at least this long: shorter ones time the launch, not the device
 _RESAMPLES = 400
 _QUARTILE = 0.25  # the step times the host split reads: below most preemptions, above the rare lucky reading
+_SIDES: dict = {}  # (device, dtype) -> the matmul side peak_flops found for them
 _TOP = 0.9  # the peak is the 90th percentile of the repetitions: the fastest alone is one lucky reading
 
 
@@ -87,10 +88,11 @@ def _top_rate(work: float, durations, size: int, dtype: str) -> Rate:
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> Rate:
-    """FLOP/s of a square matmul in `dtype` on `device`, sized so that one lasts at least _ONE_S."""
+    """FLOP/s of a square matmul in `dtype` on `device`, sized so that one lasts about _ONE_S."""
     sync = _sync(device)
     generator = torch.Generator(device=device).manual_seed(0)  # the user's RNG streams stay untouched
-    n, cap = 256, 4096 if device.type == "cpu" else 16384
+    key = (str(device), dtype)
+    n, cap = _SIDES.get(key, 256), 4096 if device.type == "cpu" else 16384
     while True:
         a = torch.randn(n, n, device=device, generator=generator).to(dtype)
         b = torch.randn(n, n, device=device, generator=generator).to(dtype)
@@ -99,16 +101,22 @@ def peak_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -
         t0 = time.perf_counter()
         torch.mm(a, b)
         sync()
-        if time.perf_counter() - t0 >= _ONE_S or n >= cap:
+        # Doubling the side makes a matmul 8x longer: one lasting half of _ONE_S is long enough, and the
+        # next side would last 4 _ONE_S each, for every repetition (seconds of a walk's budget on a CPU).
+        if time.perf_counter() - t0 >= _ONE_S / 2 or n >= cap:
             break
         n *= 2
+    _SIDES[key] = n  # the machine's, not the config's: a second reading starts at the side found
     return _top_rate(2 * n**3, _repeat(lambda: torch.mm(a, b), sync, seconds), n, str(dtype).replace("torch.", ""))
 
 
 def bandwidth(device: torch.device, seconds: float = 0.3) -> Rate:
     """Bytes/s of copying a tensor far larger than the caches (read once, written once)."""
     sync = _sync(device)
-    size, cap = 16 << 20, (256 << 20) if device.type == "cpu" else (4 << 30)
+    # On a CPU, 64 MB (128 MB read and written) is past the last-level cache a core sees, and a copy of it
+    # lasts milliseconds; a larger one costs more to allocate (first-touch page faults: 1.6 s for 256 MB in a
+    # sandboxed VM) than its timing is worth. A GPU's copies grow until one lasts _ONE_S.
+    size, cap = (64 << 20, 64 << 20) if device.type == "cpu" else (16 << 20, 4 << 30)
     while True:
         source = torch.ones(size // 4, device=device)
         target = torch.empty_like(source)

@@ -13,9 +13,10 @@ ceilings again at the config kept, and so on, until no item answering the bindin
 the budget ends; then the items not tried yet are tried once each (a reading can be wrong where two
 ceilings are close, and an item asked for is never left out silently), and one kept there resumes
 the path; an item whose race ended too noisy to tell with a promising ratio gets one second look
-from the same config while the budget lasts. An item rejected under one bottleneck is tried again when the bottleneck moves: a
-batch of 32 bound by the host cannot show what held data buys at a batch of 2048 bound by the
-loader. Items with stage "first" (the GPU) come before the first reading, those with stage "last"
+from the same config while the budget lasts. An item rejected is tried again once the config or the
+bottleneck moves: a batch of 32 bound by the host cannot show what held data buys at a batch of 2048
+bound by the loader, nor can workers that batch 16's steps could not keep busy show what they give
+batch 256. Items with stage "first" (the GPU) come before the first reading, those with stage "last"
 (accumulation to a target, DDP) once after the path ends. Where the ceilings cannot be read, every
 item is tried once in the order registered (checklist_items.py). The walk never names an item.
 
@@ -101,7 +102,10 @@ class Walk:
         result = race(self.block, self.current, entrants, decide_at=self.min_gain, min_rounds=_ROUNDS[0],
                       max_rounds=_ROUNDS[1], budget_s=max(self.left(), 0.0), block_cost_s=self.block_cost_s(),
                       ordered=ordered, clock=self.clock)
-        self.bench.race_over()
+        leader = result.leader()
+        keep = [self.current] + ([leader.config] if leader is not None else [])
+        self.bench.race_over(keep)  # the configs the walk goes on with keep their workers (walk_bench.py)
+        self.seen &= set(keep)  # the others pay their start-up again in a later race
         self.blocks += result.blocks
         self.rounds += result.rounds
         if not self.start_rates:
@@ -191,6 +195,10 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
     def attempt(item, binding) -> bool:
         tried.add(item.name)
         if _try(walk, item, binding, skipped, results, lr_checks):
+            # The config moved: a race run at the old one says nothing of the new (workers that could not keep
+            # up with batch 16's steps feed batch 256's; held data that a host-bound batch 32 could not use pays
+            # at 2048), so what was rejected there is raced again where the reading asks for it.
+            rejected.clear()
             return True
         rejected[item.name] = binding
         return False

@@ -39,7 +39,13 @@ class ItemResult:
         else:
             n = self.verdict.pairs  # a race that ended before its pairs gave an interval: the blocks' screen
             text = self.verdict.short() + f", screened on {n} block{'s' if n != 1 else ''} each"
-        return text + (f": {self.note}" if self.note else "")
+        note = self.note
+        if text.startswith(_NOISY) and note.startswith(_NOISY + ": "):  # said once: "too noisy to tell (..): why"
+            note = note[len(_NOISY) + 2:]
+        return text + (f": {note}" if note else "")
+
+
+_NOISY = "too noisy to tell"
 
 
 @dataclass(kw_only=True)

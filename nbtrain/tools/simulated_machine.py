@@ -8,7 +8,7 @@ take on the machine. The cost of one optimizer step of batch b:
 - host: a fixed cost per operation (forward and backward, fewer compiled; the optimizer's per
   parameter for-loop, one operation per group for 'foreach', fewer still 'fused' on CUDA; casts
   under autocast), plus the main process's share of loading: the whole per-sample cost without
-  workers, only receiving the batch with them, slicing with the data held in memory; a pageable
+  workers, only receiving the batch with them (per sample and per batch), slicing with the data held in memory; a pageable
   copy to the GPU blocks the host, a pinned one does not;
 - device: compute per sample at the peak of its precision (cuDNN runs float32 convolutions on TF32
   by default: cheap; float32 matmuls run on TF32 only at matmul_precision 'high'; channels_last makes
@@ -60,6 +60,7 @@ class Landscape:
     bandwidth: float = 4e12
     loader_s: float = 16e-6          # main-process seconds per sample without workers
     receive_s: float = 1.5e-6        # main-process seconds per sample received from workers
+    receive_batch_s: float = 0.0     # main-process seconds per batch received from workers (queue, unpickling)
     held_s: float = 5e-9             # seconds per sample cut from held tensors
     holdable: bool = True            # the held-data rule holds this dataset
     input_bytes: float = 12288       # bytes per sample copied to the device
@@ -107,7 +108,7 @@ def parts(land: Landscape, c: TrainConfig) -> dict:
             host += b * land.loader_s
         else:
             busy = min(n, max(land.cores - 1, 1))
-            host += b * land.receive_s
+            host += b * land.receive_s + land.receive_batch_s
             loader = b * land.loader_s / busy
             if n > land.cores - 1:  # more workers than free cores: they take the step's own time
                 host *= 1 + 0.15 * (n - land.cores + 1)
@@ -127,8 +128,12 @@ def true_rate(land: Landscape, c: TrainConfig) -> float:
 
 def start_up_s(land: Landscape, c: TrainConfig) -> float:
     """Seconds paid the first time a config runs: its workers' start-up, its compile."""
-    workers = land.worker_start_s + 0.05 * c.num_workers if c.num_workers and not c.preload_data else 0.0
-    return workers + (land.compile_s if c.compile != "none" else 0.0)
+    return workers_start_s(land, c) + (land.compile_s if c.compile != "none" else 0.0)
+
+
+def workers_start_s(land: Landscape, c: TrainConfig) -> float:
+    """The part of start_up_s paid again when a config's workers were stopped (after a race it did not go on in)."""
+    return land.worker_start_s + 0.05 * c.num_workers if c.num_workers and not c.preload_data else 0.0
 
 
 class Here:
@@ -159,7 +164,8 @@ class SimulatedMachine:
     seed: int = 0
     block_overhead_s: float = 0.05
     now: float = 0.0
-    seen: set = field(default_factory=set)
+    seen: set = field(default_factory=set)     # configs run once (compiled)
+    running: set = field(default_factory=set)  # configs whose workers are up
     blocks: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -177,7 +183,11 @@ class SimulatedMachine:
         self.now += seconds + self.block_overhead_s
         if config not in self.seen:
             self.seen.add(config)
+            self.running.add(config)
             self.now += start_up_s(self.land, config)
+        elif config not in self.running:  # compiled before; its workers were stopped at the end of a race
+            self.running.add(config)
+            self.now += workers_start_s(self.land, config)
 
     def _observed(self, rate: float) -> float:
         self.load = min(max(self.load * math.exp(self.rng.normal(0, self.land.drift)), 0.7), 1.3)
@@ -200,8 +210,8 @@ class SimulatedMachine:
         rates = [b.rate for b in blocks]
         return Tried("", config, float(np.median(rates)), blocks=rates)
 
-    def race_over(self) -> None:
-        pass
+    def race_over(self, keep=()) -> None:
+        self.running &= set(keep)  # as walk_bench: only the configs the walk goes on with keep their workers
 
     def bottleneck(self, config, seconds: float):
         """The four ceilings as nbtrain.ceilings would read them here (each within a few percent), judged by the
@@ -219,7 +229,8 @@ class SimulatedMachine:
             v = jitter(v)
             return SteadyRate(v, v * 0.95, v * 1.05, 0.04, 3, 0.1, 30, 1.0)
 
-        data_host = b * (land.held_s if p["held"] else land.loader_s if config.num_workers == 0 else land.receive_s)
+        data_host = b * (land.held_s if p["held"] else land.loader_s if config.num_workers == 0 else land.receive_s) \
+            + (land.receive_batch_s if config.num_workers and not p["held"] else 0.0)
         loader_per_step = p["loader"] or data_host
         model_host = max(p["host"] - data_host, 1e-9)
         model_step = max(model_host, p["device"]) if land.cuda else model_host + p["device"]

@@ -10,6 +10,7 @@ kernels, convolutions, whether DDP can run). `EngineBench` is the live engine; a
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 from ..measure.ab import trial_rate
@@ -19,6 +20,8 @@ from ..records import samples_start
 from . import trial
 from .checklist_items import Tried, cannot_run_ddp_here
 from .tune import is_oom, memory_limit
+
+_WARM_UP_STEPS = 3  # uncounted steps before a config's first block in a race: its workers' first batches arrive
 
 
 class EngineFacts:
@@ -71,6 +74,12 @@ class EngineBench:
         self.device = str(engine.device)
         self.device_rates: dict = {}  # the device's peaks and bandwidth, measured at the first reading only
         self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" else (None, "")
+        # A race's DataLoader workers stay up between its blocks (Engine.keeping_workers), and each config is
+        # warmed up once before its first counted block: worker start-up, allocator growth and first calls
+        # fall outside every block. Between races only the loaders of the configs the walk goes on with stay.
+        self._keeping = contextlib.ExitStack()
+        self._kept = None
+        self.warm: set = set()
 
     def _over_memory(self, m) -> str:
         if self.limit is not None and m.config.device_type == "cpu" and m.peak_bytes > self.limit:
@@ -99,6 +108,11 @@ class EngineBench:
         return m, steady, parts, m.error or self._over_memory(m)
 
     def block(self, config, seconds: float) -> Block:
+        if self._kept is None:
+            self._kept = self._keeping.enter_context(self.engine.keeping_workers())
+        if config not in self.warm:
+            self.warm.add(config)
+            self._warm_up(config)
         m, steady, parts, note = self._trial(config, seconds)
         rate = float("nan") if m is None else steady.rate if math.isfinite(steady.rate) else m.samples_per_s
         if note:  # a config that did not fit leaves memory behind that the next block would be charged with
@@ -111,7 +125,24 @@ class EngineBench:
         ok = not note and math.isfinite(steady.rate)
         return Tried("", config, steady.rate if ok else None, note, steady if ok else NOTHING, blocks)
 
-    def race_over(self) -> None:
+    def _warm_up(self, config) -> None:
+        """A few uncounted steps of `config`: its workers start (and stay, see block), first calls happen. A
+        config that cannot run fails again in its counted block, which says why."""
+        try:
+            trial.measure(self.engine, config, steps=_WARM_UP_STEPS)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+        finally:
+            self.snapshot.restore()
+
+    def race_over(self, keep=()) -> None:
+        """The race is over: only the loaders of the configs in `keep` (the current one, the leader) keep their
+        workers, and only those stay warm."""
+        if self._kept is not None:
+            self._kept.keep_only({self.engine.loader_key(c) for c in keep})
+        self.warm &= set(keep)
         trial.release_memory()
 
     def bottleneck(self, config, seconds: float):
@@ -149,4 +180,6 @@ class EngineBench:
         return "" if s is None else f"; the live {type(s.scheduler).__name__}'s rates rescaled by the same factor"
 
     def restore(self, config=None) -> None:
+        self._keeping.close()  # every worker the walk kept is stopped
+        self._kept, self.warm = None, set()
         self.snapshot.restore(config)
