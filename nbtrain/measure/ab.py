@@ -152,30 +152,33 @@ def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *
     sides = ("config A", f"config B ({describe_change(config_a, config_b)})")
     start = clock()
     result = ABResult(config_a, config_b, UNMEASURED)
+    # Each config's DataLoader workers stay up from block to block (Engine.keeping_workers): restarted in
+    # every block, their start-up fell inside the timed steps, and two workers read as no faster than none.
     try:
-        if discard:
-            for i in (0, 1):
-                rate = block_rate(engine, configs[i], steps[i], sides[i])
-                snapshot.restore()
-                if block_s is not None:
-                    steps[i] = steps_lasting(rate, configs[i], block_s)
-        result.block_steps = (steps[0], steps[1])
-        while True:
-            order = (0, 1) if len(result.rates_a) % 2 == 0 else (1, 0)
-            for i in order:
-                rate = block_rate(engine, configs[i], steps[i], sides[i])
-                snapshot.restore()
-                (result.rates_a if i == 0 else result.rates_b).append(rate)
-            result.verdict = paired(result.rates_a, result.rates_b)
-            pairs, v = len(result.rates_a), result.verdict
-            if pairs >= min_pairs and math.isfinite(v.low) and v.high / v.low <= 1 + 2 * precision_target:
-                result.stopped_by = "interval"
-            elif clock() - start >= budget_s and pairs >= 2:
-                result.stopped_by = "budget"
-            elif pairs >= max_pairs:
-                result.stopped_by = "max_pairs"
-            if result.stopped_by:
-                break
+        with engine.keeping_workers():
+            if discard:
+                for i in (0, 1):
+                    rate = block_rate(engine, configs[i], steps[i], sides[i])
+                    snapshot.restore()
+                    if block_s is not None:
+                        steps[i] = steps_lasting(rate, configs[i], block_s)
+            result.block_steps = (steps[0], steps[1])
+            while True:
+                order = (0, 1) if len(result.rates_a) % 2 == 0 else (1, 0)
+                for i in order:
+                    rate = block_rate(engine, configs[i], steps[i], sides[i])
+                    snapshot.restore()
+                    (result.rates_a if i == 0 else result.rates_b).append(rate)
+                result.verdict = paired(result.rates_a, result.rates_b)
+                pairs, v = len(result.rates_a), result.verdict
+                if pairs >= min_pairs and math.isfinite(v.low) and v.high / v.low <= 1 + 2 * precision_target:
+                    result.stopped_by = "interval"
+                elif clock() - start >= budget_s and pairs >= 2:
+                    result.stopped_by = "budget"
+                elif pairs >= max_pairs:
+                    result.stopped_by = "max_pairs"
+                if result.stopped_by:
+                    break
     finally:
         result.seconds = clock() - start
     return result

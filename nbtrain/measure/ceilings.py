@@ -304,8 +304,9 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
         for group in engine.optimizer.param_groups:
             group["lr"] = torch.zeros_like(group["lr"]) if torch.is_tensor(group["lr"]) else 0.0
         dtype = engine.precision.dtype or torch.get_default_dtype()
-        peak = known.get(dtype) or device_rates.peak_flops(device, dtype)  # before and after the model: a
-        memory = known.get("bandwidth") or device_rates.bandwidth(device)  # passing load spike hits one
+        rates_s = min(0.3, seconds / 2)  # each device rate's repetitions: a short reading (the walk's) is short
+        peak = known.get(dtype) or device_rates.peak_flops(device, dtype, rates_s)  # before and after the model:
+        memory = known.get("bandwidth") or device_rates.bandwidth(device, rates_s)  # a passing load hits one
         train_step(engine, batch)  # warm-up: lazy state, allocator
         counts = device_rates.count_step(lambda counter: train_step(engine, batch, counter))
         small = small_batch(engine, batch)
@@ -313,9 +314,9 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
         if device.type == "cuda":
             busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
         if dtype not in known:
-            peak = max(peak, device_rates.peak_flops(device, dtype), key=lambda p: p.value)
+            peak = max(peak, device_rates.peak_flops(device, dtype, rates_s), key=lambda p: p.value)
         if dtype == torch.float32:
-            low_peak = known.get(torch.bfloat16) or device_rates.peak_flops(device, torch.bfloat16, seconds=0.2)
+            low_peak = known.get(torch.bfloat16) or device_rates.peak_flops(device, torch.bfloat16, rates_s)
             known[torch.bfloat16] = low_peak
         known[dtype], known["bandwidth"] = peak, memory
     finally:
