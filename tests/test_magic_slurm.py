@@ -35,6 +35,15 @@ def test_dry_run_shows_the_batch_script_for_the_flags_and_submits_nothing(ip, ca
     assert not (tmp_path / ".nbtrain").exists() and "_nbtrain" not in ip.user_ns  # nothing written, nothing run
 
 
+def test_the_dry_run_names_the_parts_from_an_earlier_cell_first(ip, capsys):
+    assert ip.run_cell(DIGITS).error_in_exec is None
+    result = ip.run_cell("%%nbtrain --slurm-dry-run --partition debug\nmodel = DigitsMLP(hidden=32)\n")
+    out = capsys.readouterr().out
+    assert result.error_in_exec is None, out
+    assert out.startswith("train_data: DigitsDataset of 1,437 samples; loss_fn: CrossEntropyLoss() from earlier "
+                          "cells\nnbtrain: the batch script"), out  # in the words of a run's header
+
+
 def test_a_gpu_job_is_written_from_a_machine_without_a_gpu(ip, capsys):
     from nbtrain.hardware import Inventory, assume
     with assume(Inventory(cuda_devices=0, cuda_bf16=False, mps=False, cpu_cores=2)):  # a GPU-less login node
