@@ -31,6 +31,7 @@ LR_RULES = ("none", "linear", "sqrt")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
+GIVEN_KEY = "_given"  # in a kept config (to_record): the options given on purpose; never an option's name
 MAX_BATCH = 2**24
 MAX_WORKERS = 256
 
@@ -208,6 +209,21 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def to_record(self) -> dict:
+        """The values and, under GIVEN_KEY, the options given on purpose: the config as a run directory and
+        the run store keep it (JSON), so a run's settings as code state what it was given."""
+        return {**self.to_dict(), GIVEN_KEY: sorted(self.given)}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "TrainConfig":
+        """The config `to_record` kept; options no longer known are dropped, and a record from before the
+        given options were kept counts those that differ from the defaults as given (what it stated then)."""
+        values = {name: value for name, value in record.items() if name in cls.__dataclass_fields__}
+        given = record.get(GIVEN_KEY)
+        if given is None:
+            given = cls.from_dict(values).changed_from(cls())
+        return cls.from_dict(values, given=given)
 
     def given_dict(self) -> dict:
         """The options given on purpose, with their values: this config as the user wrote it."""

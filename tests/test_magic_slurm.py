@@ -90,3 +90,18 @@ def test_slurm_job_runs_the_cell_recipe_on_two_nodes_with_live_state_and_the_wei
     assert f"recorded as run #{job.extras['run_id']}" in out.out
     assert RunStore(tmp_path / "runs.sqlite").load("job_b").summary["world_size"] == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))
+
+
+@pytest.mark.slow
+def test_a_job_that_fails_in_a_part_from_an_earlier_cell_says_so_beside_the_ranks_error(
+        ip, capsys, slurm_cluster):  # noqa: F811
+    ip.run_cell(DIGITS)
+    result = ip.run_cell("%%nbtrain --slurm --num-nodes 1 --devices 1 --accelerator cpu --max-steps 2 "
+                         "--batch-size 16 --sbatch cpus_per_task=1 --no-plot --no-progress\n"
+                         "model = torch.nn.Sequential(torch.nn.Linear(64, 10))\n"
+                         "train_data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 1))\n")
+    text = capsys.readouterr().out
+    assert type(result.error_in_exec).__name__ == "SlurmJobError", text
+    assert "0D or 1D target tensor expected" in text, text
+    assert text.startswith("loss_fn: CrossEntropyLoss() from an earlier cell\n"), text  # as a run's header
+    assert "\nnbtrain: loss_fn: CrossEntropyLoss() from an earlier cell" in text, text  # and beside the error

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import hardware
-from ..config import TrainConfig
+from ..config import GIVEN_KEY, TrainConfig
 from ..metrics import MetricsLog
 from .result import RunResult
 
@@ -37,14 +37,11 @@ CREATE TABLE IF NOT EXISTS runs (
     status   TEXT NOT NULL,
     message  TEXT NOT NULL,
     model    TEXT,
-    config   TEXT NOT NULL,   -- JSON: TrainConfig.to_dict(), and under "_given" the options given on purpose
+    config   TEXT NOT NULL,   -- JSON: TrainConfig.to_record() (the values, and the options given on purpose)
     summary  TEXT NOT NULL,   -- JSON: RunResult.summary
     events   BLOB NOT NULL    -- zlib(JSON): the MetricsLog's events, replayable (thinned past STORED_ROWS)
 )""", "CREATE INDEX IF NOT EXISTS runs_by_name ON runs (name, id)", f"PRAGMA user_version={SCHEMA_VERSION}")
 _warned: set[str] = set()
-# The config JSON's one key that is not an option: which options were given on purpose (TrainConfig.given), so
-# a stored run's settings as code state what its run stated (an explicit batch_size=32), not all 50 options.
-_GIVEN = "_given"
 
 
 class StoreError(RuntimeError):
@@ -115,9 +112,8 @@ class RunStore:
         """Store a finished run; its id, or None (after one warning) when the file is unusable."""
         # A long run's history is thinned (recent steps kept whole), so its row stays a few MB at most.
         events = zlib.compress(json.dumps(result.log.snapshot(STORED_ROWS).events).encode())
-        config = {**result.config.to_dict(), _GIVEN: sorted(result.config.given)}
         row = (name if name is not None else result.name, time.time(), result.status, result.message, model,
-               json.dumps(config), json.dumps(result.summary, default=str), events)
+               json.dumps(result.config.to_record()), json.dumps(result.summary, default=str), events)
         try:
             db = self._connect()
             try:
@@ -171,16 +167,11 @@ class RunStore:
 
 def _option_values(config_json: str) -> dict:
     """A stored config's option values (a row's table columns), without the record of what was given."""
-    return {k: v for k, v in json.loads(config_json).items() if k != _GIVEN}
+    return {k: v for k, v in json.loads(config_json).items() if k != GIVEN_KEY}
 
 
 def _stored_config(config_json: str) -> TrainConfig:
     """A past run's config, even one made on hardware this machine lacks (a GPU run read on a laptop)."""
-    stored = json.loads(config_json)
-    values = {k: v for k, v in stored.items() if k in TrainConfig.__dataclass_fields__}
     anything = hardware.Inventory(cuda_devices=1 << 16, cuda_bf16=True, mps=True, cpu_cores=1 << 16)
     with hardware.assume(anything):
-        given = stored.get(_GIVEN)
-        if given is None:  # a row written before the store kept it: what that run's settings as code stated
-            given = TrainConfig.from_dict(values).changed_from(TrainConfig())
-        return TrainConfig.from_dict(values, given=given)
+        return TrainConfig.from_record(json.loads(config_json))
