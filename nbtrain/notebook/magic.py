@@ -42,7 +42,8 @@ CONVENTIONS = "\n".join(
 HELP_EPILOG = f"""\
 The cell body runs first, in the notebook's namespace; then these names are read from it
 (names from earlier cells count too, so a cell that does not build a new `model` continues
-training the one already trained; the run's first line names each part an earlier cell set):
+training the one already trained; the cell's first line, for a run, a tool, a batch job or the
+panel alike, names each part an earlier cell set):
 {CONVENTIONS}
 `model` and `train_data` are needed, and `loss_fn` (called as loss_fn(model(x), y)) or
 `training_step(model, batch)` returning the loss. The trained model stays in the namespace.
