@@ -31,6 +31,7 @@ LR_RULES = ("none", "linear", "sqrt")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
+GIVEN_KEY = "_given"  # in a kept config (to_record): the options given on purpose; never an option's name
 MAX_BATCH = 2**24
 MAX_WORKERS = 256
 
@@ -198,12 +199,31 @@ class TrainConfig:
         return self.__dict__.get("_given", frozenset())
 
     @classmethod
-    def from_dict(cls, values: dict) -> "TrainConfig":
+    def from_dict(cls, values: dict, given=None) -> "TrainConfig":
+        """The config of `values`; `given` names those set on purpose (all of them unless it says)."""
         _check_names(values)
-        return cls(**values)
+        config = cls(**values)
+        if given is not None:
+            object.__setattr__(config, "_given", frozenset(given) & frozenset(values))
+        return config
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def to_record(self) -> dict:
+        """The values and, under GIVEN_KEY, the options given on purpose: the config as a run directory and
+        the run store keep it (JSON), so a run's settings as code state what it was given."""
+        return {**self.to_dict(), GIVEN_KEY: sorted(self.given)}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "TrainConfig":
+        """The config `to_record` kept; options no longer known are dropped, and a record from before the
+        given options were kept counts those that differ from the defaults as given (what it stated then)."""
+        values = {name: value for name, value in record.items() if name in cls.__dataclass_fields__}
+        given = record.get(GIVEN_KEY)
+        if given is None:
+            given = cls.from_dict(values).changed_from(cls())
+        return cls.from_dict(values, given=given)
 
     def given_dict(self) -> dict:
         """The options given on purpose, with their values: this config as the user wrote it."""
@@ -216,18 +236,33 @@ class TrainConfig:
 
     # --- settings as code ---------------------------------------------------------------
 
+    def stated(self) -> dict:
+        """The options this config states, in declaration order: those that differ from the defaults and
+        those given on purpose at their default (an explicit batch_size=32 over a DataLoader's 64)."""
+        defaults = TrainConfig()
+        return {name: getattr(self, name) for name in option_names()
+                if name in self.given or getattr(self, name) != getattr(defaults, name)}
+
     def as_flags(self) -> str:
-        """The `%%nbtrain` line that gives these settings (options left at their defaults omitted)."""
+        """The `%%nbtrain` line that gives these settings (`stated`: options neither given nor changed left out)."""
         words = ["%%nbtrain"]
-        for name, (_, value) in self.changed_from(TrainConfig()).items():
-            text = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-            words += ["--" + name.replace("_", "-"), shlex.quote(text)]
+        for name, value in self.stated().items():
+            flag, text = "--" + name.replace("_", "-"), _flag_text(name, value)
+            # A value that starts with '-' would read as a flag: it goes after '='.
+            words += [f"{flag}={shlex.quote(text)}"] if text.startswith("-") else [flag, shlex.quote(text)]
         return " ".join(words)
 
     def as_code(self) -> str:
-        """A `TrainConfig(...)` expression that gives these settings."""
-        changed = self.changed_from(TrainConfig())
-        return "TrainConfig(" + ", ".join(f"{name}={value!r}" for name, (_, value) in changed.items()) + ")"
+        """A `TrainConfig(...)` expression that gives these settings (`stated`), the same options given."""
+        return "TrainConfig(" + ", ".join(f"{name}={value!r}" for name, value in self.stated().items()) + ")"
+
+
+def _flag_text(name: str, value) -> str:
+    """`value` as a flag's text that reads back as it: None as the word its option reads as None ('none'),
+    or as '' where 'none' is a text of its own (a path or name)."""
+    if value is None:
+        return "none" if options()[name][0].read("none") is None else ""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _recording_given(init):

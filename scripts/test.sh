@@ -18,5 +18,11 @@ fi
 
 python3 -m venv .venv
 . .venv/bin/activate
+# Without an NVIDIA GPU, torch from PyPI is the CUDA build: the CPU builds go in first, as in the README's
+# install block, so that the package's install keeps them (scripts/torch_index.sh decides; NBTRAIN_TORCH_INDEX).
+torch_index=$(bash scripts/torch_index.sh python)  # the venv's python: is torch in it already?
+if [ "$torch_index" = cpu ]; then
+  pip install -q torch torchvision --index-url https://download.pytorch.org/whl/cpu
+fi
 pip install -q -e ".[test]"
 python -m pytest "$@"  # ends with the time of the fast subset (-m "not slow") and of the whole suite

@@ -231,3 +231,13 @@ def test_the_run_directory_is_private_and_removed_afterwards(tmp_path):
     assert run.config() == TrainConfig() and isinstance(run.recipe().model, torch.nn.Module)
     run.remove()
     assert not run.path.exists()
+
+
+def test_the_run_directory_keeps_the_options_given_so_a_batch_jobs_settings_as_code_state_them(tmp_path):
+    from nbtrain.distributed.rundir import RunDir
+    config = TrainConfig(batch_size=32, max_steps=4, devices=2)  # batch_size: the default, given on purpose
+    run = RunDir.create(backend="gloo", config=config, recipe=digits_recipe(), parent=str(tmp_path))
+    kept = run.config()  # what a SLURM job's result carries back, and the run store records
+    assert kept == config and kept.given == {"batch_size", "max_steps", "devices"}
+    assert kept.as_flags() == "%%nbtrain --devices 2 --batch-size 32 --max-steps 4"
+    run.remove()

@@ -210,6 +210,19 @@ def test_a_loss_fn_from_an_earlier_cell_is_said_in_the_header_and_beside_the_err
            "shape (64, 1)" in text
 
 
+@pytest.mark.slow
+def test_a_rank_that_fails_in_a_part_from_an_earlier_cell_says_so_beside_the_workers_error(ip, capsys):
+    # The worker marks the part that raised in the run directory (error-rank{N}.part): the kernel's note
+    # is the same as for a run in the kernel.
+    assert ip.run_cell(DIGITS).error_in_exec is None
+    result = ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 2 --batch-size 16 --no-plot "
+                         "--no-progress" + REGRESSION)
+    text = capsys.readouterr().out
+    assert type(result.error_in_exec).__name__ == "WorkerError" and "0D or 1D target tensor expected" in text, text
+    assert text.startswith("loss_fn: CrossEntropyLoss() from an earlier cell\n"), text
+    assert "\nnbtrain: loss_fn: CrossEntropyLoss() from an earlier cell" in text, text
+
+
 def test_an_error_in_the_users_model_shows_the_cells_line_and_the_last_torch_call_the_rest_folded(ip, capsys):
     cell = ("%%nbtrain --max-steps 2 --no-plot --no-progress" + DIGITS + """
 class Net(torch.nn.Module):

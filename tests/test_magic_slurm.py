@@ -35,6 +35,15 @@ def test_dry_run_shows_the_batch_script_for_the_flags_and_submits_nothing(ip, ca
     assert not (tmp_path / ".nbtrain").exists() and "_nbtrain" not in ip.user_ns  # nothing written, nothing run
 
 
+def test_the_dry_run_names_the_parts_from_an_earlier_cell_first(ip, capsys):
+    assert ip.run_cell(DIGITS).error_in_exec is None
+    result = ip.run_cell("%%nbtrain --slurm-dry-run --partition debug\nmodel = DigitsMLP(hidden=32)\n")
+    out = capsys.readouterr().out
+    assert result.error_in_exec is None, out
+    assert out.startswith("train_data: DigitsDataset of 1,437 samples; loss_fn: CrossEntropyLoss() from earlier "
+                          "cells\nnbtrain: the batch script"), out  # in the words of a run's header
+
+
 def test_a_gpu_job_is_written_from_a_machine_without_a_gpu(ip, capsys):
     from nbtrain.hardware import Inventory, assume
     with assume(Inventory(cuda_devices=0, cuda_bf16=False, mps=False, cpu_cores=2)):  # a GPU-less login node
@@ -81,3 +90,18 @@ def test_slurm_job_runs_the_cell_recipe_on_two_nodes_with_live_state_and_the_wei
     assert f"recorded as run #{job.extras['run_id']}" in out.out
     assert RunStore(tmp_path / "runs.sqlite").load("job_b").summary["world_size"] == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))
+
+
+@pytest.mark.slow
+def test_a_job_that_fails_in_a_part_from_an_earlier_cell_says_so_beside_the_ranks_error(
+        ip, capsys, slurm_cluster):  # noqa: F811
+    ip.run_cell(DIGITS)
+    result = ip.run_cell("%%nbtrain --slurm --num-nodes 1 --devices 1 --accelerator cpu --max-steps 2 "
+                         "--batch-size 16 --sbatch cpus_per_task=1 --no-plot --no-progress\n"
+                         "model = torch.nn.Sequential(torch.nn.Linear(64, 10))\n"
+                         "train_data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 1))\n")
+    text = capsys.readouterr().out
+    assert type(result.error_in_exec).__name__ == "SlurmJobError", text
+    assert "0D or 1D target tensor expected" in text, text
+    assert text.startswith("loss_fn: CrossEntropyLoss() from an earlier cell\n"), text  # as a run's header
+    assert "\nnbtrain: loss_fn: CrossEntropyLoss() from an earlier cell" in text, text  # and beside the error

@@ -84,7 +84,11 @@ def test_profile_shows_the_breakdown_its_verdict_and_a_trace_and_restores_the_mo
 
 
 def test_ceilings_flag_prints_the_four_ceilings_binding_first_and_the_remedies(ip, capsys):
-    out = runs_ok(ip, capsys, "%%nbtrain --ceilings --batch-size 16" + DIGITS)
+    runs_ok(ip, capsys, DIGITS)
+    out = runs_ok(ip, capsys, "%%nbtrain --ceilings --batch-size 16\nmodel = DigitsMLP(hidden=32)\n")
+    # The parts this cell did not set are named first, in the words of a training run's header.
+    assert out.startswith("train_data: DigitsDataset of 1,437 samples; loss_fn: CrossEntropyLoss() from earlier "
+                          "cells\n"), out
     c = ip.user_ns["_nbtrain"]
     b = c.bottleneck()
     assert f"verdict: {c.verdict}" in out and f"try: {b.remedies[0].text}" in out
@@ -157,6 +161,8 @@ def test_checklist_walk_restores_the_model_unless_keep_best_which_also_sets_late
     runs_ok(ip, capsys, DIGITS)
     before = weights(ip.user_ns["model"])
     out = runs_ok(ip, capsys, "%nbtrain_checklist --budget 4 --items batch_size --batch-size 16 --name walk")
+    assert out.startswith("model: DigitsMLP(...); train_data: DigitsDataset of 1,437 samples; loss_fn: "
+                          "CrossEntropyLoss() from earlier cells\n"), out  # as a line magic: all of them
     walk = ip.user_ns["walk"]
     assert isinstance(walk, ChecklistResult) and walk.budget_s == 4
     assert "nbtrain checklist walk on cpu" in out and "model and config restored" in out
@@ -170,6 +176,8 @@ def test_checklist_walk_restores_the_model_unless_keep_best_which_also_sets_late
     out = runs_ok(ip, capsys, "%%nbtrain_checklist --budget 8 --items batch_size --batch-size 16 --keep-best\n"
                   "model = DigitsMLP(hidden=32)\n")
     walk = ip.user_ns["_nbtrain"]
+    assert out.startswith("train_data: DigitsDataset of 1,437 samples; loss_fn: CrossEntropyLoss() from earlier "
+                          "cells\n"), out
     assert "the live engine now uses the best config" in out
     best = walk.best_config.batch_size
     if best != 16:  # a batch size was kept: later cells train with it
@@ -188,8 +196,13 @@ def test_panel_flag_shows_the_panel_for_the_cell_recipe_instead_of_training(ip, 
         assert panel.recipe.model is ip.user_ns["model"] and panel.engine.step == 0  # nothing trained
         assert panel.controls.batch_size.value == "64" and panel.config.precision == "bf16-mixed"
         assert "VBox" in out  # a terminal shell shows the widget's repr
+        assert "from an earlier cell" not in out  # the cell set every part
     finally:
         panel.close()
+    out = runs_ok(ip, capsys, "%%nbtrain --panel --name p\nmodel = DigitsMLP(hidden=32)\n")
+    ip.user_ns["p"].close()
+    assert out.startswith("train_data: DigitsDataset of 1,437 samples; loss_fn: CrossEntropyLoss() from earlier "
+                          "cells\n"), out
 
 
 def test_an_interrupt_inside_a_tool_restores_the_model_and_says_so(ip, capsys):
@@ -203,6 +216,37 @@ def test_an_interrupt_inside_a_tool_restores_the_model_and_says_so(ip, capsys):
     assert result.error_in_exec is None
     assert "--profile interrupted; the model and its optimizer are restored" in out
     assert unchanged(before, ip.user_ns["model"])
+
+
+REGRESSION = """
+model = torch.nn.Sequential(torch.nn.Linear(64, 10))
+train_data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 1))
+"""
+# Each tool with the smallest options it takes; the regression data meets the earlier cell's CrossEntropyLoss
+# at the first step. (--ceilings measures its loader for 5 s first: its test above names the parts on success.)
+TINY = {"profile": "--steps 2", "find_batch_size": "--max-batch 32", "find_workers": "--workers 0 --seconds 0.1",
+        "find_lr": "--steps 5", "find_leaks": "--steps 4", "find_sync": "",
+        "checklist": "--budget 2 --items batch_size"}
+
+
+def test_every_tool_but_ceilings_is_tried_with_a_part_from_an_earlier_cell():
+    from nbtrain.notebook.tools import magic_tools
+    assert set(TINY) | {"ceilings"} == set(magic_tools())
+
+
+@pytest.mark.parametrize("tool", TINY)
+def test_a_tool_names_the_parts_from_an_earlier_cell_first_and_beside_an_error_in_one(ip, capsys, tool):
+    runs_ok(ip, capsys, DIGITS)
+    flag = "--" + tool.replace("_", "-")
+    result = ip.run_cell(f"%%nbtrain {flag} {TINY[tool]} --batch-size 16" + REGRESSION)
+    text = capsys.readouterr().out
+    assert text.startswith("loss_fn: CrossEntropyLoss() from an earlier cell\n"), text  # as a run's header
+    if tool == "find_sync":  # off CUDA it measures nothing: no step, no error
+        assert result.error_in_exec is None and "needs CUDA" in text
+        return
+    assert isinstance(result.error_in_exec, RuntimeError) and "0D or 1D target tensor expected" in text
+    assert "\nnbtrain: loss_fn: CrossEntropyLoss() from an earlier cell" in text  # repeated beside the error
+    assert text.count("from an earlier cell") == 2
 
 
 def test_an_error_in_the_users_step_shows_the_users_line(ip, capsys):

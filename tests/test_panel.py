@@ -288,6 +288,23 @@ def test_copy_as_code_shows_the_settings_as_a_magic_line_and_a_trainconfig(make_
     assert "invalid" in text_of(panel.code.html.value)
 
 
+def test_copy_as_code_states_what_the_panel_changed_even_back_to_a_default(make_panel):
+    from torch.utils.data import DataLoader
+    from nbtrain.demo import DigitsDataset, DigitsMLP
+    recipe = Recipe(model=DigitsMLP(), train_data=DataLoader(DigitsDataset(), batch_size=64, shuffle=True),
+                    loss_fn=torch.nn.CrossEntropyLoss())
+    panel = make_panel(recipe)
+    assert panel.config.batch_size == 64  # the DataLoader's
+    panel.controls.batch_size.value = "32"  # the default, set on purpose: it trains at 32, so the code says 32
+    assert panel.config.batch_size == 32
+    # The controls left alone (workers, precision, ...) are not stated; the loader's pin_memory=False is the run's.
+    assert panel.config.as_flags() == ("%%nbtrain --accelerator cpu --batch-size 32 --pin-memory false "
+                                       "--base-batch-size 64")
+    assert panel.config.as_code() == ("TrainConfig(accelerator='cpu', batch_size=32, pin_memory=False, "
+                                      "base_batch_size=64)")
+    assert eval(panel.config.as_code(), {"TrainConfig": nbtrain.TrainConfig}).given == panel.config.given
+
+
 def test_images_stay_hidden_until_they_have_a_frame(make_panel):
     panel = make_panel()
     for image in (panel.plot.image, panel.compare.image, panel.tools.image):

@@ -38,6 +38,22 @@ def test_record_and_load_round_trip_keeps_config_history_and_summary(tmp_path, r
     listed = store.runs()
     assert [(r.id, r.name, r.model, r.status) for r in listed] == [(run_id, "small", "DigitsMLP", "completed")]
     assert listed[0].config["batch_size"] == 32
+    assert set(listed[0].config) == set(TrainConfig.__dataclass_fields__)  # the listing's columns: options only
+
+
+def test_a_stored_config_keeps_the_options_given_at_their_defaults(tmp_path, run):
+    store = RunStore(tmp_path / "runs.sqlite")
+    store.record(run)
+    assert run.config.given >= {"batch_size", "max_steps"}  # batch_size=32: the default, given
+    assert store.load("small").config.given == run.config.given
+    assert store.load("small").config.as_flags() == run.config.as_flags()
+    # A row written before the store kept them: the options that differ from the defaults count as given.
+    with sqlite3.connect(tmp_path / "runs.sqlite") as db:
+        stored = json.loads(db.execute("SELECT config FROM runs").fetchone()[0])
+        db.execute("UPDATE runs SET config = ?", (json.dumps({k: v for k, v in stored.items()
+                                                              if k in TrainConfig.__dataclass_fields__}),))
+    older = store.load("small").config
+    assert older == run.config and older.given == set(older.changed_from(TrainConfig()))
 
 
 def test_held_out_numbers_survive_the_round_trip_into_the_runs_table_compare_and_the_plot(tmp_path):

@@ -234,7 +234,9 @@ class _Job:
         errors = sorted(self.run.errors(), key=lambda found: bool(_PEER_SYMPTOM.search(found[1])))
         if errors:
             rank, text = errors[0]
-            return _raised_error(rank, text, self.plan.timeout_s, self.shipped)
+            error = _raised_error(rank, text, self.plan.timeout_s, self.shipped)
+            error.nbtrain_part = self.run.error_part(rank)  # the recipe part that raised, as Recipe marks it
+            return error
         tail = "".join(self._err_tail + [line for lines in self.relay.tails.values() for line in lines])
         found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", tail, re.S)
         if found and int(found.group(2)) < 0:

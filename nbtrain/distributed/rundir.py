@@ -7,7 +7,7 @@ serves torchrun on this machine, two launchers on two machines, and a batch sche
 
 Inputs, written by the launcher before any worker starts:
 
-    config.json     TrainConfig.to_dict() of the run                     (fit runs)
+    config.json     TrainConfig.to_record() of the run (values, options given)  (fit runs)
     recipe.pkl      cloudpickle of the Recipe; classes and functions     (fit runs)
                     defined in a notebook (__main__) travel by value
     function.pkl    cloudpickle of (fn, args) for `nbtrain.launch`       (launch runs)
@@ -24,6 +24,8 @@ Outputs:
     return.pkl      cloudpickle of fn's return value                   (launch, rank 0)
     result.json     {"status", "message", "summary"} once the run ended (local rank 0)
     error-rank{N}.txt  the formatted traceback when rank N raised (user frames only)
+    error-rank{N}.part the recipe part that raised there (loss_fn, training_step, ...), when one did:
+                    the kernel says beside the error where that part came from (written first)
     rank{N}.out, rank{N}.err  rank N's stdout and stderr when the kernel's zygote started
                     it (under torchrun they go to the agent's streams, prefixed `[rank N]`)
 
@@ -62,7 +64,7 @@ class RunDir:
         try:
             run.write_plan(plan if plan is not None else LaunchPlan(**plan_fields))
             if recipe is not None:
-                run._write_json(CONFIG, config.to_dict())
+                run._write_json(CONFIG, config.to_record())
                 run._write_bytes(RECIPE, _pickled(recipe, "the recipe (model, data, loss, optimizer)"))
             if function is not None:
                 run._write_bytes(FUNCTION, _pickled((function, tuple(args)), "fn and args"))
@@ -89,7 +91,7 @@ class RunDir:
 
     def config(self):
         from ..config import TrainConfig
-        return TrainConfig.from_dict(json.loads((self.path / CONFIG).read_text()))
+        return TrainConfig.from_record(json.loads((self.path / CONFIG).read_text()))
 
     def recipe(self):
         return cloudpickle.loads(self._private_bytes(RECIPE))
@@ -173,8 +175,16 @@ class RunDir:
         path = self.path / RESULT
         return json.loads(path.read_text()) if path.exists() else None
 
-    def save_error(self, rank: int, text: str) -> None:
+    def save_error(self, rank: int, text: str, part: str | None = None) -> None:
+        """Rank `rank`'s traceback; `part`: the recipe part that raised (the exception's `nbtrain_part`)."""
+        if part:  # before the traceback, which is what the launcher waits for
+            self._write_bytes(f"error-rank{rank}.part", part.encode())
         self._write_bytes(f"error-rank{rank}.txt", text.encode())
+
+    def error_part(self, rank: int) -> str | None:
+        """The recipe part that raised on rank `rank` (loss_fn, model, ...), or None."""
+        path = self.path / f"error-rank{rank}.part"
+        return path.read_text() if path.exists() else None
 
     def errors(self) -> list[tuple[int, str]]:
         """(rank, traceback text) of every rank that raised, the earliest written first."""

@@ -170,7 +170,8 @@ def run_job(run: RunDir) -> int:
         torch_dist.destroy_process_group()
         return 0
     except BaseException as exc:  # every failure, KeyboardInterrupt included, is reported as this rank's
-        run.save_error(rank, user_traceback(exc))  # the launcher reports it, once, from the root cause
+        # The launcher reports it, once, from the root cause; with the recipe part that raised, if one did.
+        run.save_error(rank, user_traceback(exc), getattr(exc, "nbtrain_part", None))
         return 1
     finally:
         sys.stdout.flush()

@@ -3,7 +3,8 @@
 The cell body runs in the notebook's namespace and the recipe is read from it by name, so a part
 the body does not set (a `loss_fn`, an `optimizer`) silently comes from whatever cell set it last:
 a regression cell after a classification cell trains with the CrossEntropyLoss of the first. The
-run's header says so in one line, and an error raised in such a part repeats it beside the error.
+cell says so in its first line (a run's, a tool's, a SLURM job's, the panel's), and an error raised in such
+a part repeats it beside the error.
 """
 from __future__ import annotations
 

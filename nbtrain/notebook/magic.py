@@ -42,7 +42,8 @@ CONVENTIONS = "\n".join(
 HELP_EPILOG = f"""\
 The cell body runs first, in the notebook's namespace; then these names are read from it
 (names from earlier cells count too, so a cell that does not build a new `model` continues
-training the one already trained; the run's first line names each part an earlier cell set):
+training the one already trained; the cell's first line, for a run, a tool, a batch job or the
+panel alike, names each part an earlier cell set):
 {CONVENTIONS}
 `model` and `train_data` are needed, and `loss_fn` (called as loss_fn(model(x), y)) or
 `training_step(model, batch)` returning the loss. The trained model stays in the namespace.
@@ -184,15 +185,18 @@ class NbtrainMagics(Magics):
             config = namespace_lr(namespace, config, given="lr" in given)
         except ConfigError as error:
             raise UsageError(f"%%nbtrain: {error.render(lambda o: 'lr (in the namespace)')}") from None
+        taken = earlier.taken_from_earlier(namespace, before)
+        if taken:  # whatever uses the recipe below (a run, a tool, a batch job, the panel): its first line
+            print(earlier.header(taken))
         if batch_job:
-            result = slurm_cell.run(self, recipe, config, args)
+            result = slurm_cell.run(self, recipe, config, args, taken)
             return None if result is None else self._keep(result, recipe, args)
         if tool == "panel":
             return self._show_panel(recipe, config, args)
         if tool is not None:
-            result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs)
+            result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs, taken)
             return None if result is None else tools.show_result(self, tool, result, args)
-        result = self._train(recipe, config, args, earlier.taken_from_earlier(namespace, before))
+        result = self._train(recipe, config, args, taken)
         if result is None:
             return
         self._keep(result, recipe, args)
@@ -265,9 +269,7 @@ class NbtrainMagics(Magics):
         return [view for view in (progress, plot) if view is not None]
 
     def _train(self, recipe: Recipe, config: TrainConfig, args, taken: dict) -> RunResult | None:
-        """One run; `taken`: the recipe parts from earlier cells, said first (the run's header)."""
-        if taken:
-            print(earlier.header(taken))
+        """One run; `taken`: the recipe parts from earlier cells (said beside an error raised in one)."""
         log = MetricsLog()
         views = self.live_views(log, args)
         try:

@@ -126,7 +126,7 @@ class Panel:
         self.config = None
         self.readout.value = ""
         self.code.show(None)
-        self.config = check_runnable_here(self.base.replace(**self.controls.changes()))
+        self.config = check_runnable_here(self.controls.config_over(self.base))
         c = self.config
         self.code.show(c)
         self.readout.value = readout_html(c, self.engine.lr_note(c))
@@ -143,7 +143,7 @@ class Panel:
             self.say(f"{self._busy()} is still going: Stop it" + ("" if self.tools.running_tool else
                                                                ", or Apply now to change it"))
             return
-        config = check_runnable_here(self.base.replace(**self.controls.changes()))  # errors: the status line
+        config = check_runnable_here(self.controls.config_over(self.base))  # errors: the status line
         record = RunRecord(len(self.runs) + 1, config)
         if config.world_size == 1:
             self.engine = api.engine_for(self.recipe, config)
@@ -176,7 +176,7 @@ class Panel:
 
     @_reported
     def _on_apply(self, _button=None) -> None:
-        config = self.base.replace(**self.controls.changes())
+        config = self.controls.config_over(self.base)
         if self.tools.running_tool:
             self.say(f"{self._busy()} is measuring: changes apply after it (press Run)")
             return

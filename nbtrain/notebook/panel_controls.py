@@ -169,6 +169,14 @@ class Controls:
         return {"accelerator": self.device.value, "precision": self.precision.value,
                 **{option: widget.value for option, widget in self.fields.items()}}
 
+    def config_over(self, base: TrainConfig) -> TrainConfig:
+        """`base` with the widgets' settings, read and checked by the config. Only those that differ from
+        base's count as given (TrainConfig.given): every option has a control, but the settings as code state
+        what was changed here, and what base was given, not every control's value."""
+        values = base.replace(**self.changes())
+        return base.replace(**{name: getattr(values, name) for name in self.changes()
+                               if getattr(values, name) != getattr(base, name)})
+
     def refresh_choices(self) -> None:
         """Disable the device and precision choices config.py refuses here, with its reason."""
         self.device.set_unavailable({d: choice_problem("accelerator", d) for d in DEVICE_CHOICES})

@@ -83,7 +83,7 @@ class ToolButtons:
     def run(self, tool: str) -> None:
         """Start `tool` in the panel's background thread, on its live engine, with the controls' settings."""
         panel = self.panel
-        config = panel.base.replace(**panel.controls.changes())  # a ConfigError lands in the status line
+        config = panel.controls.config_over(panel.base)  # a ConfigError lands in the status line
         try:
             kwargs = TOOLS[tool].read(self.keywords(tool))
         except ToolOptionError as error:  # refused before anything runs, in the fields' words

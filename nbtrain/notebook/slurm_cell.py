@@ -69,8 +69,9 @@ def sbatch_options(args) -> dict:
     return options
 
 
-def run(magics, recipe, config, args):
-    """Dry run: show the script. Otherwise submit, follow the job live, keep the result."""
+def run(magics, recipe, config, args, taken: dict | None = None):
+    """Dry run: show the script. Otherwise submit, follow the job live, keep the result. `taken`: the recipe
+    parts from earlier cells, said beside an error raised in one, as for a run in the kernel."""
     from .. import slurm
     job_name = args.job_name or args.name or "nbtrain"
     options = sbatch_options(args)
@@ -97,7 +98,7 @@ def run(magics, recipe, config, args):
         print(f"nbtrain: {interrupt or 'interrupted'}; nothing was loaded into the model.")
         return None
     except Exception as error:
-        raise errors.training_failure(magics.shell, error) from None
+        raise errors.training_failure(magics.shell, error, taken) from None
     finally:
         for view in views:
             view.close()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import hardware
-from ..config import TrainConfig
+from ..config import GIVEN_KEY, TrainConfig
 from ..metrics import MetricsLog
 from .result import RunResult
 
@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS runs (
     status   TEXT NOT NULL,
     message  TEXT NOT NULL,
     model    TEXT,
-    config   TEXT NOT NULL,   -- JSON: TrainConfig.to_dict()
+    config   TEXT NOT NULL,   -- JSON: TrainConfig.to_record() (the values, and the options given on purpose)
     summary  TEXT NOT NULL,   -- JSON: RunResult.summary
     events   BLOB NOT NULL    -- zlib(JSON): the MetricsLog's events, replayable (thinned past STORED_ROWS)
 )""", "CREATE INDEX IF NOT EXISTS runs_by_name ON runs (name, id)", f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -113,7 +113,7 @@ class RunStore:
         # A long run's history is thinned (recent steps kept whole), so its row stays a few MB at most.
         events = zlib.compress(json.dumps(result.log.snapshot(STORED_ROWS).events).encode())
         row = (name if name is not None else result.name, time.time(), result.status, result.message, model,
-               json.dumps(result.config.to_dict()), json.dumps(result.summary, default=str), events)
+               json.dumps(result.config.to_record()), json.dumps(result.summary, default=str), events)
         try:
             db = self._connect()
             try:
@@ -144,7 +144,7 @@ class RunStore:
         """Stored runs, oldest first (the newest `last` of them when given)."""
         sql = "SELECT id, name, created, status, model, config, summary FROM runs ORDER BY id DESC"
         rows = self._query(sql + (" LIMIT ?" if last else ""), (last,) if last else ())
-        return [StoredRun(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), json.loads(r[6])) for r in reversed(rows)]
+        return [StoredRun(r[0], r[1], r[2], r[3], r[4], _option_values(r[5]), json.loads(r[6])) for r in reversed(rows)]
 
     def load(self, key: str | int) -> RunResult:
         """A stored run as a RunResult: by name (the newest of that name), by id, or '#id'."""
@@ -159,14 +159,19 @@ class RunStore:
             raise StoreError(f"no run named {text!r} in {self.path}; stored runs: {', '.join(known) or 'none yet'}")
         run_id, name, status, message, model, config, summary, events = rows[0]
         log = MetricsLog.from_events(json.loads(zlib.decompress(events)))
-        result = RunResult(_stored_config(json.loads(config)), log, json.loads(summary), status, message,
+        result = RunResult(_stored_config(config), log, json.loads(summary), status, message,
                            name=name or f"#{run_id}")
         result.extras.update(run_id=run_id, model=model, store=str(self.path))
         return result
 
 
-def _stored_config(values: dict) -> TrainConfig:
+def _option_values(config_json: str) -> dict:
+    """A stored config's option values (a row's table columns), without the record of what was given."""
+    return {k: v for k, v in json.loads(config_json).items() if k != GIVEN_KEY}
+
+
+def _stored_config(config_json: str) -> TrainConfig:
     """A past run's config, even one made on hardware this machine lacks (a GPU run read on a laptop)."""
     anything = hardware.Inventory(cuda_devices=1 << 16, cuda_bf16=True, mps=True, cpu_cores=1 << 16)
     with hardware.assume(anything):
-        return TrainConfig.from_dict({k: v for k, v in values.items() if k in TrainConfig.__dataclass_fields__})
+        return TrainConfig.from_record(json.loads(config_json))

@@ -215,8 +215,10 @@ class JobHandle:
         if errors:
             rank, text = errors[0]  # the earliest written: the root cause, not a peer's broken pipe
             text = with_user_source(text)  # notebook frames get their cell's source lines
-            raise SlurmJobError(f"SLURM job {self.job_id} {state}: rank {rank} raised {error_line(text)}\n\n[rank {rank}] {text}",
-                                state, rank, text)
+            error = SlurmJobError(f"SLURM job {self.job_id} {state}: rank {rank} raised {error_line(text)}\n\n"
+                                  f"[rank {rank}] {text}", state, rank, text)
+            error.nbtrain_part = self.run.error_part(rank)  # the recipe part that raised, as Recipe marks it
+            raise error
         tail = "\n".join(self.output().splitlines()[-25:]) or "(no output)"
         raise SlurmJobError(f"SLURM job {self.job_id} {state}; the end of its output "
                             f"({self.output_path}):\n{tail}", state)
