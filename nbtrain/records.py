@@ -56,6 +56,7 @@ class Summary(EngineInfo, total=False):
     mem_kind: str
     notes: list[str]
     logged: dict[str, float]     # the user's self.log values at the end
+    device_done_s: float         # CUDA: when the device finished the run's last step, on the run's clock
 
 
 class StartEvent(TypedDict):

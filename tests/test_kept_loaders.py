@@ -157,3 +157,38 @@ def test_ab_keeps_each_sides_workers_from_block_to_block():
     workers = model.loaders - {psutil.Process().pid}
     assert len(workers) == 2, workers  # one pair of workers for the uncounted block and the three counted ones
     assert _gone(workers)
+
+
+def _block_on(device: str):
+    """One block of a matmul-heavy step, as a tool times it: (Measurement, the run's log)."""
+    from nbtrain.metrics import MetricsLog
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(2048, 2048), torch.randint(0, 4, (2048,)))
+    model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(4)], nn.Linear(2048, 4))
+    recipe = Recipe(model=model, train_data=data, loss_fn=nn.CrossEntropyLoss(),
+                    optimizer=lambda p: torch.optim.SGD(p, lr=1e-4))
+    config = TrainConfig(batch_size=1024 if device == "cuda" else 32, accelerator=device, log_every_n_steps=1000,
+                         preload_data=True)
+    engine = trial.resolve(recipe, config=config)
+    log = MetricsLog()
+    m = trial.measure(engine, config, steps=8, log=log)
+    return m, log
+
+
+def test_a_cpu_block_ends_at_its_last_step():
+    m, log = _block_on("cpu")
+    assert m.device_tail_s == 0.0 and m.steps == 8  # nothing is queued on a CPU
+    assert "device_done_s" not in log.last("end")["summary"]
+
+
+@pytest.mark.cuda
+def test_a_cuda_block_ends_when_the_device_has_done_its_last_step():
+    # The host queues a step's kernels and moves on: a block timed on the host alone ends before the device
+    # has done its last steps. The run synchronises at its two edges only, and a tool's block is charged
+    # with the wait (trial_rate adds it to the last step), so the block's time is the device's.
+    from nbtrain.measure.steady import step_durations
+    m, log = _block_on("cuda")
+    host_end = log.columns["time"][-1]
+    done = log.last("end")["summary"]["device_done_s"]
+    assert done == pytest.approx(host_end + m.device_tail_s)
+    assert sum(step_durations(log.columns["time"])) + m.device_tail_s == pytest.approx(done)

@@ -60,6 +60,7 @@ class Run:
         self._logged = {}  # the user's own self.log(...) values, latest each
         self._monitor: Monitor | None = None
         self._clock = Clock()
+        self._device_done_s: float | None = None  # CUDA: when the device finished the run's last step (run clock)
 
     @property
     def stopping(self) -> bool:
@@ -97,6 +98,11 @@ class Run:
         # The budget counts from the run's start (a resumed run's: the interrupted one's); what this
         # call trains, and every figure of it, counts from where it begins training.
         start_step, from_step, from_samples = engine.run_start["step"], engine.step, engine.samples
+        # On CUDA a run's edges are the device's: work queued before it (a tool's restore between two timed
+        # blocks) is not charged to its first step, and its end (below) waits for the steps it queued.
+        cuda = engine.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(engine.device)
         self._clock = Clock()
         self.log.emit(StartEvent(type="start", config=plain(c.to_dict()),
                                  info=StartInfo(**report.info(engine), samples_start=engine.samples,
@@ -126,6 +132,9 @@ class Run:
             release_loader(error.__traceback__)
             raise
         finally:
+            if cuda:  # the device's end of the run: the host may have queued its last steps ahead of it
+                torch.cuda.synchronize(engine.device)
+                self._device_done_s = self._clock.now()
             engine.running = False
             self._caller_stop = _NEVER
             if engine.kept_loaders is None or not engine.kept_loaders.settle(engine.loader):
@@ -349,6 +358,8 @@ class Run:
         extra = {"epochs_trained": epochs, "status": status,
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": engine.step - from_step}
         extra.update(report.info(engine))
+        if self._device_done_s is not None:
+            extra["device_done_s"] = self._device_done_s
         # preload_data left on auto and not applying is the engine's business, not this summary's (except
         # where the user's own sampler is why: that their order is kept is worth a line)
         quiet = {"preload_data"} if engine.config.preload_data is None and engine.held_data is None \

@@ -68,8 +68,10 @@ def trial_rate(engine, config: TrainConfig, *, steps: int | None = None, seconds
     m = trial.measure(engine, config, steps=steps, seconds=seconds, log=log, **options)
     if not m.error and (diverged := nonfinite_loss(log)):  # a diverged block's rate is no speed of the config
         m = dataclasses.replace(m, error=diverged, diverged=True)
-    series = columns_series(log.columns, samples_start(log))
-    return m, steady_rate(*series), block_rates(*series)
+    durations, samples = columns_series(log.columns, samples_start(log))
+    if durations:  # a block ends when the device has done its last step (CUDA), not when the host queued it
+        durations[-1] += m.device_tail_s
+    return m, steady_rate(durations, samples), block_rates(durations, samples)
 
 
 def nonfinite_loss(log: MetricsLog) -> str:

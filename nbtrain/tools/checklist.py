@@ -68,6 +68,7 @@ class Walk:
         self.current = bench.start  # the config the walk has kept so far
         self.start_rates: list = []  # the starting config's block rates, from the first race
         self.retry_batch: int | None = None  # a larger batch the workers item races as well (checklist_items)
+        self.batches_raced = False  # whether the batch item has raced (before it, workers race the largest batch)
         self.seen: set = set()  # configs measured once already (their start-up paid)
         self.start_up_s = 0.5  # what a config's first block takes beyond the others; re-estimated
         self.reading_s = _READING_S

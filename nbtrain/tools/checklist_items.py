@@ -121,6 +121,7 @@ def batch_to_retry(item, tried: list) -> int | None:
 
 def _leave_batch_to_retry(walk, result, tried) -> None:
     walk.retry_batch = batch_to_retry(result, tried)
+    walk.batches_raced = True
 
 
 @item("preload_data", answers=("preload_data",))
@@ -150,15 +151,18 @@ def batch_size(walk, current):
 
 @item("workers", answers=("num_workers",))
 def workers(walk, current):
-    """Other worker counts at the current batch — and the most workers at the batch item's batch to retry
-    (batch_to_retry), the two tried together."""
+    """Other worker counts at the current batch — and the most workers at a larger batch, the two tried together:
+    the batch item's batch to retry (batch_to_retry), or, before any batch was raced, the largest batch the
+    batch item would try (workers pay once a batch keeps them busy: on 2 cores, two workers gained nothing at
+    batch 16 and 1.7x at 256, so a race at 16 alone rejects them and a race of batches alone keeps 1.1x)."""
     if current.preload_data:
         return "the data is held in memory (preload_data): no DataLoader workers to change"
     counts = [n for n in worker_candidates(current, walk.here.cores) if n != current.num_workers]
     if not counts:
         return "no other worker count to try on this machine"
     candidates = [(f"num_workers={n}", with_workers(current, n)) for n in counts]
-    batch = walk.retry_batch
+    batch = walk.retry_batch if walk.batches_raced else \
+        max(batch_candidates(current, walk.here.samples, walk.target))
     if batch and batch > current.batch_size and max(counts) > 0:
         n = max(counts)  # the most workers: the count that feeds a larger batch best, one more candidate only
         candidates.append((f"num_workers={n}, batch_size={batch}",

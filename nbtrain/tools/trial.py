@@ -133,6 +133,7 @@ class Measurement:
     status: str = "completed"
     error: str = ""
     diverged: bool = False  # the error is a NaN/inf loss: the steps timed NaN arithmetic, not the config
+    device_tail_s: float = 0.0  # CUDA: how long after the last step's host timestamp the device finished it
 
     @property
     def ok(self) -> bool:
@@ -240,7 +241,9 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
     phase_ms = {name[:-2]: 1000 * sum(cols[name][i] for i in measured) / len(measured)
                 for name in ("data_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")}
     step_ms = 1000 * sum(cols["step_s"][i] for i in measured) / len(measured)
-    return Measurement(config, robust_rate(points), n, wall, phase_ms, step_ms, peak_bytes, result.status)
+    tail = max(result.summary.get("device_done_s", cols["time"][-1]) - cols["time"][-1], 0.0)
+    return Measurement(config, robust_rate(points), n, wall, phase_ms, step_ms, peak_bytes, result.status,
+                       device_tail_s=tail)
 
 
 def robust_rate(points, pieces: int = 5) -> float:
