@@ -166,7 +166,9 @@ class NbtrainMagics(Magics):
         batch_job = slurm_cell.wanted(args, tool)
         if cell is None and tool is None:
             return self._set_defaults(args, given)
-        cell = cell or ""  # a tool as a line magic works on the recipe already in the namespace
+        # A tool as a line magic works on the recipe already in the namespace, asked for as such: every part is
+        # an earlier cell's on purpose, so its first line does not say so (an error in one still does).
+        whole_recipe_asked, cell = cell is None, cell or ""
         if args.reset:
             raise UsageError("%%nbtrain: --reset applies to the line magic (%nbtrain --reset)")
         if args.name is not None and (not args.name.isidentifier() or keyword.iskeyword(args.name)):
@@ -186,7 +188,7 @@ class NbtrainMagics(Magics):
         except ConfigError as error:
             raise UsageError(f"%%nbtrain: {error.render(lambda o: 'lr (in the namespace)')}") from None
         taken = earlier.taken_from_earlier(namespace, before)
-        if taken:  # whatever uses the recipe below (a run, a tool, a batch job, the panel): its first line
+        if taken and not whole_recipe_asked:  # whatever uses the recipe below (a run, a tool, a batch job, the panel)
             print(earlier.header(taken))
         if batch_job:
             result = slurm_cell.run(self, recipe, config, args, taken)
