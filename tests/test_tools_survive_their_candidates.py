@@ -120,3 +120,22 @@ def test_find_workers_shows_a_worker_count_that_fails_as_a_row():
     assert search.best.num_workers == 0
     row = next(line for line in search.table().splitlines() if "num_workers=1" in line)
     assert "failed: RuntimeError" in row and "does not survive a worker process" in row
+
+
+def test_on_several_gpus_the_walk_tries_ddp_at_the_gpu_count():
+    # One process per GPU (a walk on an 8-GPU machine that tried 2 would leave 6 idle); on a CPU, two processes.
+    from nbtrain.tools.simulated_machine import Here, SimulatedMachine
+    from landscapes import LANDSCAPES
+
+    class Asked(Here):  # the machine says which DDP config the item asked about, instead of running it
+        def ddp_refusal(self, config):
+            return f"asked for devices={config.devices}"
+
+    machine = SimulatedMachine(LANDSCAPES[0])
+    machine.here = Asked(machine.land)
+    walk = Walk(machine, 60.0, 0.2, 0.03, machine.clock, 0.0)
+    on_the_gpu = TrainConfig(batch_size=16, accelerator="cuda")
+    for gpus, processes in ((4, 4), (8, 8), (2, 2)):
+        with hardware.assume(hardware.Inventory(cuda_devices=gpus, cuda_bf16=True, mps=False, cpu_cores=16)):
+            assert checklist_items.ddp(walk, on_the_gpu) == f"asked for devices={processes}"
+            assert checklist_items.ddp(walk, TrainConfig(batch_size=16, accelerator="cpu")) == "asked for devices=2"

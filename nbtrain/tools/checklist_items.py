@@ -264,6 +264,12 @@ def ddp_candidate(current: TrainConfig, processes: int = 2) -> tuple[str, TrainC
     return label, config
 
 
+def ddp_processes(current: TrainConfig) -> int:
+    """How many DDP processes the walk tries: one per GPU on a machine of several, else two (CPU processes)."""
+    gpus = hardware.inventory().cuda_devices
+    return gpus if current.device_type == "cuda" and gpus >= 2 else 2
+
+
 def cannot_run_ddp_here(c: TrainConfig) -> str:
     """Why this machine cannot run DDP config `c` (empty: it can)."""
     inv = hardware.inventory()
@@ -276,7 +282,8 @@ def cannot_run_ddp_here(c: TrainConfig) -> str:
 
 @item("ddp", stage="last")
 def ddp(walk, current):
-    """Two processes against the current config, at the same total of DataLoader workers.
+    """DDP (one process per GPU on a machine of several, else two) against the current config, at the same
+    total of DataLoader workers.
 
     Each rank builds its own loader: two ranks keeping the current count each would load with
     twice the workers, and credit DDP with what more workers did. The ranks run in fresh
@@ -290,7 +297,7 @@ def ddp(walk, current):
     except ImportError as error:
         return f"the DDP launcher (nbtrain.distributed) does not import: {error}"
     try:
-        label, c = ddp_candidate(current)
+        label, c = ddp_candidate(current, ddp_processes(current))
     except ConfigError as error:
         return error.render()
     cannot = walk.here.ddp_refusal(c)
