@@ -25,6 +25,12 @@ if [ "$torch_index" = cpu ]; then
   # A machine that reaches only a mirror of PyPI still installs: PyPI's torch runs on a CPU too, only larger.
   pip install -q --retries 1 --timeout 15 torch torchvision --index-url https://download.pytorch.org/whl/cpu \
     || echo "note: the CPU index (download.pytorch.org) did not answer; torch comes from PyPI's index instead"
+  # A mirror that holds torch's CPU build but not the torchvision built for it gives a pair that does not load
+  # ("operator torchvision::nms does not exist"): then PyPI's pair, which the package's install brings.
+  if ! python -c "import torchvision" >/dev/null 2>&1; then
+    echo "note: torch and torchvision from the CPU index do not load together here; PyPI's pair instead"
+    pip uninstall -q -y torch torchvision
+  fi
 fi
 pip install -q -e ".[test]"
 python -m pytest "$@"  # ends with the time of the fast subset (-m "not slow") and of the whole suite
