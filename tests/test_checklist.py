@@ -260,6 +260,7 @@ def test_workers_are_also_tried_at_the_batch_items_batch_to_retry():
 
     class Walk:  # what the workers item reads of the walk; the race itself is tested in test_race.py
         retry_batch, here = 256, Here()
+        batches_raced = True  # after the batch item: its batch to retry is the larger batch
 
     def race(walk, current):
         candidates = checklist_items.workers(walk, current)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import keyword
+import re
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -209,9 +210,10 @@ class NbtrainMagics(Magics):
         `%nbtrain_checklist --budget 60 --keep-best [training flags]`; see `%%nbtrain?` (tool options)."""
         arguments.split("%nbtrain_checklist", line)  # unbalanced quotes: quoted as the user wrote the line
         try:
-            self.nbtrain(f"--checklist {line}", cell if cell is not None else "")
+            self.nbtrain(f"--checklist {line}", cell)  # no cell: the line magic's whole recipe is the namespace's
         except UsageError as error:
-            raise UsageError(str(error).replace("%%nbtrain:", "%nbtrain_checklist:", 1)) from None
+            message = re.sub(r"^%%?nbtrain:", "%nbtrain_checklist:", str(error), count=1)
+            raise UsageError(message) from None
 
     def _set_defaults(self, args, given: dict) -> None:
         if args.name is not None:
