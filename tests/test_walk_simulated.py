@@ -7,6 +7,7 @@ import inspect
 import math
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from landscapes import LANDSCAPES, grid, walk_against_grid
 from nbtrain import TrainConfig
@@ -46,6 +47,14 @@ def test_the_h200_walk_follows_the_bottleneck_from_the_host_to_the_loader_and_as
     figure = walk.plot(tmp_path / "walk.png")  # and the waterfall's bars, each with its bottleneck
     ticks = [t.get_text() for t in figure.axes[0].get_xticklabels()]
     assert ticks[1:3] == ["batch_size\n(host-bound)", "preload_data\n(data-bound)"] and ticks[-1] == "result", ticks
+    ax, renderer = figure.axes[0], FigureCanvasAgg(figure).get_renderer()  # (saved and closed: drawn again)
+    figure.draw_without_rendering()
+    top = ax.get_window_extent(renderer).y1
+    labels = [text for text in ax.texts if text.get_text()]
+    assert len(labels) == len(walk.items) + 2  # start, each item, result: each label ends inside the axes
+    assert all(label.get_window_extent(renderer).y1 <= top for label in labels), [t.get_text() for t in labels]
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in labels]  # nor each other
 
 
 def test_an_item_rejected_under_one_bottleneck_is_raced_again_when_the_bottleneck_moves():

@@ -28,6 +28,7 @@ def waterfall(walk, path=None, ax=None):
         ax.bar(0, walk.baseline, color="tab:grey")
         ax.annotate(f"{walk.baseline:,.0f}", (0, walk.baseline), ha="center", va="bottom", fontsize=7)
         level = walk.baseline
+        labels_drawn = []
         for x, item in enumerate(walk.items, start=1):
             if item.kept:
                 change = item.after - level
@@ -37,19 +38,39 @@ def waterfall(walk, path=None, ax=None):
                 level = item.after
             else:
                 ax.plot([x - 0.4, x + 0.4], [level, level], color="tab:grey", lw=1.5)
-                # "no measurable difference (0.97-1.04)" in short lines, so neighbouring labels do not overlap
-                text = "not kept\n" + _lines(item.verdict_text()).replace("measurable d", "measurable\nd")
-            ax.annotate(text, (x, level), ha="center", va="bottom", fontsize=7)
+                # "no measurable difference (0.97-1.04)" in short lines, so neighbouring labels do not overlap;
+                # why a race did not settle (after ": ") is the table's to say, too long for a bar's width
+                verdict = item.verdict_text().split(": ", 1)[0]
+                text = "not kept\n" + _lines(verdict).replace("measurable d", "measurable\nd")
+            labels_drawn.append(ax.annotate(text, (x, level), ha="center", va="bottom", fontsize=7))
         last = len(labels) - 1
         ax.bar(last, level, color="tab:blue")
         total = walk.overall()
         interval = f"\n({total.interval_text()})" if total.pairs else ""
-        ax.annotate(f"{level:,.0f}\n{ratio_text(level / walk.baseline)}{interval}", (last, level), ha="center", va="bottom",
-                    fontsize=7)
+        labels_drawn.append(ax.annotate(f"{level:,.0f}\n{ratio_text(level / walk.baseline)}{interval}", (last, level),
+                                        ha="center", va="bottom", fontsize=7))
         ax.set_xticks(range(len(labels)), labels, fontsize=8)
         ax.set_ylabel("samples/s (measured)")
-        ax.set_ylim(0, max([walk.baseline, level] + [i.after for i in walk.items]) * 1.3)
         skipped = [f"skipped {name}: {reason[:70]}{'...' if len(reason) > 70 else ''}" for name, reason in walk.skipped]
         ax.set_title("\n".join([f"checklist walk on {walk.device}, {walk.elapsed_s:.0f} s of a {walk.budget_s:.0f} s budget"]
                                + skipped), fontsize=7, loc="left")
+        _room_for(ax, labels_drawn)
     return ax.figure
+
+
+def _room_for(ax, labels) -> None:
+    """A y-axis tall enough that every bar's label, drawn above its bar, ends inside the axes: a label's
+    height is fixed in points, so the room it needs in samples/s depends on the axes' height once laid out
+    (a fixed 30% headroom let a five-line label run into the title)."""
+    top = max(label.xy[1] for label in labels) or 1.0
+    if not hasattr(ax.figure.canvas, "get_renderer"):  # a backend that does not lay out text in pixels
+        ax.set_ylim(0, 1.5 * top)
+        return
+    ax.set_ylim(0, 1.05 * top)
+    for _ in range(2):  # the layout, and with it the axes' height, settles after the first change
+        renderer = ax.figure.canvas.get_renderer()
+        ax.figure.draw_without_rendering()
+        axes_px = ax.get_window_extent(renderer).height
+        needed = max(label.xy[1] * axes_px / max(0.97 * axes_px - label.get_window_extent(renderer).height, 1.0)
+                     for label in labels)
+        ax.set_ylim(0, max(needed, 1.05 * top))
