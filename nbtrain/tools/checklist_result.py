@@ -29,9 +29,10 @@ class ItemResult:
     def speedup(self) -> float:
         return self.after / self.before if self.before else float("nan")
 
-    def verdict_text(self) -> str:
+    def verdict_text(self, why: bool = True) -> str:
+        """The verdict, then (`why`) the note on how it came about; without it, short enough for a chart."""
         if self.note and not math.isfinite(self.verdict.ratio):
-            return self.note
+            return self.note if why else self.note.split(": ", 1)[0]
         if self.verdict.paired:
             text = self.verdict.short()
         elif self.apart:
@@ -39,6 +40,8 @@ class ItemResult:
         else:
             n = self.verdict.pairs  # a race that ended before its pairs gave an interval: the blocks' screen
             text = self.verdict.short() + f", screened on {n} block{'s' if n != 1 else ''} each"
+        if not why:
+            return text
         note = self.note
         if text.startswith(_NOISY) and note.startswith(_NOISY + ": "):  # said once: "too noisy to tell (..): why"
             note = note[len(_NOISY) + 2:]

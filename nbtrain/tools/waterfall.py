@@ -39,9 +39,8 @@ def waterfall(walk, path=None, ax=None):
             else:
                 ax.plot([x - 0.4, x + 0.4], [level, level], color="tab:grey", lw=1.5)
                 # "no measurable difference (0.97-1.04)" in short lines, so neighbouring labels do not overlap;
-                # why a race did not settle (after ": ") is the table's to say, too long for a bar's width
-                verdict = item.verdict_text().split(": ", 1)[0]
-                text = "not kept\n" + _lines(verdict).replace("measurable d", "measurable\nd")
+                # why a race did not settle is the table's to say, too long for a bar's width
+                text = "not kept\n" + _lines(item.verdict_text(why=False)).replace("measurable d", "measurable\nd")
             labels_drawn.append(ax.annotate(text, (x, level), ha="center", va="bottom", fontsize=7))
         last = len(labels) - 1
         ax.bar(last, level, color="tab:blue")
