@@ -13,8 +13,8 @@ ceilings again at the config kept, and so on, until no item answering the bindin
 the budget ends; then the items not tried yet are tried once each (a reading can be wrong where two
 ceilings are close, and an item asked for is never left out silently), and one kept there resumes
 the path; an item whose race ended too noisy to tell with a promising ratio gets one second look
-from the same config while the budget lasts. An item rejected is tried again once the config or the
-bottleneck moves: a batch of 32 bound by the host cannot show what held data buys at a batch of 2048
+from the same config while the budget lasts. An item rejected is tried again once the config moves
+(a keep; the ceilings are read only then): a batch of 32 bound by the host cannot show what held data buys at a batch of 2048
 bound by the loader, nor can workers that batch 16's steps could not keep busy show what they give
 batch 256. Items with stage "first" (the GPU) come before the first reading, those with stage "last"
 (accumulation to a target, DDP) once after the path ends. Where the ceilings cannot be read, every
@@ -168,11 +168,6 @@ def _near(bottleneck) -> set:
     return {k for k, r in bottleneck.ratios.items() if r <= _NEAR or k == bottleneck.binding}
 
 
-def _where(bottleneck) -> tuple:
-    """Where the bottleneck is: the binding ceiling and the ceilings near it (it moved when this changed)."""
-    return ("",) if bottleneck is None else (bottleneck.binding, *sorted(_near(bottleneck)))
-
-
 def _undecided(results: list, name: str) -> bool:
     """The item's last race, run from the current config (after the last keep), ended too noisy to tell with a
     ratio above the bar."""
@@ -190,28 +185,22 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
     for item in (i for i in items if i.stage == "first"):
         _try(walk, item, None, skipped, results, lr_checks)
     second: set = set()  # (item name, config) given a second look
-    path, rejected, tried = [], {}, set()  # rejected: item name -> the binding ceiling it was rejected under,
-    # until the bottleneck moves
+    path, tried = [], set()
 
     def attempt(item, binding) -> bool:
         tried.add(item.name)
-        if _try(walk, item, binding, skipped, results, lr_checks):
-            # The config moved: a race run at the old one says nothing of the new (workers that could not keep
-            # up with batch 16's steps feed batch 256's; held data that a host-bound batch 32 could not use pays
-            # at 2048), so what was rejected there is raced again where the reading asks for it.
-            rejected.clear()
-            return True
-        rejected[item.name] = binding
-        return False
+        return _try(walk, item, binding, skipped, results, lr_checks)
 
+    # A new reading comes only after a keep, and every item answering it is raced at the config kept, those
+    # rejected before included: a race run at the old config says nothing of the new (workers that could not
+    # keep up with batch 16's steps feed batch 256's; held data that a host-bound batch 32 could not use pays
+    # at 2048).
     while True:
         b = walk.bottleneck()
         binding = b.binding if b is not None else ""
-        if path and _where(b) != _where(path[-1][1]):
-            rejected.clear()  # the bottleneck moved: what it rejected before may pay now
         path.append((walk.current, b))
         answers = answering(b, items) if b is not None else []
-        if any(attempt(i, binding) for i in answers if rejected.get(i.name) != binding):
+        if any(attempt(i, binding) for i in answers):
             continue
         rest = [i for i in items if i.stage == "bottleneck" and i.name not in tried]
         if any(attempt(i, binding) for i in rest):
