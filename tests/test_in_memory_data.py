@@ -210,9 +210,14 @@ def test_the_checklist_item_measures_holding_the_data_and_states_its_memory():
     before = [p.detach().clone() for p in recipe.model.parameters()]
     walk = checklist(recipe, config=TrainConfig(batch_size=32, accelerator="cpu"), budget_s=10,
                      clock=lambda: 0.0, trial_s=0.2, items=("preload_data",))
-    (item,) = walk.items
-    assert item.name == "preload_data" and len(item.tried) == 1, walk.table()
-    assert item.tried[0].label.startswith("preload_data=True (0.4 MB held on cpu)"), walk.table()
+    # One race; a second, from the same config, only where the first ended too noisy to tell (the walk's
+    # second look: a loaded machine's blocks can vary that much)
+    first, *second_look = walk.items
+    assert len(second_look) <= 1 and all(item.name == "preload_data" for item in walk.items), walk.table()
+    assert not second_look or first.verdict_text().startswith("too noisy to tell"), walk.table()
+    for item in walk.items:
+        assert len(item.tried) == 1, walk.table()
+        assert item.tried[0].label.startswith("preload_data=True (0.4 MB held on cpu)"), walk.table()
     assert all(torch.equal(a, b) for a, b in zip(before, recipe.model.parameters()))
     held = checklist(regression_recipe(), config=TrainConfig(batch_size=32, accelerator="cpu"), budget_s=10,
                      clock=lambda: 0.0, trial_s=0.2, items=("preload_data",))
