@@ -114,7 +114,9 @@ class Recipe:
     collate_fn: Callable | None = None
     validation_step: Callable | None = None  # (model, batch) -> held-out loss; default: the training loss
     scheduler: Any = None  # factory optimizer -> LR scheduler (or a scheduler), stepped every scheduler_interval
-    scheduler_interval: str = "step"  # "step" (every optimizer step) or "epoch"
+    # "step" (every optimizer step), "epoch", or None: by what the schedule counts (engine/schedule.py:
+    # OneCycleLR and CyclicLR every step, the others every epoch, as Lightning and PyTorch's examples step them)
+    scheduler_interval: str | None = None
     scheduler_monitor: str | None = None  # ReduceLROnPlateau's held-out number (Lightning's "monitor" key)
     metrics: Mapping[str, Callable] | None = None  # held-out metrics: name -> fn(output, target) -> number
     logged: Any = None  # a collector of the user's own logged values (LightningModule.log), drained per window
@@ -147,8 +149,9 @@ class Recipe:
                                 "(with __len__ and __getitem__, e.g. TensorDataset) or an IterableDataset")
             elif len(data) == 0:
                 problems.append(f"{name}: the dataset is empty")
-        if self.scheduler_interval not in ("step", "epoch"):
-            problems.append(f"scheduler_interval: got {self.scheduler_interval!r}; allowed: 'step' or 'epoch'")
+        if self.scheduler_interval not in ("step", "epoch", None):
+            problems.append(f"scheduler_interval: got {self.scheduler_interval!r}; allowed: 'step', 'epoch' or None "
+                            "(OneCycleLR and CyclicLR every step, other schedulers every epoch)")
         if self.metrics is not None and not (isinstance(self.metrics, Mapping) and
                                              all(callable(f) for f in self.metrics.values())):
             problems.append("metrics: allowed: a dict of name -> function(output, target) returning a number")

@@ -143,7 +143,7 @@ def lrs(result) -> list[float]:
 def test_a_scheduler_given_replaced_or_removed_in_a_later_call_takes_effect():
     model, optimizer = plain_parts()
     common = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, batch_size=64, shuffle=False,
-                  accelerator="cpu", log_every_n_steps=1)
+                  accelerator="cpu", log_every_n_steps=1, scheduler_interval="step")
     first = nbtrain.fit(model, data(), max_steps=3, **common)
     added = nbtrain.fit(model, data(), scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5), max_steps=6,
                         **common)
@@ -165,7 +165,7 @@ def test_the_same_scheduler_written_again_in_a_later_call_carries_on(spelling):
         return lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5)
 
     common = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, batch_size=64, accelerator="cpu",
-                  log_every_n_steps=1)
+                  log_every_n_steps=1, scheduler_interval="step")
     first = nbtrain.fit(model, data(), scheduler=step_lr(), max_steps=3, **common)
     second = nbtrain.fit(model, data(), scheduler=step_lr(), max_steps=3, **common)
     assert lrs(first) + lrs(second) == [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
@@ -177,9 +177,12 @@ def test_a_changed_scheduler_interval_takes_effect():
     common = dict(loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, scheduler=step_lr, batch_size=128,
                   shuffle=False, accelerator="cpu", log_every_n_steps=1)
     dataset = data()  # 4 steps an epoch
-    per_step = nbtrain.fit(model, dataset, max_steps=2, **common)
+    per_step = nbtrain.fit(model, dataset, scheduler_interval="step", max_steps=2, **common)
     per_epoch = nbtrain.fit(model, dataset, scheduler_interval="epoch", max_steps=4, **common)
     assert lrs(per_step) == [0.1, 0.05] and lrs(per_epoch) == [0.025] * 2 + [0.0125] * 2
+    by_default = nbtrain.fit(model, dataset, max_steps=4, **common)  # left out again: StepLR's default, per epoch
+    assert lrs(by_default) == [0.0125] * 2 + [0.00625] * 2
+    assert "StepLR every epoch (by default" in by_default.summary["lr_note"]
 
 
 def test_a_scheduler_added_in_a_later_cell_is_used(shell):
@@ -191,7 +194,8 @@ def test_a_scheduler_added_in_a_later_cell_is_used(shell):
     cell = "%%nbtrain --max-steps 3 --batch-size 64 --shuffle false --accelerator cpu --no-plot --no-progress " \
            "--log-every-n-steps 1 --name {}\n{}"
     shell.run_cell(cell.format("before", "pass"))
-    shell.run_cell(cell.format("after", "scheduler = lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5)"))
+    shell.run_cell(cell.format("after", "scheduler = lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5)\n"
+                                        "scheduler_interval = 'step'"))
     assert lrs(shell.user_ns["before"]) == [0.1] * 3 and lrs(shell.user_ns["after"]) == [0.1, 0.05, 0.025]
 
 
@@ -259,7 +263,7 @@ def test_a_snapshot_restored_onto_a_kept_larger_batch_rescales_the_users_schedul
         model, optimizer = plain_parts()
         nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, batch_size=32,
                     scale_lr="linear", base_batch_size=32, scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5),
-                    max_steps=2, accelerator="cpu")
+                    scheduler_interval="step", max_steps=2, accelerator="cpu")
         return live_engine(model)
 
     kept, twin = trained(), trained()

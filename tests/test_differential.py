@@ -534,8 +534,8 @@ def test_a_lightningmodule_over_calls_stops_and_tools_trains_as_one_trainer_fit(
 def test_keep_best_then_training_is_the_kept_config_asked_for_directly(optimizer):
     dataset, seed = data(), 4242
     step_lr = lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5)  # noqa: E731
-    options = dict(loss_fn=nn.MSELoss(), scheduler=step_lr, scale_lr="linear", base_batch_size=4, batch_size=4,
-                   seed=seed, accelerator="cpu", log_every_n_steps=1)
+    options = dict(loss_fn=nn.MSELoss(), scheduler=step_lr, scheduler_interval="step", scale_lr="linear",
+                   base_batch_size=4, batch_size=4, seed=seed, accelerator="cpu", log_every_n_steps=1)
     case = CallCase(optimizer=optimizer, batch=4)
     (kept, kept_optimizer), (twin, twin_optimizer) = call_parts(case), call_parts(case)
     for model, made in ((kept, kept_optimizer), (twin, twin_optimizer)):

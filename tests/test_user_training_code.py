@@ -53,14 +53,14 @@ def test_a_scheduler_factory_trains_as_a_plain_loop_stepping_it(interval):
 
 def test_warm_up_and_the_lr_rule_compose_with_the_schedule_and_the_plot_shows_the_curve():
     result = nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), optimizer=sgd, scheduler=step_lr,
-                         batch_size=32, base_batch_size=16, scale_lr="linear", warmup_steps=2, max_steps=10,
-                         log_every_n_steps=1)
+                         scheduler_interval="step", batch_size=32, base_batch_size=16, scale_lr="linear",
+                         warmup_steps=2, max_steps=10, log_every_n_steps=1)
     lrs = list(result.history["lr"])
     # rule: 0.1 x 2 = 0.2; warm-up ramps steps 1-2 (0.1, 0.2); StepLR halves every 4 steps
     assert lrs[:2] == pytest.approx([0.1, 0.2])
     assert lrs[2:4] == pytest.approx([0.2, 0.2]) and lrs[4:8] == pytest.approx([0.1] * 4)
     assert lrs[8:] == pytest.approx([0.05, 0.05])
-    assert "then StepLR every step" in result.summary["lr_note"]
+    assert "then StepLR every step (as given)" in result.summary["lr_note"]
 
 
 def test_a_live_batch_change_rescales_the_schedule_and_the_summary_says_how():

@@ -163,7 +163,7 @@ class Engine:
     def replace_schedule(self, fresh: bool = True) -> None:
         """The recipe's scheduler (or none) over the live optimizer (see rates.build_schedule)."""
         self.schedule = None
-        self.schedule = rates.build_schedule(self.recipe, self.optimizer, self.target_lrs(), fresh)
+        self.schedule = rates.build_schedule(self.recipe, self.optimizer, self.config, self._base_lrs, fresh)
         self.set_lr(self.step)
 
     def check_schedule(self) -> None:

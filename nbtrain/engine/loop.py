@@ -366,7 +366,8 @@ class Run:
             and engine.recipe.fixed_loader is None else set()
         extra["notes"] = [n for k, n in engine.notes.items() if k not in quiet] \
             + engine.compile_cost.notes(self.log.columns["step_s"], engine.config.compile, extra) \
-            + ([best] if best else []) + (engine.schedule.notes if engine.schedule is not None else []) \
+            + ([best] if best else []) + (engine.schedule.run_notes(self.log.columns["step"], self.log.columns["lr"])
+                                    if engine.schedule is not None else []) \
             + ([f"resumed from {os.path.basename(resumed_from)}: this run trained steps {from_step + 1:,} to "
                 f"{engine.step:,} of the interrupted run's budget"] if resumed_from else []) \
             + ([logger.note] if logger is not None else [])

@@ -1,10 +1,16 @@
 """The learning rate of every param group: the LR rule, warm-up and the user's schedule, as plain functions
 of what they read (the config, the optimizer, its own rates as given, the schedule). The Engine
-(engine.py) keeps those and calls these."""
+(engine.py) keeps those and calls these.
+
+The user's rates and schedule are used as written; only an LR rule the user asked for (scale_lr, or
+lr=) changes them, by the rule's own factor. The warm-up ramp multiplies the rate of step s (counted
+from 0) by (s + 1) / warmup_steps: it starts at 1/warmup_steps of the rate and reaches all of it at
+step warmup_steps.
+"""
 from __future__ import annotations
 
 from ..config import TrainConfig
-from .schedule import Schedule
+from .schedule import Schedule, is_scheduler
 
 
 def target_lrs(config: TrainConfig, optimizer, base_lrs: list[float]) -> list[float]:
@@ -18,29 +24,52 @@ def target_lrs(config: TrainConfig, optimizer, base_lrs: list[float]) -> list[fl
     return [lr * factor for lr in base_lrs]
 
 
-def build_schedule(recipe, optimizer, targets: list[float], fresh: bool) -> Schedule | None:
-    """The recipe's scheduler (or none) over the live optimizer, from the rule's rates `targets`.
+def rule_factors(config: TrainConfig, optimizer, base_lrs: list[float]) -> list[float]:
+    """What the LR rule multiplies each group's rate by (1.0 where nothing was asked, or the rate is 0)."""
+    default = optimizer.defaults.get("lr") or 0.0
+    if config.lr is None or default:
+        factor = config.lr_factor() * (config.lr / default if config.lr is not None else 1.0)
+        return [factor if lr else 1.0 for lr in base_lrs]
+    return [t / b if b else 1.0 for t, b in zip(target_lrs(config, optimizer, base_lrs), base_lrs)]
 
-    A scheduler given, replaced or removed in a later call takes effect from that call: a
-    factory's curve starts afresh from the optimizer's configured rates (`fresh` drops the
-    `initial_lr` an earlier scheduler left in the groups, which torch would start it from).
+
+def rule_text(config: TrainConfig, optimizer) -> str:
+    """The LR rule the user asked for, in words (what a rescaled schedule's note says it followed)."""
+    asked = [f"lr={config.lr:.4g} for the optimizer's {optimizer.defaults.get('lr', 0):.4g}"] \
+        if config.lr is not None else []
+    if config.scale_lr != "none":
+        asked.append(f"{config.scale_lr} rule: global batch {config.global_batch_size} vs {config.base_batch_size}")
+    return ", ".join(asked)
+
+
+def build_schedule(recipe, optimizer, config: TrainConfig, base_lrs: list[float], fresh: bool) -> Schedule | None:
+    """The recipe's scheduler (or none) over the live optimizer, as written, times the LR rule's factor.
+
+    A factory is built over the optimizer's own rates `base_lrs`, as the user's loop would build it; an
+    instance is taken as it is. A scheduler given, replaced or removed in a later call takes effect from
+    that call: a factory's curve starts afresh from the optimizer's rates (`fresh` drops the `initial_lr`
+    an earlier scheduler left in the groups, which torch would start it from).
     """
-    for group, lr in zip(optimizer.param_groups, targets):
-        group["lr"] = lr  # the scheduler is built over the scaled rates, the warm-up is laid on after
-        if fresh and not hasattr(recipe.scheduler, "optimizer"):
-            group.pop("initial_lr", None)
+    if recipe.scheduler is not None and not is_scheduler(recipe.scheduler):
+        for group, lr in zip(optimizer.param_groups, base_lrs):
+            group["lr"] = lr
+            if fresh:
+                group.pop("initial_lr", None)
     schedule = Schedule.build(recipe, optimizer)
-    if schedule is not None:  # an instance built before: its curve scaled to the rule's rates
-        base = getattr(schedule.scheduler, "base_lrs", schedule.lrs())
-        schedule.rescale([t / b if b else 1.0 for t, b in zip(targets, base)], "LR rule")
+    if schedule is not None:
+        schedule.rescale(rule_factors(config, optimizer, base_lrs), rule_text(config, optimizer))
     return schedule
 
 
 def set_lr(optimizer, targets: list[float], warmup_steps: int, step: int) -> None:
-    """Each group at its target rate, on the linear warm-up's ramp at `step`."""
+    """Each group at its target rate, times the warm-up ramp (step + 1) / warmup_steps while step < warmup_steps."""
     ramp = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
     for group, lr in zip(optimizer.param_groups, targets):
         group["lr"] = lr * ramp
+
+
+def warmup_text(warmup_steps: int) -> str:
+    return f"linear warm-up over {warmup_steps} steps (from 1/{warmup_steps} of the rate to all of it)"
 
 
 def lr_note(config: TrainConfig, lr: float, base_lr: float, schedule: Schedule | None) -> str:
@@ -52,7 +81,7 @@ def lr_note(config: TrainConfig, lr: float, base_lr: float, schedule: Schedule |
         note += f" ({c.scale_lr} rule: base {base:.4g} x {c.lr_factor():.4g} for global batch " \
                 f"{c.global_batch_size} vs {c.base_batch_size})"
     if c.warmup_steps:
-        note += f", linear warm-up over {c.warmup_steps} steps"
+        note += ", " + warmup_text(c.warmup_steps)
     if schedule is not None:
         note += ", " + schedule.describe()
     return note

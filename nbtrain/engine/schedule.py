@@ -1,34 +1,67 @@
-"""The user's LR scheduler, composed with nbtrain's LR scaling rule and warm-up.
+"""The user's LR scheduler, stepped as written, composed with nbtrain's LR rule and warm-up.
 
-The scheduler owns the learning rate curve: nbtrain builds it (or adopts the user's
-instance) over rates already scaled by the rule, steps it every optimizer step or every
-epoch as stated, and lays its warm-up ramp on top. Before each step the scheduler gets its
-own last rates back in the param groups, so a chained scheduler (StepLR, CosineAnnealingLR
-read the group's rate) never compounds the ramp. A live batch-size change rescales the
-schedule as the rule says: its base rates and its current rates by the same factor.
+The scheduler owns the learning rate curve. nbtrain builds it (or adopts the user's instance) over the
+optimizer's own rates, exactly as the user's code would, and changes it only where the user asked: an
+LR rule (scale_lr, or lr=) multiplies every rate the schedule keeps by the rule's own factor (its base
+rates, OneCycleLR's max/initial/min rates, CyclicLR's bounds, the cosine floor, ReduceLROnPlateau's
+minimum rates, a chained schedule's children), so the curve keeps its shape at the scaled height. It is
+stepped every optimizer step or every epoch (`interval`): as given, or by what the schedule counts
+(OneCycleLR and CyclicLR count optimizer steps; the others are stepped once an epoch, as Lightning and
+PyTorch's own examples step them). The warm-up ramp is laid on top: before each step the scheduler gets
+its own last rates back in the param groups, so a chained scheduler (StepLR, CosineAnnealingLR read the
+group's rate) never compounds the ramp.
 """
 from __future__ import annotations
 
 import torch
+from torch.optim import lr_scheduler
 
 from ..recipe import RecipeError
 
+# Schedules whose lengths count optimizer steps: torch's documentation steps them after every batch.
+STEP_COUNTING = (lr_scheduler.OneCycleLR, lr_scheduler.CyclicLR)
+# The rates each kind of scheduler keeps, beyond the param groups' "lr" and "initial_lr": a list holds one
+# rate per param group, a number one rate for all (eps: ReduceLROnPlateau's smallest change of a rate).
+KEPT_RATES = {lr_scheduler.LRScheduler: ("base_lrs", "_last_lr"), lr_scheduler.CyclicLR: ("max_lrs",),
+              lr_scheduler.ReduceLROnPlateau: ("min_lrs", "default_min_lr", "eps"),
+              lr_scheduler.CosineAnnealingLR: ("eta_min",), lr_scheduler.CosineAnnealingWarmRestarts: ("eta_min",)}
+GROUP_RATES = {lr_scheduler.OneCycleLR: ("max_lr", "min_lr")}  # kept in the param groups themselves
+COLLAPSED = 1e-6  # a rate below this fraction of its highest in a run is said to have collapsed
 
-def _is_scheduler(obj) -> bool:
+
+def is_scheduler(obj) -> bool:
     return hasattr(obj, "step") and hasattr(obj, "get_last_lr") and hasattr(obj, "optimizer")
 
 
+def default_interval(scheduler) -> tuple[str, str]:
+    """How often a scheduler given without scheduler_interval is stepped, and why."""
+    counting = next((s for s in children(scheduler) if isinstance(s, STEP_COUNTING)), None)
+    if counting is not None:
+        return "step", f"by default: {type(counting).__name__} counts optimizer steps"
+    return "epoch", "by default, as Lightning and PyTorch's examples step it; scheduler_interval='step' " \
+                    "steps it every optimizer step"
+
+
 class Schedule:
-    def __init__(self, scheduler, interval: str, monitor: str | None = None):
+    def __init__(self, scheduler, interval: str | None = None, monitor: str | None = None):
         self.scheduler = scheduler
-        self.interval = interval
+        self.interval = interval  # None: decided by what the schedule counts (default_interval)
         self.monitor = monitor  # ReduceLROnPlateau's held-out number (Lightning's "monitor"); else config.monitor
         self.notes: list[str] = []
 
     @property
+    def interval(self) -> str:
+        """"step" (every optimizer step) or "epoch": as given, else by what the schedule counts."""
+        return self.given_interval or default_interval(self.scheduler)[0]
+
+    @interval.setter
+    def interval(self, interval: str | None) -> None:
+        self.given_interval = interval
+
+    @property
     def on_plateau(self) -> bool:
         """ReduceLROnPlateau: stepped with a held-out number after each validation, as Lightning does."""
-        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        return isinstance(self.scheduler, lr_scheduler.ReduceLROnPlateau)
 
     def check(self, config, has_val_data: bool, world_size: int) -> None:
         """Refuse, before training, a plateau schedule that would have no held-out number to step on."""
@@ -59,7 +92,7 @@ class Schedule:
         made = recipe.scheduler
         if made is None:
             return None
-        if _is_scheduler(made):
+        if is_scheduler(made):
             if made.optimizer is not optimizer:
                 raise RecipeError("scheduler: it drives another optimizer than the one nbtrain steps (an instance "
                                   "is bound to its optimizer); allowed: a function optimizer -> scheduler, e.g. "
@@ -73,7 +106,7 @@ class Schedule:
                     raise
                 raise RecipeError(f"scheduler: calling it with the optimizer failed ({error}); allowed: a function "
                                   "optimizer -> LR scheduler") from None
-            if not _is_scheduler(scheduler):
+            if not is_scheduler(scheduler):
                 raise RecipeError(f"scheduler: the factory returned a {type(scheduler).__name__}; allowed: a "
                                   "torch.optim.lr_scheduler scheduler")
         return cls(scheduler, recipe.scheduler_interval, getattr(recipe, "scheduler_monitor", None))
@@ -88,22 +121,50 @@ class Schedule:
             group["lr"] = lr
         self.scheduler.step()
 
-    def rescale(self, factors: list[float], why: str) -> None:
-        """Multiply the schedule's base and current rates (each group by its factor)."""
+    def rescale(self, factors: float | list[float], why: str) -> None:
+        """Multiply every rate the schedule keeps (each param group's by its factor), so its curve keeps its
+        shape at the new height: what the LR rule asks of the user's schedule, and nothing else does."""
+        factors = factors if isinstance(factors, list) else [factors] * len(self.scheduler.optimizer.param_groups)
         if all(f == 1.0 for f in factors):
             return
-        for scheduler in _children(self.scheduler):
-            if hasattr(scheduler, "base_lrs"):
-                scheduler.base_lrs = [lr * f for lr, f in zip(scheduler.base_lrs, factors)]
-            if hasattr(scheduler, "_last_lr"):
-                scheduler._last_lr = [lr * f for lr, f in zip(scheduler._last_lr, factors)]
+        # A rate kept once for all groups (a cosine floor) takes the rule's factor: the rule gives every group
+        # the same one, except a group at rate 0, which is given 1.0 (nothing in it to scale).
+        common = next((f for f in factors if f != 1.0), 1.0)
+        schedulers = children(self.scheduler)
+        for scheduler in schedulers:
+            for kind, names in KEPT_RATES.items():
+                if isinstance(scheduler, kind):
+                    for name in names:
+                        if getattr(scheduler, name, None) is not None:
+                            setattr(scheduler, name, scaled(getattr(scheduler, name), factors, common))
+        group_rates = {"lr", "initial_lr"}.union(*(names for kind, names in GROUP_RATES.items()
+                                                    if any(isinstance(s, kind) for s in schedulers)))
         for group, f in zip(self.scheduler.optimizer.param_groups, factors):
-            if "initial_lr" in group:
-                group["initial_lr"] *= f
-        self.notes.append(f"schedule rescaled x{factors[0]:.3g} ({why})")
+            for name in group_rates & group.keys():
+                group[name] = group[name] * f
+        self.notes.append(f"schedule rescaled x{common:.3g} ({why})")
 
     def describe(self) -> str:
-        return f"then {type(self.scheduler).__name__} every {self.interval}"
+        return "then " + self.stepping()
+
+    def stepping(self) -> str:
+        """Which scheduler is stepped how often, and why."""
+        name = type(self.scheduler).__name__
+        if self.on_plateau:
+            return f"{name} after each validation, on {self.monitor or 'the monitored number'}"
+        why = "as given" if self.given_interval else default_interval(self.scheduler)[1]
+        return f"{name} every {self.interval} ({why})"
+
+    def run_notes(self, steps, lrs) -> list[str]:
+        """What a run's summary says of the schedule: its rescales, and one warning where the rate it trained
+        at (`lrs`, at `steps`) fell below a millionth of its highest earlier in the run."""
+        peak = 0.0
+        for step, lr in zip(steps, lrs):
+            peak = max(peak, lr)
+            if lr < peak * COLLAPSED:
+                return self.notes + [f"the learning rate collapsed: {lr:.3g} at step {step}, under a millionth of the "
+                                     f"{peak:.3g} it reached earlier in this run; {self.stepping()}"]
+        return list(self.notes)
 
     def state_dict(self) -> dict:
         return self.scheduler.state_dict()
@@ -112,7 +173,14 @@ class Schedule:
         self.scheduler.load_state_dict(state)
 
 
-def _children(scheduler) -> list:
+def scaled(value, factors: list[float], common: float):
+    """A kept rate (one per group, or one for all) times the rule's factor."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(v * f for v, f in zip(value, factors))
+    return value * common
+
+
+def children(scheduler) -> list:
     """A scheduler and those it chains (SequentialLR, ChainedScheduler)."""
     inner = getattr(scheduler, "_schedulers", None) or []
-    return [scheduler] + [s for child in inner for s in _children(child)]
+    return [scheduler] + [s for child in inner for s in children(child)]
