@@ -25,6 +25,8 @@ import nbtrain
 from nbtrain.api import live_engine
 from nbtrain.recipe import RecipeError
 
+from helpers import weights_differ
+
 N, FEATURES, CLASSES, BATCH = 40, 5, 3, 8
 
 # What a notebook's cells define: the factories read the notebook's globals (exec'd into one namespace, as
@@ -104,13 +106,6 @@ class PlainLoop:
                 self.scheduler.step()
 
 
-def same_weights(a: nn.Module, b: nn.Module) -> str | None:
-    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        if not torch.equal(x, y):
-            return f"{name} differs by {(x - y).abs().max().item():.3g}"
-    return None
-
-
 # --- the cases, one by one --------------------------------------------------------------
 
 
@@ -124,7 +119,7 @@ def test_an_edited_rate_read_by_the_optimizer_factory_trains_at_the_new_rate_wit
     plain.train(namespace, "sgd", None, 3, {"LR": 0.01})
     assert result.log.columns["lr"] == pytest.approx([0.01] * 3)
     assert "new optimizer: lr 0.1 -> 0.01" in result.summary["notes"], result.summary["notes"]
-    assert same_weights(model, twin) is None, same_weights(model, twin)
+    assert weights_differ(model, twin) is None, weights_differ(model, twin)
 
 
 def test_the_same_values_made_again_carry_on_the_optimizer_and_its_momentum():
@@ -135,7 +130,7 @@ def test_the_same_values_made_again_carry_on_the_optimizer_and_its_momentum():
     result = fit(model, data, namespace, "sgd", None, 3)
     plain.train(namespace, "sgd", None, 6, {"LR": 0.1})
     assert "optimizer carried on (same SGD, lr 0.1, momentum 0.9)" in result.summary["notes"], result.summary["notes"]
-    assert same_weights(model, twin) is None, same_weights(model, twin)
+    assert weights_differ(model, twin) is None, weights_differ(model, twin)
 
 
 def test_an_edited_gamma_read_by_the_scheduler_factory_is_a_new_schedule():
@@ -168,7 +163,7 @@ def test_a_cell_run_again_with_a_new_learning_rate_trains_at_it(ip):
     namespace["sgd"] = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)
     plain.train(namespace, "sgd", None, 3, {"LR": 0.01})
     assert live_engine(ip.user_ns["model"]).optimizer.param_groups[0]["lr"] == 0.01
-    assert same_weights(ip.user_ns["model"], twin) is None, same_weights(ip.user_ns["model"], twin)
+    assert weights_differ(ip.user_ns["model"], twin) is None, weights_differ(ip.user_ns["model"], twin)
 
 
 class Decay:
@@ -246,7 +241,7 @@ def test_edited_values_train_as_the_plain_loop_that_makes_a_new_optimizer_only_w
             assert ("new optimizer" in notes) == changed and ("optimizer carried on" in notes) == (not changed), notes
             if case.scheduler and not changed:
                 assert ("new schedule" in notes) == case.edit_schedule, notes
-        problem = same_weights(model, twin)
+        problem = weights_differ(model, twin)
         assert problem is None, f"{problem} after call {call + 1} of {case}; notes: {notes}"
 
 
@@ -254,3 +249,34 @@ def test_the_generated_cases_cover_every_class_edit_and_schedule():
     made = cases()
     assert {c.optimizer for c in made} == {"sgd", "adam", "adamw"} and {c.edit for c in made} == set(EDITS)
     assert {c.scheduler for c in made} == set(SCHEDULES) and any(c.edit_schedule for c in made)
+
+
+# --- every kind of schedule: what it is, compared (its settings, what it wrote into the groups, its children) --
+
+SCHEDULERS = {
+    "OneCycleLR": ("lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=X, total_steps=20)", 0.5, 0.4),
+    "CyclicLR": ("lambda o: torch.optim.lr_scheduler.CyclicLR(o, 0.01, X, step_size_up=4)", 0.1, 0.2),
+    "SequentialLR": ("lambda o: torch.optim.lr_scheduler.SequentialLR(o, [torch.optim.lr_scheduler.LinearLR("
+                     "o, start_factor=X, total_iters=4), torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=12)], "
+                     "milestones=[4])", 0.1, 0.2),
+    "ChainedScheduler": ("lambda o: torch.optim.lr_scheduler.ChainedScheduler([torch.optim.lr_scheduler."
+                         "ExponentialLR(o, gamma=X), torch.optim.lr_scheduler.StepLR(o, 3)])", 0.9, 0.8),
+    "MultiStepLR": ("lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[X, 8])", 2, 4),
+    "CosineAnnealingLR": ("lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=X)", 10, 20),
+    "PolynomialLR": ("lambda o: torch.optim.lr_scheduler.PolynomialLR(o, total_iters=6, power=X)", 1.0, 2.0),
+}
+
+
+@pytest.mark.parametrize("edited", [False, True], ids=["same value", "edited"])
+@pytest.mark.parametrize("kind", list(SCHEDULERS))
+def test_each_kind_of_schedule_carries_on_while_its_values_stay_and_is_new_when_one_changes(kind, edited):
+    source, before, after = SCHEDULERS[kind]
+    namespace, model, data = notebook(), make_model(), rows()
+    namespace["X"] = before
+    namespace["schedule"] = eval(source, namespace)
+    fit(model, data, namespace, "sgd", "schedule", 2)
+    schedule = live_engine(model).schedule.scheduler
+    namespace["X"] = after if edited else type(before)(before)
+    notes = fit(model, data, namespace, "sgd", "schedule", 1).summary["notes"]
+    assert (live_engine(model).schedule.scheduler is not schedule) is edited
+    assert any(n.startswith("new schedule" if edited else "schedule carried on") for n in notes), notes

@@ -27,6 +27,7 @@ from ..recipe import RecipeError
 from .observed import Value, differences
 
 IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")  # how a step computes (optimizer_impl), not what
+DERIVED = ("base_lrs", "lr", "initial_lr", "min_lr")  # a schedule's rates derived from its settings and the optimizer's
 PROGRESS = ("last_epoch", "_step_count", "_last_lr", "_is_initial", "_get_lr_called_within_step", "best",
             "num_bad_epochs", "cooldown_counter")  # where a schedule stands, not what it is
 
@@ -76,7 +77,7 @@ def optimizer_change(built: Built, recipe, model) -> tuple[object | None, str]:
         return made, f"new optimizer: another {name} object given (used as it is, with its own state)"
     found, unsure = differences(built.optimizer, optimizer_record(made, model))
     if found:
-        return made, "new optimizer: " + "; ".join(_plain(found, built.optimizer))
+        return made, "new optimizer: " + _listed(found, built.optimizer)
     if unsure:
         raise RecipeError(f"optimizer: nbtrain cannot tell whether it makes the optimizer trained so far ({unsure[0]}); "
                           "allowed: the optimizer object itself (it carries on while it is the same object), or a "
@@ -98,11 +99,21 @@ def describe(optimizer) -> str:
     return ", ".join([type(optimizer).__name__] + shown + ([f"{groups} groups"] if groups > 1 else []))
 
 
-def _plain(found: list[str], record: dict) -> list[str]:
-    """One group's differences without its name ('lr 0.1 -> 0.01', not 'group 0 lr ...')."""
-    if record["groups"] == Value(1):
-        return [f[len("group 0 "):] if f.startswith("group 0 ") else f for f in found]
-    return found
+def _setting(difference: str) -> str:
+    """The setting a difference names ('max_lr' of 'scheduler 0 group 1 max_lr 0.5 -> 0.4')."""
+    words = difference.split(" ")
+    while words[0] in ("scheduler", "group") and len(words) > 2:
+        words = words[2:]
+    return words[0]
+
+
+def _listed(found: list[str], record: dict, most: int = 3) -> str:
+    """The first differences, in words; one group's without its name ('lr 0.1 -> 0.01', not 'group 0 lr ...')."""
+    if "group 1" not in record:
+        found = [f[len("group 0 "):] if f.startswith("group 0 ") else f for f in found]
+    if "groups" not in record:  # a schedule: the rates it derives from its settings come after them
+        found.sort(key=lambda f: _setting(f) in DERIVED)
+    return "; ".join(found[:most]) + (f" (and {len(found) - most} more)" if len(found) > most else "")
 
 
 def schedule_record(made, built: Built) -> dict | None:
@@ -110,7 +121,9 @@ def schedule_record(made, built: Built) -> dict | None:
     (the optimizer carries on only where it is what was built, so one copy serves both sides)."""
     if made is None or is_scheduler_object(made):
         return None
-    optimizer = _copy(built.blank)
+    optimizer = _copy(built.blank) if built.blank is not None else None
+    if optimizer is None:  # no copy to build a throwaway over: what the schedule is cannot be seen
+        return {"optimizer": Value(built.source, "a throwaway schedule needs a copy of the optimizer, which")}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         scheduler = made(optimizer)
@@ -120,7 +133,15 @@ def schedule_record(made, built: Built) -> dict | None:
 
 
 def _copy(optimizer):
-    """An optimizer of the same class over the same groups (values copied, state left out)."""
+    """An optimizer of the same class over the same groups (values copied, state left out); None where its
+    constructor takes other arguments than its defaults hold (a class of the user's own)."""
+    try:
+        return _constructed_copy(optimizer)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _constructed_copy(optimizer):
     accepted = inspect.signature(type(optimizer).__init__).parameters
     groups = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in g.items() if k != "initial_lr"}
               for g in optimizer.param_groups]  # (a tensor rate is filled in place by a schedule: not shared)
@@ -156,12 +177,12 @@ def schedule_change(built: Built, live, recipe) -> tuple[bool, str | None]:
             return False, f"schedule carried on (the same {type(made).__name__} object)"
         return True, f"new schedule: another {type(made).__name__} object given"
     now = schedule_record(made, built)
-    name = now["class"].text
+    name = now["class"].text if "class" in now else type(made).__name__
     if current is None or built.schedule is None:
         return True, f"new schedule: {name}"
     found, unsure = differences(built.schedule, now)
     if found:
-        return True, f"new schedule: {name} " + "; ".join(found)
+        return True, f"new schedule: {name} " + _listed(found, built.schedule)
     if unsure:
         raise RecipeError(f"scheduler: nbtrain cannot tell whether it makes the schedule stepped so far ({unsure[0]}); "
                           "allowed: a function whose values nbtrain can compare (numbers, strings, tuples, small "
