@@ -15,9 +15,9 @@ user's own: the same object carries on, another is used as given. Where a value 
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import types
-import functools
 import warnings
 from dataclasses import dataclass
 
@@ -79,8 +79,8 @@ def optimizer_change(built: Built, recipe, model) -> tuple[object | None, str]:
     if found:
         return made, "new optimizer: " + _listed(found, built.optimizer)
     if unsure:
-        raise RecipeError(f"optimizer: nbtrain cannot tell whether it makes the optimizer trained so far ({unsure[0]}); "
-                          "allowed: the optimizer object itself (it carries on while it is the same object), or a "
+        raise RecipeError(f"optimizer: nbtrain cannot tell whether it makes the optimizer trained so far "
+                          f"({unsure[0]}); allowed: the optimizer object itself (it carries on while it is the same object), or a "
                           "function whose values nbtrain can compare (numbers, strings, tuples, small tensors)")
     return None, f"optimizer carried on (same {describe(made)})"
 
@@ -92,9 +92,9 @@ def describe(optimizer) -> str:
         defaults = {k: p.default for k, p in inspect.signature(type(optimizer).__init__).parameters.items()}
     except (TypeError, ValueError):
         defaults = {}
-    shown = [f"lr {Value(group.get('lr')).text}"] + [
-        f"{k} {Value(v).text}" for k, v in group.items()
-        if k not in ("params", "lr", "initial_lr", *IMPLEMENTATION) and k in defaults and defaults[k] != v]
+    own = {k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr", *IMPLEMENTATION)}
+    shown = [f"lr {Value(group.get('lr')).text}"] + [f"{k} {Value(v).text}" for k, v in own.items()
+                                                     if k in defaults and Value(defaults[k]) != Value(v)]
     groups = len(optimizer.param_groups)
     return ", ".join([type(optimizer).__name__] + shown + ([f"{groups} groups"] if groups > 1 else []))
 

@@ -77,13 +77,15 @@ class Engine:
 
     # --- building the parts ----------------------------------------------------------
 
-    def build_loader(self):
+    def build_loader(self, read_again: bool = False):
+        """The loader of the current config; `read_again`: no held copy of the data is reused (Engine.adopt)."""
         config = self.config
         if config.strategy == "dp":  # DataParallel splits each loaded batch across the devices
             config = config.replace(batch_size=config.batch_size * config.devices)
         spare = next((s.spare_held for s in list(self.snapshots) if s.spare_held is not None), None)
+        previous = None if read_again else self.held_data or spare
         self.held_data, note = data.hold(self.recipe.train_data, config, self.world, self.device,
-                                         self.recipe.collate_fn, previous=self.held_data or spare,
+                                         self.recipe.collate_fn, previous=previous,
                                          own_loader=self.recipe.fixed_loader)
         self.note("preload_data", note)
         if self.held_data is not None:  # the same batches in the same order, without the per-sample path
@@ -166,8 +168,7 @@ class Engine:
             why = "nbtrain cannot tell whether a Dataset of its own class changed since it was held"
         if why is None:
             return None
-        self.held_data = None
-        self.loader = self.build_loader()  # the same position: the same samples, read again
+        self.loader = self.build_loader(read_again=True)  # the same position: the same samples, read again
         return f"training data: read again, {why}"
 
     def replace_optimizer(self, made=None) -> None:

@@ -46,7 +46,8 @@ def check_monitor(config, recipe) -> None:
         raise unknown_monitor(config.monitor, names)
     if config.mode == "auto" and direction(config.monitor) is None:  # not guessed: asked for
         raise ConfigError([Problem("mode", "auto", f"mode='max' or 'min': nbtrain cannot tell from the name "
-                                                   f"{config.monitor!r} whether it should go up or down ({AUTO_NOTE})")])
+                                                   f"{config.monitor!r} whether it should go up or down "
+                                                   f"({AUTO_NOTE})")])
 
 
 class Monitor:
