@@ -33,6 +33,6 @@ def direction(name: str) -> str | None:
     return None
 
 
-AUTO_NOTE = ("auto: max for a score (acc, accuracy, top1, top5, f1, precision, recall, auc, iou, dice, map, r2, ...), "
-             "min for an error or a loss (loss, error, mse, mae, rmse, perplexity, wer, cer, ...); any other name "
-             "needs mode='max' or 'min'")
+AUTO_WORDS = ("max for a score (acc, accuracy, top1, top5, f1, precision, recall, auc, iou, dice, map, r2, ...), "
+              "min for an error or a loss (loss, error, mse, mae, rmse, perplexity, wer, cer, ...)")
+AUTO_NOTE = f"auto: {AUTO_WORDS}; any other name needs mode='max' or 'min'"

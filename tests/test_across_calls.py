@@ -294,8 +294,9 @@ def test_auto_mode_refuses_a_name_it_cannot_classify_before_training_asking_for_
     with pytest.raises(ConfigError) as refused:
         nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, val_data=data(64, 1),
                     metrics=metrics, monitor=name, max_steps=2, accelerator="cpu")
-    assert str(refused.value).startswith(f"invalid training configuration: mode='auto': mode='max' or 'min': nbtrain "
-                                         f"cannot tell from the name {name!r} whether it should go up or down")
+    assert str(refused.value).startswith(f"invalid training configuration: mode='auto': nbtrain cannot tell from the "
+                                         f"name {name!r} whether it should go up or down; allowed: mode='max' or "
+                                         "mode='min' (auto reads a name: max for a score (acc, accuracy, top1, ")
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing trained
     result = nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, val_data=data(64, 1),
                          metrics=metrics, monitor=name, mode="max", max_steps=2, accelerator="cpu")

@@ -16,7 +16,7 @@ import difflib
 import math
 
 from ..config import ConfigError, Problem
-from ..monitored import AUTO_NOTE, direction
+from ..monitored import AUTO_WORDS, direction
 
 
 def up_front_names(recipe) -> list[str] | None:
@@ -45,9 +45,9 @@ def check_monitor(config, recipe) -> None:
     if names is not None and config.monitor not in names:
         raise unknown_monitor(config.monitor, names)
     if config.mode == "auto" and direction(config.monitor) is None:  # not guessed: asked for
-        raise ConfigError([Problem("mode", "auto", f"mode='max' or 'min': nbtrain cannot tell from the name "
-                                                   f"{config.monitor!r} whether it should go up or down "
-                                                   f"({AUTO_NOTE})")])
+        raise ConfigError([Problem("mode", "auto", f"nbtrain cannot tell from the name {config.monitor!r} whether "
+                                                   f"it should go up or down; allowed: mode='max' or mode='min' "
+                                                   f"(auto reads a name: {AUTO_WORDS})")])
 
 
 class Monitor:
