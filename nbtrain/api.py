@@ -1,8 +1,6 @@
 """`nbtrain.fit`: train a model with a config, in this process or as DDP workers."""
 from __future__ import annotations
 
-import functools
-
 from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .engine.engine import Engine
 from .engine.loggers import check_folder
@@ -29,24 +27,6 @@ def _attach(model, engine) -> None:
     model.__dict__[_SLOT] = Slot(engine)  # not a Module attribute: no state_dict, no repr; pickles empty
 
 
-def _same_function(a, b) -> bool:
-    if a is b:
-        return True
-    if getattr(a, "instance", None) is not None and getattr(a, "instance", None) is getattr(b, "instance", None):
-        return True  # the same optimizer instance given again: keep the optimizer the engine steps
-    if isinstance(a, functools.partial) and isinstance(b, functools.partial):  # partial(StepLR, step_size=3)
-        return _same_function(a.func, b.func) and a.args == b.args and a.keywords == b.keywords
-    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
-    if code_a is None or code_b is None or (code_a.co_code, code_a.co_consts) != (code_b.co_code, code_b.co_consts):
-        return False
-    try:  # same code over different captured values (e.g. an optimizer's hyper-parameters) differs
-        cells_a = [c.cell_contents for c in a.__closure__ or ()]
-        cells_b = [c.cell_contents for c in b.__closure__ or ()]
-        return cells_a == cells_b and (a.__defaults__ == b.__defaults__)
-    except (ValueError, RuntimeError):
-        return False
-
-
 def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
     """The live engine of `recipe.model`, adopting the recipe's data, loss and config."""
     config = recipe.adopt_settings(config)
@@ -55,16 +35,7 @@ def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
         engine = Engine(recipe, config)
         _attach(recipe.model, engine)
         return engine
-    old = engine.recipe
-    engine.recipe = recipe
-    if not _same_function(old.optimizer, recipe.optimizer):
-        engine.replace_optimizer()
-    elif not _same_function(old.scheduler, recipe.scheduler):
-        engine.replace_schedule()  # given, replaced or removed (None) in this call: it takes effect now
-    elif engine.schedule is not None:
-        engine.schedule.interval = recipe.scheduler_interval
-    if old.train_data is not recipe.train_data or old.collate_fn is not recipe.collate_fn:
-        engine.rebuild_loader()
+    engine.adopt(recipe)  # what carries on is decided by what the recipe's parts are (Engine.adopt)
     engine.reconfigure(config)
     return engine
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import hardware
+from .monitored import AUTO_NOTE
 from .options import ConfigError, Option, Problem, Reject, setting  # noqa: F401  (ConfigError, Problem: config's errors)
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
@@ -125,7 +126,7 @@ class TrainConfig:
     monitor: str | None = setting(None, "text", "what early stopping and restore_best watch",
                                   allowed="a held-out number such as val_loss, val_acc or val_<metric>, or None")
     mode: str = setting("auto", "choice", "whether the monitored number should go down (min) or up (max)",
-                        choices=("auto", "min", "max"), note="auto: max for accuracy-like names, else min")
+                        choices=("auto", "min", "max"), note=AUTO_NOTE)
     patience: int | None = setting(None, "whole", "stop after this many validations without improvement of "
                                    "`monitor`", low=1, nullable=True, none="no early stopping")
     restore_best: bool = setting(False, "switch", "at the end, put back the weights of the best validation of "

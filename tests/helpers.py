@@ -52,6 +52,14 @@ def same_weights(a, b, atol=0.0):
     return all(torch.allclose(x, y, atol=atol, rtol=0) if atol else torch.equal(x, y) for x, y in zip(a, b))
 
 
+def weights_differ(a, b) -> str | None:
+    """Where two models' weights are not bit-identical ('0.weight differs by 0.0031'), or None."""
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        if not torch.equal(x, y):
+            return f"{name} differs by {(x - y).abs().max().item():.3g}"
+    return None
+
+
 def fit_on_two_local_nodes(recipes, **options):
     """Two 'nodes' of one process each, meeting at a c10d rendezvous on 127.0.0.1, as two kernels would.
 

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain
 from nbtrain.api import live_engine
+from nbtrain.config import ConfigError
 from nbtrain.engine.monitor import Monitor
 from nbtrain.recipe import RecipeError
 
@@ -280,10 +281,30 @@ def test_a_snapshot_restored_onto_a_kept_larger_batch_rescales_the_users_schedul
 
 
 @pytest.mark.parametrize("name, mode", [("val_top1_error", "min"), ("val_loss", "min"), ("val_acc_loss", "min"),
-                                        ("val_error_rate", "min"), ("val_top1", "min"), ("val_acc", "max"),
-                                        ("val_top1_acc", "max"), ("val_f1", "max"), ("val_auc", "max")])
+                                        ("val_error_rate", "min"), ("val_top1", "max"), ("val_top5", "max"),
+                                        ("val_acc", "max"), ("val_top1_acc", "max"), ("val_f1", "max"),
+                                        ("val_auc", "max"), ("val_mAP@0.5", "max"), ("val_r2", "max"),
+                                        ("val_dice", "max"), ("val_wer", "min"), ("val_rmse", "min"),
+                                        ("val_perplexity", "min")])
 def test_auto_mode_minimises_error_like_names_and_maximises_accuracy_like_ones(name, mode):
     assert Monitor(name, "auto", None, False).mode == mode
+
+
+@pytest.mark.parametrize("name", ["val_score", "val_foo", "val_margin"])
+def test_auto_mode_refuses_a_name_it_cannot_classify_before_training_asking_for_mode(name):
+    model, optimizer = plain_parts()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = {name[4:]: lambda out, y: 0.5}
+    with pytest.raises(ConfigError) as refused:
+        nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, val_data=data(64, 1),
+                    metrics=metrics, monitor=name, max_steps=2, accelerator="cpu")
+    assert str(refused.value).startswith(f"invalid training configuration: mode='auto': nbtrain cannot tell from the "
+                                         f"name {name!r} whether it should go up or down; allowed: mode='max' or "
+                                         "mode='min' (auto reads a name: max for a score (acc, accuracy, top1, ")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing trained
+    result = nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, val_data=data(64, 1),
+                         metrics=metrics, monitor=name, mode="max", max_steps=2, accelerator="cpu")
+    assert result.status == "completed"
 
 
 def test_restore_best_on_an_error_keeps_the_lowest():

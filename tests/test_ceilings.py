@@ -1,5 +1,6 @@
 """The four ceilings of a training step on the live model (data, host, compute, memory), the verdict
 as data (which binds, by how much, the remedies in order), and the model left exactly as it was."""
+import dataclasses
 import math
 
 import pytest
@@ -8,6 +9,8 @@ import torch
 import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.api import engine_for
+from nbtrain.engine.data import hold, refusal
+from nbtrain.engine.dist import World
 from nbtrain.measure import bottleneck
 from nbtrain.measure.bottleneck import CEILINGS
 from nbtrain.measure.device_rates import busy_from_events, host_split, peak_flops, union_length
@@ -152,3 +155,42 @@ def test_on_cuda_the_gpu_busy_fraction_tells_a_small_batch_from_a_large_one():
     big = nbtrain.ceilings(compute_bound_recipe(n=8192, width=4096), config=TrainConfig(batch_size=4096,
                                                                                        accelerator="cuda"))
     assert big.busy.fraction.value > 0.5 and big.kind in ("compute-bound", "memory-bound"), big.table()
+
+
+class _Augmented(torch.utils.data.Dataset):
+    """A random augmentation: each read of a sample differs (the held-data rule refuses to hold it)."""
+
+    def __init__(self, noise: bool):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y, self.noise = torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g), noise
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i] + (0.1 * torch.randn(16) if self.noise else 0), self.y[i]
+
+
+@pytest.mark.slow
+def test_the_data_remedies_offer_preload_data_only_where_the_held_data_rule_would_hold_the_data():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    c = nbtrain.ceilings(model, _Augmented(noise=True), loss_fn=torch.nn.CrossEntropyLoss(),
+                         config=TrainConfig(batch_size=32), steps=10, seconds=0.3)
+    offered = [r.item for r in c.bottleneck().remedies]
+    assert "preload_data" not in offered and "num_workers" in offered, (offered, c.hold_refused)
+    # the rule's own reason, asked of the rule (engine/data.refusal), not restated here
+    assert c.hold_refused.startswith("reading 256 samples twice gave different values"), c.hold_refused
+    held = dataclasses.replace(c, hold_refused=None)  # the same reading of data the rule would hold
+    assert "preload_data" in [r.item for r in held.bottleneck().remedies]
+
+
+@pytest.mark.parametrize("noise, workers, refused", [(True, 0, "reading 256 samples twice"), (False, 0, None),
+                                                     (False, 2, "num_workers=2 asks for the DataLoader")])
+def test_the_held_data_rules_refusal_is_the_one_hold_gives(noise, workers, refused):
+    dataset, config = _Augmented(noise), TrainConfig(preload_data=True, num_workers=workers)
+    why = refusal(dataset, config)
+    held, note = hold(dataset, config, World(), torch.device("cpu"))
+    assert (why is None) is (held is not None) and (why or "").startswith(refused or ""), (why, note)
+    if why:
+        assert note == f"preload_data: not used, {why}"

@@ -137,7 +137,7 @@ def test_a_misspelt_monitor_of_a_validation_step_ends_the_run_at_the_first_valid
 
     model, reference = net(), net()
     result = nbtrain.fit(model, classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32),
-                         validation_step=held_out_loss, monitor="val_los", max_steps=12, val_every_n_steps=4,
+                         validation_step=held_out_loss, monitor="val_los", mode="min", max_steps=12, val_every_n_steps=4,
                          batch_size=16, shuffle=False)
     assert result.status == "failed" and result.summary["run_steps"] == 4
     assert result.message == ("monitor='val_los': not among the held-out numbers; did you mean 'val_loss'? "

@@ -30,6 +30,7 @@ from torch.utils.data.dataloader import default_collate
 
 from ..config import TrainConfig
 from ..user_loader import fixed_reason
+from . import data_identity
 from .dist import World
 
 
@@ -40,6 +41,7 @@ class EpochSampler(Sampler):
         self._order = DistributedSampler(dataset, num_replicas=world.size, rank=world.rank,
                                          shuffle=shuffle, seed=seed, drop_last=False)
         self.per_epoch = self._order.num_samples
+        self.length = len(dataset)  # the data set's length when built: another length needs another sampler
         self.epoch = 0
         self.start = 0
 
@@ -132,12 +134,14 @@ class Held:
     note: str
     sources: tuple = ()    # tensors copied from: an in-place change to them is copied again
     versions: tuple = ()
+    seen: data_identity.Seen | None = None  # what was observed of the data set when it was read (rule 4)
 
     def current(self):
         if tuple(t._version for t in self.sources) != self.versions:
             rows = _tensor_rows(self.dataset)
             self.data = rows if self.shard else _map(lambda t: t.to(self.device), rows)
             self.versions = tuple(t._version for t in self.sources)
+            self.seen = data_identity.seen(self.dataset)
         return self.data
 
 
@@ -185,7 +189,10 @@ class HeldBatches:
 #      - with preload_data=True, a dataset that says so (`nbtrain_fixed_samples = True`), or one whose
 #        samples read a second time all compare equal: up to CHECKED_SAMPLES of them, spread over the data
 #        set (an augmentation that changes 1% of reads shows up with a chance above 1 - 1e-4);
-#   3. it fits: what holding really allocates is at most a quarter of the free memory where it goes.
+#   3. it fits: what holding really allocates is at most a quarter of the free memory where it goes;
+#   4. held data is reused only while nbtrain can show it is what it held (data_identity.py): the same
+#      tensors (identity and version), a Subset's same indices, the same length, part by part. A Dataset
+#      of the user's own class shows only its length: a new call (Engine.adopt) reads it again.
 # The checklist walk may choose held data only through this rule: its preload_data item measures a
 # held config only when `hold` holds it, and where the rule refuses, the item says why.
 
@@ -206,12 +213,14 @@ def hold(dataset, config: TrainConfig, world: World, device: torch.device, colla
     if why:
         return None, f"preload_data: not used, {why}" if wanted or always else None
     if previous is not None and previous.dataset is dataset and previous.device == device \
-            and previous.shard == (world.size > 1) and (wanted or previous.sources):  # (auto: TensorDatasets only)
-        return previous, previous.note
+            and previous.shard == (world.size > 1) and (wanted or previous.sources) \
+            and previous.seen is not None and data_identity.change(previous.seen, dataset) is None:  # (rule 4)
+        return previous, previous.note  # (auto: TensorDatasets only)
     gathered, where = _gather_cost(dataset)
     if gathered > _SHARE * _free(where):  # a Subset's rows are gathered where its tensors are, before any move
         return None, (f"preload_data: not used, the data ({size_text(gathered)}) is more than a quarter of the "
                       f"free memory on {where} ({size_text(_free(where))})")
+    seen = data_identity.seen(dataset)  # before reading: a change made while reading shows as one later
     with _rng_kept():  # reading samples must not move the random numbers the run then draws
         rows = _tensor_rows(dataset)
         sources = _tensor_sources(dataset) if rows is not None else ()
@@ -240,7 +249,17 @@ def hold(dataset, config: TrainConfig, world: World, device: torch.device, colla
     else:
         where = f"this rank's share of each epoch on {device}" if shard else f"on {device}"
         note = f"preload_data: batches cut from {size_text(copied)} of tensors held in memory ({where})"
-    return Held(dataset, data, device, shard, copied, note, sources, tuple(t._version for t in sources)), note
+    return Held(dataset, data, device, shard, copied, note, sources, tuple(t._version for t in sources), seen), note
+
+
+def refusal(dataset, config: TrainConfig, collate_fn=None, own_loader=None) -> str | None:
+    """Why the rule would not hold `dataset` under `config` with preload_data=True, or None: rules 1 and 2
+    (whether it fits, rule 3, is known once holding allocates). Reads up to 2 x CHECKED_SAMPLES samples."""
+    why, _ = _not_ours(dataset, config, collate_fn, own_loader)
+    if why or _rows_of_tensors(dataset):
+        return why
+    with _rng_kept():
+        return _samples_refused(dataset)
 
 
 def _not_ours(dataset, config: TrainConfig, collate_fn, own_loader) -> tuple[str | None, bool]:
@@ -295,17 +314,10 @@ def _collate_all(dataset, free: int):
     object per sample outlives its chunk (a list of every sample costs tens of times the data itself).
     Collating chunk by chunk gives the same values as one collate of all (each leaf is stacked row by row).
     """
-    samples = len(dataset)
-    if not samples:
-        return None, "the data set is empty"
-    first = default_collate([dataset[0]])
-    leaves = _leaves(first)
-    if not all(isinstance(x, torch.Tensor) for x in leaves):
-        kinds = sorted({type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)})
-        return None, f"its samples hold {', '.join(kinds)}, not only tensors and numbers"
-    changed = _changed_on_rereading(dataset)  # before reading them all: an augmentation is refused at once
-    if changed:
-        return None, changed
+    refused = _samples_refused(dataset)  # before reading them all: an augmentation is refused at once
+    if refused:
+        return None, refused
+    samples, leaves = len(dataset), _leaves(default_collate([dataset[0]]))
     chunk = min(samples, _CHUNK)
     # What holding allocates: the held tensors, and one chunk in flight (its samples' objects and its collate).
     size = sum(x.nbytes for x in leaves) * (samples + chunk) + _SAMPLE_OBJECT_BYTES * chunk
@@ -325,6 +337,17 @@ def _collate_all(dataset, free: int):
         for whole, rows in pairs:
             whole[lo:lo + len(rows)].copy_(rows)
     return held, None
+
+
+def _samples_refused(dataset) -> str | None:
+    """Why one read of these samples cannot be held as one batch (rule 2), or None."""
+    if not len(dataset):
+        return "the data set is empty"
+    leaves = _leaves(default_collate([dataset[0]]))
+    if not all(isinstance(x, torch.Tensor) for x in leaves):
+        kinds = sorted({type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)})
+        return f"its samples hold {', '.join(kinds)}, not only tensors and numbers"
+    return _changed_on_rereading(dataset)
 
 
 def _changed_on_rereading(dataset) -> str | None:

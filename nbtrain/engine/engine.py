@@ -18,7 +18,7 @@ import weakref
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import changes, checkpoint, data, dist, evaluation, rates, state, toggles
+from . import adoption, changes, checkpoint, data, data_identity, dist, evaluation, rates, state, toggles
 from .kept_loaders import KeptLoaders
 from ..config import TrainConfig, check_runnable
 from .loop import Run
@@ -77,13 +77,15 @@ class Engine:
 
     # --- building the parts ----------------------------------------------------------
 
-    def build_loader(self):
+    def build_loader(self, read_again: bool = False):
+        """The loader of the current config; `read_again`: no held copy of the data is reused (Engine.adopt)."""
         config = self.config
         if config.strategy == "dp":  # DataParallel splits each loaded batch across the devices
             config = config.replace(batch_size=config.batch_size * config.devices)
         spare = next((s.spare_held for s in list(self.snapshots) if s.spare_held is not None), None)
+        previous = None if read_again else self.held_data or spare
         self.held_data, note = data.hold(self.recipe.train_data, config, self.world, self.device,
-                                         self.recipe.collate_fn, previous=self.held_data or spare,
+                                         self.recipe.collate_fn, previous=previous,
                                          own_loader=self.recipe.fixed_loader)
         self.note("preload_data", note)
         if self.held_data is not None:  # the same batches in the same order, without the per-sample path
@@ -126,9 +128,55 @@ class Engine:
         self.loader = self.build_loader()
         self.epoch_offset = 0
 
-    def replace_optimizer(self) -> None:
-        """A new optimizer from the recipe's factory (fresh state), at the configured rate, and its schedule."""
-        self.optimizer = self.recipe.build_optimizer(self.model.parameters())
+    def adopt(self, recipe: Recipe) -> None:
+        """Train `recipe` from now on. What carries on is decided by what the recipe's parts are, compared with
+        what the live ones were built as (adoption.py): an equal optimizer keeps its state, an equal schedule
+        its position, the same data set (data_identity.py) its epoch and held copy; anything else is new, and the
+        run's summary says which. Everything is decided before anything changes: a refusal leaves the engine
+        as it was."""
+        made, optimizer_note = adoption.optimizer_change(self.built, recipe, self.model)
+        new_schedule, schedule_note = (True, None) if made is not None else \
+            adoption.schedule_change(self.built, self.schedule, recipe)
+        old, self.recipe = self.recipe, recipe
+        self.note("optimizer", optimizer_note)
+        self.note("scheduler", schedule_note)
+        if made is not None:
+            self.replace_optimizer(made)
+        elif new_schedule:
+            self.replace_schedule()  # given, replaced or removed (None) in this call: it takes effect now
+        elif self.schedule is not None:
+            self.schedule.interval = recipe.scheduler_interval
+        if old.train_data is not recipe.train_data or old.collate_fn is not recipe.collate_fn:
+            self.note("training data", None)
+            self.rebuild_loader()
+        else:
+            self.note("training data", self.follow_data_changes())
+
+    def follow_data_changes(self) -> str | None:
+        """The same data set given again: a new length is a new epoch from its start (the sampler's length is the
+        data set's); held data nbtrain cannot show unchanged is read again (the held-data rule, data.py)."""
+        dataset, sampler = self.recipe.train_data, getattr(self.loader, "sampler", None)
+        length = getattr(sampler, "length", None)
+        if length is not None and length != len(dataset):
+            self.rebuild_loader()
+            return f"training data: its length changed ({length} -> {len(dataset)}): a new epoch from its start"
+        held = self.held_data
+        if held is None:
+            return None
+        why = data_identity.change(held.seen, dataset) if held.seen is not None else "held before it was observed"
+        if why is None and not held.seen.proven:
+            why = "nbtrain cannot tell whether a Dataset of its own class changed since it was held"
+        if why is None:
+            return None
+        self.loader = self.build_loader(read_again=True)  # the same position: the same samples, read again
+        return f"training data: read again, {why}"
+
+    def replace_optimizer(self, made=None) -> None:
+        """A new optimizer (`made`, or the recipe factory's) with fresh state, at the configured rate, and its
+        schedule; what it was built as is kept (adoption.Built) for the next call to compare with."""
+        made = made if made is not None else self.recipe.build_optimizer(self.model.parameters())
+        self.built = adoption.Built.of(made, self.model)
+        self.optimizer = made
         changes.use_optimizer_impl(self)
         self.base_lrs = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
         self.replace_schedule(fresh=False)
@@ -164,6 +212,7 @@ class Engine:
         """The recipe's scheduler (or none) over the live optimizer (see rates.build_schedule)."""
         self.schedule = None
         self.schedule = rates.build_schedule(self.recipe, self.optimizer, self.config, self._base_lrs, fresh)
+        self.built.schedule = adoption.schedule_record(self.recipe.scheduler, self.built)
         self.set_lr(self.step)
 
     def check_schedule(self) -> None:

@@ -16,20 +16,7 @@ import difflib
 import math
 
 from ..config import ConfigError, Problem
-
-
-# mode="auto": a name that says error or loss goes down, whatever else it says (val_top1_error, val_acc_loss);
-# otherwise an accuracy-like name goes up, and anything else down. "top" says neither (a top-1 error or hit rate).
-_GOES_DOWN = ("loss", "error", "mse", "mae", "nll", "perplexity")
-_GOES_UP = ("acc", "f1", "auc", "precision", "recall", "iou", "dice")
-
-
-def auto_mode(name: str) -> str:
-    """'min' or 'max' for a monitored name under mode='auto'."""
-    name = name.lower()
-    if any(word in name for word in _GOES_DOWN):
-        return "min"
-    return "max" if any(word in name for word in _GOES_UP) else "min"
+from ..monitored import AUTO_WORDS, direction
 
 
 def up_front_names(recipe) -> list[str] | None:
@@ -57,12 +44,16 @@ def check_monitor(config, recipe) -> None:
     names = up_front_names(recipe)
     if names is not None and config.monitor not in names:
         raise unknown_monitor(config.monitor, names)
+    if config.mode == "auto" and direction(config.monitor) is None:  # not guessed: asked for
+        raise ConfigError([Problem("mode", "auto", f"nbtrain cannot tell from the name {config.monitor!r} whether "
+                                                   f"it should go up or down; allowed: mode='max' or mode='min' "
+                                                   f"(auto reads a name: {AUTO_WORDS})")])
 
 
 class Monitor:
     def __init__(self, name: str, mode: str, patience: int | None, restore_best: bool):
         self.name, self.patience, self.keeps_best = name, patience, restore_best
-        self.mode = mode if mode != "auto" else auto_mode(name)
+        self.mode = mode if mode != "auto" else direction(name)  # check_monitor refused a name that says neither
         self.best: float | None = None
         self.best_step: int | None = None
         self.best_weights: dict | None = None

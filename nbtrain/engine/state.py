@@ -135,6 +135,7 @@ class Setup:
         self.recipe, self.config, self.optimizer, self.schedule = (engine.recipe, engine.config, engine.optimizer,
                                                                    engine.schedule)
         self.base_lrs, self.loader, self.held = engine.base_lrs, engine.loader, engine.held_data
+        self.built = engine.built  # what the optimizer and schedule were built as (adoption.Built)
         self.groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
         self.schedule_state = copy.deepcopy(engine.schedule.state_dict()) if engine.schedule is not None else None
         self.schedule_notes = list(engine.schedule.notes) if engine.schedule is not None else []
@@ -142,7 +143,7 @@ class Setup:
 
     def put_back(self, engine) -> None:
         engine.recipe, engine.optimizer, engine.schedule = self.recipe, self.optimizer, self.schedule
-        engine.base_lrs = self.base_lrs
+        engine.base_lrs, engine.built = self.base_lrs, self.built
         engine.reconfigure(self.config)  # toggles, precision and device as they were
         engine.loader, engine.held_data = self.loader, self.held
         for group, saved in zip(self.optimizer.param_groups, self.groups):

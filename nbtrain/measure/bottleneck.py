@@ -189,7 +189,7 @@ def _memory(c) -> list[Remedy]:
 
 def _data(c) -> list[Remedy]:
     out, cfg = [], c.config
-    if c.held is False:
+    if c.held is False and getattr(c, "hold_refused", None) is None:  # only what the held-data rule allows
         out.append(Remedy("data", "preload_data", "preload_data=True: hold the samples in memory, each read "
                                                   "(and transformed) once, where a sample read twice is the same"))
     more = min(max(2, 2 * cfg.num_workers), max((getattr(c, "cores", 0) or usable_cores()) - 1, 1))

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 
 from ..tools import trial
 from ..config import TrainConfig
-from ..engine.data import to_device
+from ..engine.data import refusal, to_device
 from ..engine.toggles import to_channels_last
 from . import device_rates
 from .bottleneck import CEILINGS, Bottleneck, bottleneck
@@ -63,6 +63,7 @@ class Ceilings:
     held: bool = False          # batches cut from tensors held in memory (no DataLoader)
     source: str = "the DataLoader"
     cores: int = 0              # CPU cores the loader's workers may use (0: this process's, hardware.usable_cores)
+    hold_refused: str | None = None  # why the held-data rule would not hold this data (None: it would, or does)
 
     @property
     def device_type(self) -> str:
@@ -294,6 +295,8 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
         engine.reconfigure(config)
         loader_series, batch = loader_alone(engine, steps, seconds)
         held = not isinstance(engine.loader, DataLoader)
+        recipe = engine.recipe
+        hold_refused = None if held else refusal(recipe.train_data, config, recipe.collate_fn, recipe.fixed_loader)
         source = (f"the DataLoader, {config.num_workers} workers" if not held
                   else "batches cut from tensors held in memory (preload_data)")
         batch = to_device(batch, device, False)
@@ -331,4 +334,4 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     has_convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in engine.model.modules())
     return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
                     n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
-                    source)
+                    source, hold_refused=hold_refused)
