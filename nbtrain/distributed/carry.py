@@ -31,28 +31,39 @@ import torch.distributed as torch_dist
 
 from ..engine.state import rng_state
 
-# The kernel's engine -> the random-number states of the ranks of the DDP run it last continued from:
-# {"world": ranks, "step": the engine's step when they came back, "rngs": one state per rank}.
-_RANK_RNGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# The kernel's engine -> what only the ranks of the DDP run it last continued from hold: {"step": the
+# engine's step when they came back, "rngs": each rank's random-number state, "scaler": their gradient
+# scaler's (a kernel engine on the CPU has none)}.
+_RANK_STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 FSDP_NOTE = ("strategy=fsdp: only the weights carry over to the next call (the sharded optimizer state, "
              "schedule and data position start afresh in each fsdp call)")
 
 
-def kernel_config(config):
+def kernel_config(config, live=None):
     """The config of the kernel's engine for a DDP call of `config`: one process training the same global
-    batch, so the LR rule gives it the ranks' rates and its position counts the same samples."""
-    return config.replace(devices=1, num_nodes=1, node_rank=None, strategy="auto",
-                          batch_size=config.batch_size * config.world_size)
+    batch, so the LR rule gives it the ranks' rates and its position counts the same samples. It stays
+    where the live engine `live` is, or on the CPU when there is none yet: a DDP call must not put a copy
+    of the model and its optimizer state on a GPU its ranks train on (16-mixed, a CUDA-only precision,
+    is then held in 32 bits there; the ranks' gradient scaler is kept for them)."""
+    kernel = config.replace(devices=1, num_nodes=1, node_rank=None, strategy="auto",
+                            batch_size=config.batch_size * config.world_size,
+                            accelerator=live.config.accelerator if live is not None else "cpu")
+    if kernel.precision == "16-mixed" and kernel.device_type != "cuda":
+        kernel = kernel.replace(precision="32-true")
+    return kernel
 
 
 def sent(engine) -> dict:
-    """The kernel engine's state for the ranks: its own (one process), and the ranks' random numbers
-    where they still continue it."""
+    """The kernel engine's state for the ranks: its own (one process), and what only the ranks hold where
+    they still continue it (the engine has not trained since they came back)."""
     state = {k: v for k, v in engine.state_dict().items() if k != "model"}  # the weights are in the recipe
-    ranks = _RANK_RNGS.get(engine)
-    state["rank_rngs"] = ranks["rngs"] if ranks is not None and ranks["step"] == engine.step else None
+    ranks = _RANK_STATES.get(engine)
+    ranks = ranks if ranks is not None and ranks["step"] == engine.step else None
+    state["rank_rngs"] = ranks["rngs"] if ranks is not None else None
     state["from_world"] = len(state["rank_rngs"]) if state["rank_rngs"] else 1
+    if not state["scaler"] and ranks is not None:  # a disabled scaler saves nothing
+        state["scaler"] = ranks["scaler"]
     return state
 
 
@@ -92,4 +103,4 @@ def gathered(engine) -> dict:
 def bring_back(engine, state: dict) -> None:
     """The kernel's `engine` continues from the ranks' `state` (its weights already loaded)."""
     engine.load_state_dict({**state, "model": engine.model.state_dict(), "rng": state["rank_rngs"][0]})
-    _RANK_RNGS[engine] = {"step": engine.step, "rngs": state["rank_rngs"]}
+    _RANK_STATES[engine] = {"step": engine.step, "rngs": state["rank_rngs"], "scaler": state["scaler"]}
