@@ -4,11 +4,14 @@ A second `fit(..., devices=2)` (or `%%nbtrain --devices 2` cell) continues the f
 call would, and a DDP call continues a call trained in the kernel (and the other way round): the
 kernel's live engine is the one place its training lives between calls, whichever process trained.
 
+    kernel_config(config, live)  the config of the kernel's engine for a DDP call: one process, the
+                              same global batch, where the live engine is (else the CPU)
     sent(engine)              the kernel's engine state (optimizer, schedule, scaler, position, random
                               numbers), the weights left out (they travel in the recipe)
     take_up(engine, state)    a rank's Engine continues from it (before its run)
-    gathered(engine)          after the run, on every rank (a collective): the state rank 0 writes back
-    bring_back(engine, state) the kernel's engine continues from the ranks' run
+    gathered(engine)          after the run, on every rank (a collective): the state each node's first
+                              rank writes back
+    bring_back(engine, state) the kernel's engine continues from the ranks' run (and what to say of it)
 
 What each piece means across a rank count, with no guess:
 - optimizer, schedule and gradient scaler: DDP keeps them equal on every rank; rank 0's come back.
@@ -91,16 +94,21 @@ def gathered(engine) -> dict:
     world = engine.world
     parts = [None] * world.size
     torch_dist.all_gather_object(parts, (rng_state(), engine.epoch_offset))
-    offsets = {offset for _, offset in parts}
-    if len(offsets) != 1:  # the ranks step together: they always stand at the same sample of their share
-        raise RuntimeError(f"the ranks stopped at different samples of their epoch share ({sorted(offsets)})")
+    offsets = sorted({offset for _, offset in parts})
     state = {k: v for k, v in engine.state_dict().items() if k != "model"}
-    state["position"]["epoch_offset"] = engine.epoch_offset * world.size
+    state["position"]["epoch_offset"] = offsets[0] * world.size
     state["rank_rngs"] = [rng for rng, _ in parts]
+    # The ranks step together, so they stand at the same sample of their share; were they ever not,
+    # the next call would start at the earliest, and says so rather than choose one rank's.
+    state["notes"] = [] if len(offsets) == 1 else [
+        f"data position: the ranks stopped at different samples of their share of the epoch ({offsets}); the "
+        f"next call starts at the earliest"]
     return state
 
 
-def bring_back(engine, state: dict) -> None:
-    """The kernel's `engine` continues from the ranks' `state` (its weights already loaded)."""
+def bring_back(engine, state: dict) -> list[str]:
+    """The kernel's `engine` continues from the ranks' `state` (its weights already loaded); returns what
+    the run's summary should say of it."""
     engine.load_state_dict({**state, "model": engine.model.state_dict(), "rng": state["rank_rngs"][0]})
     _RANK_STATES[engine] = {"step": engine.step, "rngs": state["rank_rngs"], "scaler": state["scaler"]}
+    return state["notes"]

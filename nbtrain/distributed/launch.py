@@ -81,13 +81,14 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         if error is not None:
             raise error
         state = run.load_model() if status == "completed" else None
+        notes = [carry.FSDP_NOTE] if config.strategy == "fsdp" else []
         if state is not None:
             recipe.model.load_state_dict(state)
             if engine is not None:
-                carry.bring_back(engine, run.load_engine_state())
+                notes += carry.bring_back(engine, run.load_engine_state())
         result = gathered_result(config, log, run.load_result(), status)
-        if config.strategy == "fsdp":
-            result.summary.setdefault("notes", []).append(carry.FSDP_NOTE)
+        if notes:
+            result.summary.setdefault("notes", []).extend(notes)
         # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
         # back only from a run that completed).
         result.extras["weights_loaded"] = state is not None
