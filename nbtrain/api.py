@@ -107,7 +107,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         # The live engine, as a call in this process would find it, goes to the ranks and comes back:
         # a later call (DDP or not) continues this one. Sharded optimizer state stays with its ranks.
         engine = None if config.strategy == "fsdp" else \
-            engine_for(recipe, carry.kernel_config(config, live_engine(recipe.model)))
+            engine_for(recipe, carry.kernel_config(config, recipe.model, live_engine(recipe.model)))
         result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine)
     else:
         engine = engine_for(recipe, config)

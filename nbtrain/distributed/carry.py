@@ -4,8 +4,8 @@ A second `fit(..., devices=2)` (or `%%nbtrain --devices 2` cell) continues the f
 call would, and a DDP call continues a call trained in the kernel (and the other way round): the
 kernel's live engine is the one place its training lives between calls, whichever process trained.
 
-    kernel_config(config, live)  the config of the kernel's engine for a DDP call: one process, the
-                              same global batch, where the live engine is (else the CPU)
+    kernel_config(config, model, live)  the config of the kernel's engine for a DDP call: one
+                              process, the same global batch, where the live engine or the model is
     sent(engine)              the kernel's engine state (optimizer, schedule, scaler, position, random
                               numbers), the weights left out (they travel in the recipe)
     take_up(engine, state)    a rank's Engine continues from it (before its run)
@@ -43,15 +43,20 @@ FSDP_NOTE = ("strategy=fsdp: only the weights carry over to the next call (the s
              "schedule and data position start afresh in each fsdp call)")
 
 
-def kernel_config(config, live=None):
-    """The config of the kernel's engine for a DDP call of `config`: one process training the same global
-    batch, so the LR rule gives it the ranks' rates and its position counts the same samples. It stays
-    where the live engine `live` is, or on the CPU when there is none yet: a DDP call must not put a copy
-    of the model and its optimizer state on a GPU its ranks train on (16-mixed, a CUDA-only precision,
-    is then held in 32 bits there; the ranks' gradient scaler is kept for them)."""
+def kernel_config(config, model, live=None):
+    """The config of the kernel's engine for a DDP call of `config` on `model`: one process training the
+    same global batch, so the LR rule gives it the ranks' rates and its position counts the same samples.
+
+    A live engine `live` stays as it is, where it is. A new one holds the call's state where the model
+    already is, without holding the data: a DDP call must not move the model, copy it onto a GPU its
+    ranks train on, or read the whole data set into the kernel (16-mixed, a CUDA-only precision, is
+    kept in 32 bits off CUDA; the ranks' gradient scaler is then kept for them)."""
+    if live is not None:
+        held = {"accelerator": live.config.accelerator, "preload_data": live.config.preload_data}
+    else:
+        held = {"accelerator": next((p.device.type for p in model.parameters()), "cpu"), "preload_data": False}
     kernel = config.replace(devices=1, num_nodes=1, node_rank=None, strategy="auto",
-                            batch_size=config.batch_size * config.world_size,
-                            accelerator=live.config.accelerator if live is not None else "cpu")
+                            batch_size=config.batch_size * config.world_size, **held)
     if kernel.precision == "16-mixed" and kernel.device_type != "cuda":
         kernel = kernel.replace(precision="32-true")
     return kernel
