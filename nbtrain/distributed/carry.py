@@ -20,8 +20,9 @@ What each piece means across a rank count, with no guess:
   A run on M ranks continues at sample g as g/M each; where g is not a multiple of M, it starts at the
   multiple below, and its summary says how many samples are read again.
 - random numbers are each process's own. Every rank of a run continues its own stream where the last
-  run had as many ranks and the kernel has not trained since; otherwise every rank starts from the
-  kernel's (as every rank of a fresh run starts from one seed), and where the last run had other ranks
+  run had as many ranks and the kernel still stands where they left it (the same step, and its random
+  numbers still rank 0's: nothing trained, drew or was put back since); otherwise every rank starts from
+  the kernel's (as every rank of a fresh run starts from one seed), and where the last run had other ranks
   than this one the summary says so. The kernel continues from rank 0's.
 - strategy=fsdp shards the optimizer state over the ranks: nothing but the weights carries over, and
   the summary says so.
@@ -30,13 +31,14 @@ from __future__ import annotations
 
 import weakref
 
+import torch
 import torch.distributed as torch_dist
 
 from ..engine.state import rng_state
 
 # The kernel's engine -> what only the ranks of the DDP run it last continued from hold: {"step": the
-# engine's step when they came back, "rngs": each rank's random-number state, "scaler": their gradient
-# scaler's (a kernel engine on the CPU has none)}.
+# engine's step when they came back, "rngs": each rank's random-number state (rank 0's is the kernel's
+# then), "scaler": their gradient scaler's (a kernel engine off CUDA has none)}.
 _RANK_STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 FSDP_NOTE = ("strategy=fsdp: only the weights carry over to the next call (the sharded optimizer state, "
@@ -67,9 +69,11 @@ def sent(engine) -> dict:
     they still continue it (the engine has not trained since they came back)."""
     state = {k: v for k, v in engine.state_dict().items() if k != "model"}  # the weights are in the recipe
     ranks = _RANK_STATES.get(engine)
-    ranks = ranks if ranks is not None and ranks["step"] == engine.step else None
-    state["rank_rngs"] = ranks["rngs"] if ranks is not None else None
-    state["from_world"] = len(state["rank_rngs"]) if state["rank_rngs"] else 1
+    if ranks is not None and ranks["step"] != engine.step:
+        ranks = None  # the kernel trained since
+    untouched = ranks is not None and torch.equal(torch.get_rng_state(), ranks["rngs"][0]["torch"])
+    state["rank_rngs"] = ranks["rngs"] if untouched else None  # else something drew or put numbers back since
+    state["from_world"] = len(ranks["rngs"]) if ranks is not None else 1
     if not state["scaler"] and ranks is not None:  # a disabled scaler saves nothing
         state["scaler"] = ranks["scaler"]
     return state
@@ -90,7 +94,7 @@ def take_up(engine, state: dict) -> None:
                     f"{total - behind:,} ({behind} sample(s) read again)")
     if before > 1 and before != world.size:
         engine.note("random numbers", f"random numbers: the last call ran {before} ranks, this one {world.size}: "
-                    "every rank starts from rank 0's random numbers")
+                    "every rank starts from the kernel's random numbers")
 
 
 def gathered(engine) -> dict:

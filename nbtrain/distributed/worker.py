@@ -141,7 +141,7 @@ def _train(run: RunDir, local_main: bool) -> None:
     back = carry.gathered(engine) if carried is not None else None  # a collective, as the gathers above
     if local_main:
         if back is not None:
-            run.save_engine_state(back)  # before the weights, which the kernel waits for
+            run.save_engine_state(back)
         run.save_model(state)
         run.save_result(result.status, result.message, json.loads(json.dumps(result.summary)))
         writer.close()
