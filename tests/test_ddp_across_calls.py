@@ -189,10 +189,10 @@ def test_two_lightningmodule_cells_on_two_devices_continue_as_one_plain_loop_wit
 
 def test_the_kernel_holds_a_ddp_call_as_one_process_of_the_same_global_batch_where_the_model_is():
     config = nbtrain.TrainConfig(devices=2, batch_size=16, accelerator="cuda", precision="16-mixed", strategy="ddp",
-                                 preload_data=True)
+                                 preload_data=True, resume="last")
     kernel = carry.kernel_config(config, linear())  # no live engine yet: the model stays put, the data unread
     assert (kernel.world_size, kernel.global_batch_size, kernel.accelerator, kernel.precision, kernel.strategy,
-            kernel.preload_data) == (1, 32, "cpu", "32-true", "auto", False)
+            kernel.preload_data, kernel.resume) == (1, 32, "cpu", "32-true", "auto", False, None)
     engine = nbtrain.Engine(Recipe(model=linear(), train_data=DATA, loss_fn=nn.CrossEntropyLoss()),
                             nbtrain.TrainConfig(accelerator="cpu", precision="bf16-mixed", preload_data=True))
     held = carry.kernel_config(config.replace(precision="bf16-mixed", accelerator="auto", preload_data=None),

@@ -57,7 +57,8 @@ def kernel_config(config, model, live=None):
         held = {"accelerator": live.config.accelerator, "preload_data": live.config.preload_data}
     else:
         held = {"accelerator": next((p.device.type for p in model.parameters()), "cpu"), "preload_data": False}
-    kernel = config.replace(devices=1, num_nodes=1, node_rank=None, strategy="auto",
+    # resume: the ranks resume from the checkpoint; the kernel's engine then continues from them.
+    kernel = config.replace(devices=1, num_nodes=1, node_rank=None, strategy="auto", resume=None,
                             batch_size=config.batch_size * config.world_size, **held)
     if kernel.precision == "16-mixed" and kernel.device_type != "cuda":
         kernel = kernel.replace(precision="32-true")
