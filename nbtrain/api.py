@@ -73,8 +73,13 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         raise ConfigError([Problem("devices", config.devices, "1: " + fixed_reason(recipe.fixed_loader)
                                    + " (it cannot be shared out across ranks)")])
     if config.world_size > 1 and config.strategy != "dp":  # DataParallel: one process driving several GPUs
+        from .distributed import carry
         from .distributed.launch import fit_distributed
-        result = fit_distributed(recipe, config, log=log, stop=stop)
+        # The live engine, as a call in this process would find it, goes to the ranks and comes back:
+        # a later call (DDP or not) continues this one. Sharded optimizer state stays with its ranks.
+        engine = None if config.strategy == "fsdp" else \
+            engine_for(recipe, carry.kernel_config(config, recipe.model, live_engine(recipe.model)))
+        result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine)
     else:
         engine = engine_for(recipe, config)
         engine.check_schedule()

@@ -32,6 +32,8 @@ def test_fsdp_on_two_processes_matches_one_process_with_the_same_global_batch():
     assert result.summary["val_loss"] == pytest.approx(reference.summary["val_loss"], abs=1e-5)
     s = result.summary
     assert s["strategy"] == "fsdp" and s["world_size"] == 2 and s["global_batch"] == 32
+    # Only the weights carry over to a later call (the optimizer state is sharded): said, not left silent.
+    assert any(note.startswith("strategy=fsdp: only the weights carry over") for note in s["notes"])
     peaks = s["peak_mem_mb_per_rank"]
     assert len(peaks) == 2 and all(mb > 0 for mb in peaks) and peaks[0] == s["peak_mem_mb"]
     table = result.table()

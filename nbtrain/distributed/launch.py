@@ -26,7 +26,7 @@ from datetime import timedelta
 from ..engine import fsdp
 from ..config import TrainConfig
 from ..metrics import MetricsLog
-from . import plan as plans
+from . import carry, plan as plans
 from .plan import LaunchPlan
 from .pool import ZYGOTE, FileTail, ForkRefused, Relay, start, start_rank, terminate, worker_env
 from ..recipe import Recipe
@@ -49,8 +49,12 @@ class WorkerError(RuntimeError):
 
 def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None = None, *,
                     timeout: float | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-                    host: str | None = None, echo: bool = True, stop=None) -> RunResult:
+                    host: str | None = None, echo: bool = True, stop=None, engine=None) -> RunResult:
     """Train `recipe` with `config` as DDP (or FSDP) in fresh processes; its model gets the trained weights.
+
+    engine: the kernel's live engine of `recipe.model` (DDP only): the ranks continue its optimizer,
+    schedule, position and random numbers, and it continues from theirs once the run completes, as
+    the model does from their weights (carry.py).
 
     The launch options come from the config (timeout, node_rank, rdzv_endpoint, rdzv_host);
     the keywords, when given, override them:
@@ -68,7 +72,8 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         fsdp.check_shardable(recipe.model)  # before any process starts
     plan = plans.for_fit(config, timeout=timeout, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, host=host)
     log = log if log is not None else MetricsLog()
-    run = RunDir.create(plan, config=config, recipe=recipe)
+    run = RunDir.create(plan, config=config, recipe=recipe,
+                        engine_state=carry.sent(engine) if engine is not None else None)
     try:
         job = _start_torchrun(run, plan) if plan.nodes > 1 else _start_local(run, plan)
         job.shipped = (recipe,)
@@ -76,9 +81,14 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         if error is not None:
             raise error
         state = run.load_model() if status == "completed" else None
+        notes = [carry.FSDP_NOTE] if config.strategy == "fsdp" else []
         if state is not None:
             recipe.model.load_state_dict(state)
+            if engine is not None:
+                notes += carry.bring_back(engine, run.load_engine_state())
         result = gathered_result(config, log, run.load_result(), status)
+        if notes:
+            result.summary.setdefault("notes", []).extend(notes)
         # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
         # back only from a run that completed).
         result.extras["weights_loaded"] = state is not None

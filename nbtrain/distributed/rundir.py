@@ -10,6 +10,8 @@ Inputs, written by the launcher before any worker starts:
     config.json     TrainConfig.to_record() of the run (values, options given)  (fit runs)
     recipe.pkl      cloudpickle of the Recipe; classes and functions     (fit runs)
                     defined in a notebook (__main__) travel by value
+    engine-in.pt    the kernel's live engine state the ranks continue from (carry.py): optimizer,
+                    schedule, scaler, position, random numbers; no weights  (fit runs, but fsdp)
     function.pkl    cloudpickle of (fn, args) for `nbtrain.launch`       (launch runs)
     launch.json     the run's LaunchPlan (plan.py): backend, world, threads, timeout,
                     rendezvous, output policy, owner, store port; the only thing the
@@ -21,6 +23,8 @@ Outputs:
                     node's local rank 0 (global rank 0 on one machine); the launcher
                     tails it and replays every event into its own MetricsLog
     model.pt        the trained state_dict of the unwrapped model      (fit, local rank 0)
+    engine-out.pt   the ranks' engine state the kernel's engine continues from (carry.py; fit runs
+                    given engine-in.pt, local rank 0)
     return.pkl      cloudpickle of fn's return value                   (launch, rank 0)
     result.json     {"status", "message", "summary"} once the run ended (local rank 0)
     error-rank{N}.txt  the formatted traceback when rank N raised (user frames only)
@@ -33,6 +37,7 @@ A file appears whole: outputs are written to a temporary name and renamed.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -46,6 +51,7 @@ from .plan import LaunchPlan
 
 CONFIG, RECIPE, FUNCTION, LAUNCH = "config.json", "recipe.pkl", "function.pkl", "launch.json"
 EVENTS, MODEL, RETURN, RESULT = "events.jsonl", "model.pt", "return.pkl", "result.json"
+ENGINE_IN, ENGINE_OUT = "engine-in.pt", "engine-out.pt"
 
 
 class RunDir:
@@ -56,9 +62,10 @@ class RunDir:
 
     @classmethod
     def create(cls, plan: LaunchPlan | None = None, *, config=None, recipe=None, function=None, args=(),
-               parent: str | None = None, **plan_fields) -> "RunDir":
-        """A new private run directory holding a fit run (config + recipe) or a function run, and its
-        launch plan (`plan`, or one made of `plan_fields` where a caller needs only the files)."""
+               engine_state: dict | None = None, parent: str | None = None, **plan_fields) -> "RunDir":
+        """A new private run directory holding a fit run (config + recipe, and the `engine_state` its ranks
+        continue from) or a function run, and its launch plan (`plan`, or one made of `plan_fields` where
+        a caller needs only the files)."""
         path = tempfile.mkdtemp(prefix="nbtrain-run-", dir=parent)  # mkdtemp makes it 0700
         run = cls(path)
         try:
@@ -66,6 +73,8 @@ class RunDir:
             if recipe is not None:
                 run._write_json(CONFIG, config.to_record())
                 run._write_bytes(RECIPE, _pickled(recipe, "the recipe (model, data, loss, optimizer)"))
+                if engine_state is not None:
+                    run._write_bytes(ENGINE_IN, _saved(engine_state))
             if function is not None:
                 run._write_bytes(FUNCTION, _pickled((function, tuple(args)), "fn and args"))
         except BaseException:
@@ -94,7 +103,14 @@ class RunDir:
         return TrainConfig.from_record(json.loads((self.path / CONFIG).read_text()))
 
     def recipe(self):
-        return cloudpickle.loads(self._private_bytes(RECIPE))
+        recipe = cloudpickle.loads(self._private_bytes(RECIPE))
+        if _wraps_steps(recipe.scheduler):  # an instance, shipped with its optimizer
+            track_optimizer_steps(recipe.scheduler.optimizer)
+        return recipe
+
+    def engine_state(self) -> dict | None:
+        """The kernel's engine state this run's ranks continue from, or None (none was sent)."""
+        return _loaded(self._private_bytes(ENGINE_IN)) if (self.path / ENGINE_IN).exists() else None
 
     def function(self):
         return cloudpickle.loads(self._private_bytes(FUNCTION))
@@ -159,6 +175,13 @@ class RunDir:
         path = self.path / MODEL
         return torch.load(path, map_location="cpu", weights_only=True) if path.exists() else None
 
+    def save_engine_state(self, state: dict) -> None:
+        self._write_bytes(ENGINE_OUT, _saved(state))
+
+    def load_engine_state(self) -> dict | None:
+        """The ranks' engine state for the kernel's engine to continue from, or None (not written)."""
+        return _loaded(self._private_bytes(ENGINE_OUT)) if (self.path / ENGINE_OUT).exists() else None
+
     def save_return(self, value) -> None:
         self._write_bytes(RETURN, cloudpickle.dumps(value))
 
@@ -222,3 +245,45 @@ def _pickled(value, what: str) -> bytes:
         raise NotPicklableError(f"{what} cannot be sent to the worker processes: cloudpickle failed ({error}); allowed: "
                         "values that pickle (no open files, locks, sockets or generators): create those inside "
                         "the workers, e.g. in the dataset's __getitem__ or in fn") from None
+
+
+def _saved(state: dict) -> bytes:
+    import torch
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _loaded(data: bytes) -> dict:
+    import torch
+    # Random-number states hold numpy arrays and tuples, which weights_only refuses; the bytes come from
+    # this user's private run directory (checked by _private_bytes), as the pickled recipe does.
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def _wraps_steps(scheduler) -> bool:
+    """A scheduler instance whose construction wrapped its optimizer's step (all but ReduceLROnPlateau)."""
+    import torch
+    schedulers = torch.optim.lr_scheduler
+    return isinstance(scheduler, schedulers.LRScheduler) and not isinstance(scheduler, schedulers.ReduceLROnPlateau)
+
+
+def track_optimizer_steps(optimizer) -> None:
+    """Put back the wrapper torch puts on an optimizer's step when a scheduler is built over it.
+
+    torch counts optimizer.step calls through that wrapper, to warn a user whose scheduler steps
+    first. An optimizer that travelled by pickle lost it (Optimizer.__getstate__ keeps its groups and
+    state only) while its scheduler still expects it, so the scheduler's first step in a rank would warn
+    that "optimizer.step() has been overridden after learning rate scheduler initialization", blaming
+    the user for what the shipping did. A neutral scheduler built over the optimizer makes torch wrap
+    its step again; the rates that scheduler sets on the way are put back.
+    """
+    import torch
+    if "step" in vars(optimizer):  # wrapped already (an instance attribute over the class's step)
+        return
+    lrs = [(group["lr"], "initial_lr" in group) for group in optimizer.param_groups]
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    for group, (lr, had_initial) in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+        if not had_initial:
+            group.pop("initial_lr")

@@ -3,11 +3,12 @@
 The worker reads its run directory (see rundir.py) — how it was launched only from the
 run's plan (launch.json, plan.py), its own place in the world from what torchrun sets
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) — joins the process group, builds
-an Engine on the shipped recipe and config — the engine wraps the model in DDP (or shards
-it with FSDP), shards the data and skips the gradient reduction on accumulation
-micro-steps — trains, and writes the events, the full weights, every rank's peak memory
-and the result back. A rank that raises writes its traceback to
-error-rank{N}.txt and exits 1, so the launcher can report that rank's own error.
+an Engine on the shipped recipe and config and continues the kernel's live engine (carry.py)
+— the engine wraps the model in DDP (or shards it with FSDP), shards the data and skips the
+gradient reduction on accumulation micro-steps — trains, and writes the events, the full
+weights, the engine state for the kernel to continue from, every rank's peak memory and the
+result back. A rank that raises writes its traceback to error-rank{N}.txt and exits 1, so the
+launcher can report that rank's own error.
 
 On one machine the kernel's warm zygote (zygote.py) forks the ranks and calls `run_job`
 with the same environment, skipping the interpreter start and the torch import.
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as torch_dist
 
 from ..engine import fsdp
-from . import requeue
+from . import carry, requeue
 from ..engine.engine import Engine
 from ..metrics import MetricsLog
 from .plan import LaunchPlan, started_since_boot
@@ -112,6 +113,9 @@ def _train(run: RunDir, local_main: bool) -> None:
     if resume is not None:  # a requeued SLURM job continues from its checkpoint
         config = config.replace(resume=str(resume))
     engine = Engine(recipe, config)
+    carried = run.engine_state()  # the kernel's live engine: this run continues it
+    if carried is not None:
+        carry.take_up(engine, carried)
     engine.check_schedule()
     log = MetricsLog()
     writer = run.event_writer() if local_main else None
@@ -134,7 +138,10 @@ def _train(run: RunDir, local_main: bool) -> None:
     one_node = int(os.environ.get("LOCAL_WORLD_SIZE", -1)) == torch_dist.get_world_size()
     if fsdp.is_sharded(engine.model) or local_main:
         state = fsdp.full_state_dict(engine.model, everyone=not one_node)
+    back = carry.gathered(engine) if carried is not None else None  # a collective, as the gathers above
     if local_main:
+        if back is not None:
+            run.save_engine_state(back)
         run.save_model(state)
         run.save_result(result.status, result.message, json.loads(json.dumps(result.summary)))
         writer.close()
