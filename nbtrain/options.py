@@ -52,7 +52,7 @@ class ConfigError(ValueError):
     def _render_traceback_(self) -> list[str]:
         """What IPython shows in a notebook: the message alone, as for bad input to a magic (rule 3); the
         frames a refusal passed through (a tool's trial, the engine's check) are nbtrain's, not the user's."""
-        return [f"ConfigError: {self}"]
+        return [f"{type(self).__name__}: {self}"]
 
 
 # --- how to read one value ----------------------------------------------------------
