@@ -254,3 +254,22 @@ def test_held_out_accuracy_is_drawn_in_percent_with_the_summarys_latest_figure()
     assert [line.get_label() for line in metric.get_lines()] == [f"held-out accuracy, latest {shown}"]
     assert all(t.get_text().endswith("%") for t in metric.get_yticklabels() if t.get_text())
     assert metric.get_lines()[0].get_ydata()[-1] == pytest.approx(100 * run.summary["val_acc"])
+
+
+def test_a_noisy_rate_is_a_mark_in_its_cell_and_a_footnote_below_the_table():
+    # The words "spread 122% between blocks: too noisy to trust" in each cell wrapped it into three lines.
+    rng = np.random.default_rng(1)
+    steady = _run_of(64 / 8000 * (1 + 0.01 * rng.standard_normal(400)), name="steady")
+    bursty = 64 / 8000 * (1 + 0.02 * rng.standard_normal(400))
+    for start in range(0, 400, 40):
+        bursty[start:start + 20] *= 3
+    noisy = _run_of(bursty, name="noisy")
+    result = nbtrain.compare(steady, noisy)
+    cells = [row["samples/s"] for row in result.rows]
+    assert not steady.steady().wide and noisy.steady().wide
+    assert not cells[0].endswith("*") and cells[1].endswith(")*") and "noisy" not in cells[1], cells
+    assert all(len(cell) <= 24 for cell in cells), cells  # a number and its interval: one line
+    spread = f"noisy {100 * noisy.steady().spread:.0f}%"
+    footnote = result.table().splitlines()[-1]
+    assert footnote.startswith("* too noisy to trust") and spread in footnote and "steady" not in footnote
+    assert footnote in result.html_table()
