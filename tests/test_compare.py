@@ -165,16 +165,21 @@ def _run_of(durations, batch=64, name=None):
     return RunResult(TrainConfig(batch_size=batch), log, summarize(log, {}), name=name)
 
 
+def _bursty_run(rng, rate, every, name):
+    """A run at `rate` samples/s whose load came in bursts: 20 steps 3x slower every `every` steps."""
+    durations = 64 / rate * (1 + 0.02 * rng.standard_normal(400))
+    for start in range(0, 400, every):
+        durations[start:start + 20] *= 3
+    return _run_of(durations, name=name)
+
+
 def test_vs_first_is_the_ratio_of_the_samples_per_s_shown_and_its_interval_holds_it():
     # The issue's case: the second run's load came in bursts (a third of its blocks 3x slower), so the
     # median of its block rates (what the column divided before) sits far above its steady rate (the
     # samples/s shown beside it): 8,554 vs 5,524 on screen was called x0.80.
     rng = np.random.default_rng(0)
     first = _run_of(64 / 8554 * (1 + 0.02 * rng.standard_normal(400)), name="first")
-    bursty = 64 / 8554 * (1 + 0.02 * rng.standard_normal(400))
-    for start in range(0, 400, 60):
-        bursty[start:start + 20] *= 3
-    second = _run_of(bursty, name="second")
+    second = _bursty_run(rng, 8554, 60, "second")
     rows = nbtrain.compare(first, second).rows
     shown = [float(row["samples/s"].split(" ")[0].replace(",", "")) for row in rows]
     found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)", rows[1]["vs first"])
@@ -260,10 +265,7 @@ def test_a_noisy_rate_is_a_mark_in_its_cell_and_a_footnote_below_the_table():
     # The words "spread 122% between blocks: too noisy to trust" in each cell wrapped it into three lines.
     rng = np.random.default_rng(1)
     steady = _run_of(64 / 8000 * (1 + 0.01 * rng.standard_normal(400)), name="steady")
-    bursty = 64 / 8000 * (1 + 0.02 * rng.standard_normal(400))
-    for start in range(0, 400, 40):
-        bursty[start:start + 20] *= 3
-    noisy = _run_of(bursty, name="noisy")
+    noisy = _bursty_run(rng, 8000, 40, "noisy")
     result = nbtrain.compare(steady, noisy)
     cells = [row["samples/s"] for row in result.rows]
     assert not steady.steady().wide and noisy.steady().wide
