@@ -17,7 +17,8 @@ import nbformat
 import pytest
 from nbclient.exceptions import CellExecutionError
 
-from notebook_runner import CHECKS_PASSED, NOTEBOOKS, ROOT, execute, stored_notebooks, text_of, without_outputs
+from notebook_runner import (CHECKS_PASSED, NOTEBOOKS, ROOT, execute, stale_cells, stored_notebooks, text_of,
+                             without_outputs)
 
 sys.path.insert(0, str(NOTEBOOKS))
 import build  # noqa: E402  (notebooks/build.py)
@@ -70,6 +71,11 @@ def test_notebook_runs_top_to_bottom_and_its_claims_hold(name, tmp_path):
         pytest.fail(f"{name} failed:\n{error}", pytrace=False)
     # Its 90 s promise is measured by benchmarks/notebook_time.py: a busy machine must not fail a test.
     assert CHECKS_PASSED in text_of(nb.cells[-1])
+    # What the stored notebook shows is what this code prints: the same words as this fresh execution, only
+    # the numbers measured left out (notebook 00 showed a comparison table the code no longer printed).
+    stale = stale_cells(nbformat.read(NOTEBOOKS / name, as_version=4), nb)
+    assert not stale, (f"{name}'s stored outputs predate the code; run python notebooks/build.py {name[:2]} "
+                       "--execute\n" + "\n".join(stale))
 
 
 def _importable(module: str) -> bool:
