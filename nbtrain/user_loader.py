@@ -19,6 +19,7 @@ options that would change its batches refused, with the way out named (a Subset 
 """
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import Callable
 
@@ -43,8 +44,11 @@ def plain_order(sampler, dataset) -> Order | None:
     """The Order `sampler` draws from `dataset`, or None where nbtrain cannot stand for it."""
     kind = type(sampler)
     if kind is SubsetRandomSampler:
-        indices = list(sampler.indices)
-        if not all(isinstance(i, int) and 0 <= i < len(dataset) for i in indices):
+        try:  # a list, a range, a tensor or a NumPy array of whole numbers (what a split function returns)
+            indices = [operator.index(i) for i in sampler.indices]
+        except TypeError:
+            return None
+        if not all(0 <= i < len(dataset) for i in indices):
             return None
         return Order(_subset(sampler, dataset, indices), True,
                      f"data order: the DataLoader's SubsetRandomSampler of {len(indices):,} of {len(dataset):,} "

@@ -67,6 +67,8 @@ def test_a_dataloaders_own_sampler_decides_the_batches_and_nothing_is_held(order
 TRAIN_ROWS = [i * 5 % 512 for i in range(100)]  # a train split: 100 rows spread over the 512
 SPLITS = {  # the usual ways to train on a split: nbtrain stands for each (its rows, shuffled or in sequence)
     "subset-random-sampler": (lambda: DataLoader(ROWS, batch_size=10, sampler=SubsetRandomSampler(TRAIN_ROWS)), True),
+    "split-of-a-tensor": (lambda: DataLoader(ROWS, batch_size=10, sampler=SubsetRandomSampler(
+        torch.tensor(TRAIN_ROWS))), True),  # torch.randperm(n)[:k], as tutorials split
     "batch-sampler-over-a-split": (lambda: DataLoader(ROWS, batch_sampler=BatchSampler(
         SubsetRandomSampler(TRAIN_ROWS), 10, False)), True),
     "random-sampler-over-a-subset": (lambda: DataLoader(Subset(ROWS, TRAIN_ROWS), batch_size=10,
@@ -93,7 +95,7 @@ def test_a_split_keeps_every_toggle_and_trains_as_a_plain_loop_over_its_rows_in_
     assert isinstance(engine.loader, data.HeldBatches) == (not toggles.get("num_workers"))  # held where it can be
     notes = result.summary["notes"]
     said = any("SubsetRandomSampler of 100 of 512 samples" in n and "in nbtrain's seeded order" in n for n in notes)
-    assert said == (split in ("subset-random-sampler", "batch-sampler-over-a-split")), notes  # the sampler's own draws are not kept: the run says whose order it is
+    assert said == (split in ("subset-random-sampler", "split-of-a-tensor", "batch-sampler-over-a-split")), notes  # the sampler's own draws are not kept: the run says whose order it is
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3)
     for epoch in range(2):
         order = SubsetRandomSampler(TRAIN_ROWS, generator=torch.Generator().manual_seed(4 + epoch)) if shuffled \
