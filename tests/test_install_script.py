@@ -170,5 +170,8 @@ def test_the_readmes_block_says_jupyter_lab_needs_allow_root_as_root_and_noteboo
     block = (ROOT / "README.md").read_text().split("```\n", 2)[1].splitlines()
     jupyter = next(line for line in block if line.startswith("jupyter lab"))
     assert "--allow-root" in jupyter and "root" in jupyter.split("#", 1)[1]  # said beside the line, not run by it
+    # the fast subset needs pytest: the README says to install the test extras before it, in that venv
+    readme = (ROOT / "README.md").read_text()
+    assert -1 < readme.find('pip install -e ".[test]"') < readme.find('python -m pytest -m "not slow"')
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert ".ipynb_checkpoints/" in ignored or "notebooks/.ipynb_checkpoints/" in ignored
