@@ -64,10 +64,13 @@ def text_of(cell) -> str:
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 # What a stored output and a fresh one may differ by without the code having changed: the numbers measured,
-# whether this execution's timing was too noisy to trust (said in words, a mark or a footnote), the warm-up
-# found, a duration's unit, where the run store lies, column widths. What stays is the code's own text: its
-# labels, tables and verdict words (faster, slower, no measurable difference, bound by ...).
+# which way a head to head went (faster, slower, no measurable difference, too noisy to tell), whether this
+# execution's timing was too noisy to trust (said in words, a mark or a footnote), the warm-up found, a
+# duration's unit, where the run store lies, column widths. What stays is the code's own text: its labels,
+# tables, what each verdict is about, and the words around it.
 _MEASURED = [
+    (re.compile(r"[\d.]+x (faster|slower)|no measurable difference|not measurably|too (noisy|few \w+) to tell"),
+     "VERDICT"),
     (re.compile(r"; spread \d+% between blocks: too noisy to trust"), ""),
     (re.compile(r"^\* too noisy to trust.*$", re.M), ""),
     (re.compile(r"(?<=\))\*|(?<=\)) noisy\b"), ""),
@@ -80,8 +83,8 @@ _MEASURED = [
 
 
 def output_words(cell) -> list[str]:
-    """A code cell's text output with what a measurement varies left out (_MEASURED): two executions of the
-    same code give the same words, an output stored before the code changed gives others."""
+    """A code cell's text output with what a measurement varies left out (_MEASURED), its lines sorted: two
+    executions of the same code give the same words, an output stored before the code changed gives others."""
     parts = []
     for out in cell.get("outputs", []):
         if WIDGET in out.get("data", {}):
@@ -95,7 +98,7 @@ def output_words(cell) -> list[str]:
     text = "\n".join(parts).replace("[interactive widget: shown live when the notebook runs]", "[widget]")
     for pattern, instead in _MEASURED:
         text = pattern.sub(instead, text)
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return sorted(line.strip() for line in text.splitlines() if line.strip())  # a table's rows: in measured order
 
 
 def stale_cells(stored: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> list[str]:
