@@ -246,10 +246,11 @@ model = Net()
     assert "nbtrain: loss_fn" not in text
 
 
-def test_an_error_in_a_library_loss_shows_the_cells_lines_that_set_the_model_and_the_loss_first(ip, capsys):
+@pytest.mark.parametrize("tool", ["", " --profile"], ids=["run", "tool"])
+def test_an_error_in_a_library_loss_shows_the_cells_lines_that_set_the_model_and_the_loss_first(ip, capsys, tool):
     # SmallCNN(num_classes=5) on labels 0-9, as a newcomer's own: no frame of the cell runs (the model and the
     # loss are libraries'), so the cell's lines that set them come first, as a script's line would.
-    cell = ("%%nbtrain --max-steps 2 --no-plot --no-progress" + DIGITS
+    cell = ("%%nbtrain --max-steps 2 --no-plot --no-progress" + tool + DIGITS
             + "model = torch.nn.Sequential(torch.nn.Linear(64, 5))  # five classes, not ten\n"
             + "loss_fn = torch.nn.CrossEntropyLoss()\n")
     result = ip.run_cell(cell)

@@ -197,10 +197,11 @@ class NbtrainMagics(Magics):
             return None if result is None else self._keep(result, recipe, args)
         if tool == "panel":
             return self._show_panel(recipe, config, args)
+        cell_lines = (filename, earlier.lines_setting(namespace, assigned))  # shown where an error has no cell frame
         if tool is not None:
-            result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs, taken)
+            result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs, taken, cell_lines)
             return None if result is None else tools.show_result(self, tool, result, args)
-        result = self._train(recipe, config, args, taken, (filename, earlier.lines_setting(namespace, assigned)))
+        result = self._train(recipe, config, args, taken, cell_lines)
         if result is None:
             return
         self._keep(result, recipe, args)
