@@ -1,4 +1,5 @@
-"""`python -m nbtrain demo`: train the embedded demo on this machine and report what was measured."""
+"""`python -m nbtrain demo`: train the embedded demo on this machine and report what was measured;
+`python -m nbtrain doctor`: whether the installed torch and torchvision load together, and what to run if not."""
 from __future__ import annotations
 
 import argparse
@@ -71,6 +72,11 @@ def _export(args) -> int:
     return 0
 
 
+def _doctor(args) -> int:
+    from .doctor import main as doctor
+    return doctor()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nbtrain", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -91,8 +97,9 @@ def main(argv=None) -> int:
     exporter.add_argument("--sbatch", action="append", default=[], metavar="OPTION[=VALUE]",
                           help="an sbatch option for the batch file, e.g. --sbatch partition=gpu (repeatable)")
     add_config_flags(exporter)
+    commands.add_parser("doctor", help="check that the installed torch and torchvision load together")
     args = parser.parse_args(argv)
-    commands_run = {"tour": _tour, "export": _export}
+    commands_run = {"tour": _tour, "export": _export, "doctor": _doctor}
     try:
         return commands_run.get(args.command, _demo)(args)
     except ConfigError as error:

@@ -4,6 +4,23 @@ from __future__ import annotations
 import math
 
 
+class PrintsAsTable:
+    """A result that print() and a notebook show as its table (its `table()`); its repr stays one short line
+    (for a result inside a list or a dict, and the debugger)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # IPython's pretty printer takes the first class in the MRO with its own __repr__ or _repr_pretty_:
+        # each result class defines __repr__, so each gets the display hook in its own namespace too.
+        cls._repr_pretty_ = PrintsAsTable._repr_pretty_
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython's text/plain display
+        printer.text(repr(self) if cycle else self.table())
+
+
 def number(value, unit: str = "") -> str:
     """12,345 / 0.001235 / 3.142 with `unit`; "-" for a missing value (None, NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):

@@ -49,6 +49,11 @@ class ConfigError(ValueError):
         head = "invalid training configuration" if len(lines) > 1 else "invalid training configuration:"
         return head + (" " + lines[0] if len(lines) == 1 else "\n  " + "\n  ".join(lines))
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows in a notebook: the message alone, as for bad input to a magic (rule 3); the
+        frames a refusal passed through (a tool's trial, the engine's check) are nbtrain's, not the user's."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 # --- how to read one value ----------------------------------------------------------
 

@@ -122,12 +122,13 @@ class Recipe:
     logged: Any = None  # a collector of the user's own logged values (LightningModule.log), drained per window
     loader_settings: dict = field(default_factory=dict)  # from a given DataLoader: the starting config
     fixed_loader: Any = None  # a DataLoader read as it is (its own batch_sampler/sampler), toggles off
+    order_note: str | None = None  # what a run says of a given DataLoader's order nbtrain stands for (a split's)
 
     def __post_init__(self):
         # A DataLoader the user tuned gives its dataset, collate_fn and settings; nbtrain cuts the batches.
         if isinstance(self.train_data, DataLoader):
             loader = self.train_data
-            self.train_data, collate, self.loader_settings, fixed = adopt_loader(loader)
+            self.train_data, collate, self.loader_settings, fixed, self.order_note = adopt_loader(loader)
             self.fixed_loader = loader if fixed else None
             self.collate_fn = self.collate_fn or collate
         if isinstance(self.val_data, DataLoader):

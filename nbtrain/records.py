@@ -49,6 +49,7 @@ class Summary(EngineInfo, total=False):
     phase_fraction: dict[str, float]
     phase_ms_per_step: dict[str, float]
     epochs_trained: float
+    epochs: float                # the same, under the name the table shows ("steps / epochs")
     time_per_epoch_s: float
     status: str
     peak_mem_mb: float | None

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,6 +81,29 @@ _SECONDS = {"fast": 0.0, "slow": 0.0}
 _COUNTS = {"fast": 0, "slow": 0}
 
 
+_DESELECTED = {"count": 0}
+
+
+def pytest_deselected(items):
+    _DESELECTED["count"] += len(items)
+
+
+def what_ran(config) -> str:
+    """'whole suite', or the subset this run chose: its paths, -m and -k, and how many tests they left out."""
+    chosen = []
+    root = config.rootpath
+    testpaths = {(root / p).resolve() for p in config.getini("testpaths")} | {root.resolve()}
+    paths = [a.split("::")[0] for a in config.args]
+    if any(Path(p if Path(p).is_absolute() else config.invocation_params.dir / p).resolve() not in testpaths
+           for p in paths) or any("::" in a for a in config.args):
+        chosen.append(" ".join(str(a) for a in config.args))
+    chosen += [f'-m "{config.option.markexpr}"'] if config.option.markexpr else []
+    chosen += [f'-k "{config.option.keyword}"'] if config.option.keyword else []
+    if _DESELECTED["count"]:
+        chosen.append(f"{_DESELECTED['count']} deselected")
+    return f"this run ({', '.join(chosen)})" if chosen else "whole suite"
+
+
 def pytest_runtest_logreport(report):
     kind = "slow" if report.nodeid in _SLOW else "fast"
     _SECONDS[kind] += report.duration  # setup, call and teardown, each reported once
@@ -95,4 +119,4 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"fast subset, not marked slow (pytest -m \"not slow\"): {spent('fast')}")
     terminalreporter.write_line(f"marked slow: {spent('slow')}")
     _SECONDS["all"], _COUNTS["all"] = _SECONDS["fast"] + _SECONDS["slow"], _COUNTS["fast"] + _COUNTS["slow"]
-    terminalreporter.write_line(f"whole suite: {spent('all')}")
+    terminalreporter.write_line(f"{what_ran(terminalreporter.config)}: {spent('all')}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -59,6 +60,56 @@ def text_of(cell) -> str:
         elif "data" in out and "text/plain" in out.data:
             parts.append(out.data["text/plain"])
     return "".join(parts)
+
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+# What a stored output and a fresh one may differ by without the code having changed: the numbers measured,
+# which way a head to head went (faster, slower, no measurable difference, too noisy to tell), whether this
+# execution's timing was too noisy to trust (said in words, a mark or a footnote), the warm-up found, a
+# duration's unit, where the run store lies, column widths. What stays is the code's own text: its labels,
+# tables, what each verdict is about, and the words around it.
+_MEASURED = [
+    (re.compile(r"[\d.]+x (faster|slower)|no measurable difference|not measurably|too (noisy|few \w+) to tell"),
+     "VERDICT"),
+    (re.compile(r"; spread \d+% between blocks: too noisy to trust"), ""),
+    (re.compile(r"^\* too noisy to trust.*$", re.M), ""),
+    (re.compile(r"(?<=\))\*|(?<=\)) noisy\b"), ""),
+    (re.compile(r"warm-up \d+ steps?, [\d.,]+ (ms|s)|no warm-up"), "WARM-UP"),
+    (re.compile(r"\S*runs\.sqlite"), "runs.sqlite"),
+    (re.compile(r"\d+ min \d+ s|[\d.,]+ (ms|s)\b"), "N s"),
+    (re.compile(r"\d[\d,]*(\.\d+)?(e[-+]?\d+)?"), "N"),
+    (re.compile(r"[ \t]+"), " "),
+]
+
+
+def output_words(cell) -> list[str]:
+    """A code cell's text output with what a measurement varies left out (_MEASURED), its lines sorted: two
+    executions of the same code give the same words, an output stored before the code changed gives others."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if WIDGET in out.get("data", {}):
+            parts.append("[widget]")  # stored as a placeholder by notebooks/build.py
+        elif out.output_type == "stream":
+            parts.append(out.text)
+        elif "data" in out and "text/plain" in out.data:
+            parts.append(out.data["text/plain"])
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}")
+    text = "\n".join(parts).replace("[interactive widget: shown live when the notebook runs]", "[widget]")
+    for pattern, instead in _MEASURED:
+        text = pattern.sub(instead, text)
+    return sorted(line.strip() for line in text.splitlines() if line.strip())  # a table's rows: in measured order
+
+
+def stale_cells(stored: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> list[str]:
+    """The code cells whose stored output is not what the current code prints, each with both versions."""
+    out = []
+    code = [(a, b) for a, b in zip(stored.cells, fresh.cells) if a.cell_type == "code"]
+    for number, (old, new) in enumerate(code, 1):
+        if output_words(old) != output_words(new):
+            out.append(f"code cell {number} ({old.source.splitlines()[0][:60]!r}):\n  stored: "
+                       f"{output_words(old)}\n  fresh:  {output_words(new)}")
+    return out
 
 
 if __name__ == "__main__":  # used by the Binder test inside a fresh virtual environment

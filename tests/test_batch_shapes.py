@@ -129,7 +129,7 @@ def test_a_dataloader_with_its_own_batch_sampler_is_read_as_it_is_and_batching_t
         optimizer.zero_grad()
     assert same_weights(weights(model), weights(reference))
     with pytest.raises(ValueError, match=r"batch_size=16: the DataLoader's own batch_sampler \(Buckets\) decides "
-                                         r"its batches.*give nbtrain its dataset"):
+                                         r"its batches.*give nbtrain the samples to train on as a data set"):
         nbtrain.fit(model, loader, batch_size=16, max_steps=1)
     with pytest.raises(ValueError, match=r"devices=2: 1: the DataLoader's own batch_sampler"):
         nbtrain.fit(model, loader, devices=2, max_steps=1)

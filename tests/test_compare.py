@@ -165,16 +165,21 @@ def _run_of(durations, batch=64, name=None):
     return RunResult(TrainConfig(batch_size=batch), log, summarize(log, {}), name=name)
 
 
+def _bursty_run(rng, rate, every, name):
+    """A run at `rate` samples/s whose load came in bursts: 20 steps 3x slower every `every` steps."""
+    durations = 64 / rate * (1 + 0.02 * rng.standard_normal(400))
+    for start in range(0, 400, every):
+        durations[start:start + 20] *= 3
+    return _run_of(durations, name=name)
+
+
 def test_vs_first_is_the_ratio_of_the_samples_per_s_shown_and_its_interval_holds_it():
     # The issue's case: the second run's load came in bursts (a third of its blocks 3x slower), so the
     # median of its block rates (what the column divided before) sits far above its steady rate (the
     # samples/s shown beside it): 8,554 vs 5,524 on screen was called x0.80.
     rng = np.random.default_rng(0)
     first = _run_of(64 / 8554 * (1 + 0.02 * rng.standard_normal(400)), name="first")
-    bursty = 64 / 8554 * (1 + 0.02 * rng.standard_normal(400))
-    for start in range(0, 400, 60):
-        bursty[start:start + 20] *= 3
-    second = _run_of(bursty, name="second")
+    second = _bursty_run(rng, 8554, 60, "second")
     rows = nbtrain.compare(first, second).rows
     shown = [float(row["samples/s"].split(" ")[0].replace(",", "")) for row in rows]
     found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)", rows[1]["vs first"])
@@ -254,3 +259,19 @@ def test_held_out_accuracy_is_drawn_in_percent_with_the_summarys_latest_figure()
     assert [line.get_label() for line in metric.get_lines()] == [f"held-out accuracy, latest {shown}"]
     assert all(t.get_text().endswith("%") for t in metric.get_yticklabels() if t.get_text())
     assert metric.get_lines()[0].get_ydata()[-1] == pytest.approx(100 * run.summary["val_acc"])
+
+
+def test_a_noisy_rate_is_a_mark_in_its_cell_and_a_footnote_below_the_table():
+    # The words "spread 122% between blocks: too noisy to trust" in each cell wrapped it into three lines.
+    rng = np.random.default_rng(1)
+    steady = _run_of(64 / 8000 * (1 + 0.01 * rng.standard_normal(400)), name="steady")
+    noisy = _bursty_run(rng, 8000, 40, "noisy")
+    result = nbtrain.compare(steady, noisy)
+    cells = [row["samples/s"] for row in result.rows]
+    assert not steady.steady().wide and noisy.steady().wide
+    assert not cells[0].endswith("*") and cells[1].endswith(")*") and "noisy" not in cells[1], cells
+    assert all(len(cell) <= 24 for cell in cells), cells  # a number and its interval: one line
+    spread = f"noisy {100 * noisy.steady().spread:.0f}%"
+    footnote = result.table().splitlines()[-1]
+    assert footnote.startswith("* too noisy to trust") and spread in footnote and "steady" not in footnote
+    assert footnote in result.html_table()

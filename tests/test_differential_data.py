@@ -2,11 +2,12 @@
 
 Each case is a sequence of `nbtrain.fit` calls on one live model, as notebook cells make them, each
 call stopping mid-epoch or past it (max_steps):
-- a DataLoader whose own sampler or batch_sampler decides its batches (a split by SubsetRandomSampler,
-  a WeightedRandomSampler, sampling with replacement, a custom batch_sampler), its random order drawn
+- a DataLoader whose own sampler or batch_sampler decides its batches (a WeightedRandomSampler,
+  sampling with replacement, a custom batch_sampler), its random order drawn
   from the sampler's own generator or from torch's: the plain loop keeps one iterator over the same
   loader, so a call that stops mid-epoch is continued by the next with the rest of that epoch's order;
-- a plain DataLoader (torch's BatchSampler, given as batch_size= or as batch_sampler=), its settings
+- a plain DataLoader (torch's BatchSampler, given as batch_size= or as batch_sampler=, or a train split by
+  SubsetRandomSampler, which nbtrain trains as a Subset of those rows in its own order), its settings
   taken unless the call gives an option, at nbtrain's default value too (batch_size=32, shuffle=True,
   drop_last=False, num_workers=0 win over the loader's), batches through the DataLoader or held;
 - a stream (an IterableDataset) whose batch size changes between calls: it continues at the next item.
@@ -34,8 +35,10 @@ from nbtrain.engine import data as engine_data
 N, FEATURES, CLASSES = 60, 5, 3
 CASES = int(os.environ.get("NBTRAIN_DIFFERENTIAL_DATA_CASES", "36"))
 SEED = int(os.environ.get("NBTRAIN_DIFFERENTIAL_SEED", "2026"))
-OWN_ORDERS = ("split-sampler", "weighted-sampler", "with-replacement", "custom-batch-sampler")
-KINDS = OWN_ORDERS + ("plain-loader", "torch-batch-sampler", "stream")
+OWN_ORDERS = ("weighted-sampler", "with-replacement", "custom-batch-sampler")
+REBUILT = ("plain-loader", "torch-batch-sampler", "split-sampler")  # nbtrain cuts the batches, any option given
+KINDS = OWN_ORDERS + REBUILT + ("stream",)
+SPLIT = range(5, 45)  # the rows a SubsetRandomSampler trains on
 DEFAULTS = {"batch_size": 32, "shuffle": True, "drop_last": False, "num_workers": 0}
 
 
@@ -75,7 +78,7 @@ def generate(rng: random.Random) -> Case:
         case.calls = [Call(rng.randint(2, 6), {"batch_size": rng.choice((4, 7, 10, 16, 32)),
                                                **({"drop_last": True} if drop_last else {})}) for _ in range(calls)]
     else:
-        case.loader = {"batch_size": rng.choice((8, 12, 64)), "shuffle": rng.random() < 0.5,
+        case.loader = {"batch_size": rng.choice((8, 12, 64)), "shuffle": kind == "split-sampler" or rng.random() < 0.5,
                        "drop_last": rng.random() < 0.3, "num_workers": 1 if rng.random() < 0.1 else 0}
         case.preload_data = rng.choice((None, True, False))
         for _ in range(calls):
@@ -88,7 +91,8 @@ def generate(rng: random.Random) -> Case:
                 name = rng.choice(list(DEFAULTS))
                 given[name] = DEFAULTS[name]
             case.calls.append(Call(rng.randint(2, 7), given))
-            if settings(case, case.calls[-1])["drop_last"] and settings(case, case.calls[-1])["batch_size"] > N:
+            if settings(case, case.calls[-1])["drop_last"] and settings(case, case.calls[-1])["batch_size"] > \
+                    (len(SPLIT) if kind == "split-sampler" else N):
                 given["drop_last"] = False  # an epoch with no full batch is refused (tests/test_bad_input.py)
     return case
 
@@ -115,7 +119,8 @@ def user_loader(case: Case, dataset):
     """The DataLoader the user wrote (each side builds its own, identically)."""
     g = torch.Generator().manual_seed(99) if case.own_generator else None
     if case.kind == "split-sampler":
-        return DataLoader(dataset, batch_size=7, sampler=SubsetRandomSampler(range(5, 45), generator=g))
+        return DataLoader(dataset, batch_size=case.loader["batch_size"], drop_last=case.loader["drop_last"],
+                          num_workers=case.loader["num_workers"], sampler=SubsetRandomSampler(SPLIT, generator=g))
     if case.kind == "weighted-sampler":
         weights = [1.0 + (i % 4) for i in range(N)]
         return DataLoader(dataset, batch_size=6, sampler=WeightedRandomSampler(weights, 30, generator=g))
@@ -183,30 +188,32 @@ def settings(case: Case, call: Call) -> dict:
 
 def plain_in_order(case: Case, seed: int) -> nn.Module:
     """The loop over the order nbtrain promises: for a loader it rebuilds, DistributedSampler's permutation
-    seeded by seed + epoch (or the data set's order); for a stream, its items pass after pass. Each call's
-    batch size continues from where the last call left off."""
+    seeded by seed + epoch (or the data set's order) of its rows (a split's: its own); for a stream, its
+    items pass after pass. Each call's batch size continues from where the last call left off."""
     model = make_model(case)
     optimizer = make_optimizer(model)
     torch.manual_seed(seed)
     dataset = rows()
+    own_rows = torch.as_tensor(list(SPLIT)) if case.kind == "split-sampler" else torch.arange(N)
+    n = len(own_rows)
     epoch = offset = 0
 
     def next_size(now) -> int:  # 0: the epoch (the pass) is over, a short last batch dropped
-        size = min(now["batch_size"], N - offset)
+        size = min(now["batch_size"], n - offset)
         return 0 if now["drop_last"] and size < now["batch_size"] else size
 
     for call in case.calls:
         now, done = settings(case, call), 0
         while done < call.steps:
-            order = torch.randperm(N, generator=torch.Generator().manual_seed(seed + epoch)) if now["shuffle"] \
-                else torch.arange(N)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)) if now["shuffle"] \
+                else torch.arange(n)
             size = next_size(now)
             if not size:
                 epoch, offset = epoch + 1, 0
                 continue
             # gathered: a fresh batch, as a collate makes (a view into the data set's tensors at an unaligned
             # offset can take another matmul kernel: last-bit changes)
-            x, y = dataset[order[offset:offset + size]]
+            x, y = dataset[own_rows[order[offset:offset + size]]]
             step(model, optimizer, x, y)
             offset += size
             done += 1
@@ -229,7 +236,7 @@ def play_nbtrain(case: Case, seed: int) -> nn.Module:
             options["preload_data"] = case.preload_data
         result = nbtrain.fit(model, train_data, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, **options)
         assert result.status == "completed", result.message
-        if case.kind in ("plain-loader", "torch-batch-sampler"):
+        if case.kind in REBUILT:
             for name, value in settings(case, call).items():
                 assert getattr(result.config, name) == value, f"{name}: {getattr(result.config, name)} in {case}"
     engine = nbtrain.api.live_engine(model)

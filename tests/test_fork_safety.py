@@ -136,19 +136,23 @@ def test_a_zygote_with_cuda_initialised_starts_fresh_ranks_and_says_why(recordin
     assert err.count("starts as a fresh interpreter") == 2 and "CUDA was initialised in nbtrain's worker starter" in err
 
 
-def test_reading_the_inventory_initialises_no_cuda(monkeypatch):
+@pytest.mark.parametrize("cuda_build", [True, False], ids=["cuda-build", "cpu-build"])
+def test_reading_the_inventory_initialises_no_cuda(monkeypatch, cuda_build):
+    # Both builds of torch, whichever one this venv holds: a +cpu torch is not compiled with CUDA, and
+    # there the inventory counts no device without asking (the README's CPU install gives that build).
     import torch
     calls = []
     monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: calls.append("_lazy_init"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # what NVML answers on a one-GPU machine
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: cuda_build)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_build)  # what NVML answers on a one-GPU machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 if cuda_build else 0)
     hardware._probe.cache_clear()
     try:
         found = hardware._probe()
     finally:
         hardware._probe.cache_clear()
     # Without NVML's compute capability (none here) bf16 is not claimed; is_bf16_supported() was not asked.
-    assert calls == [] and found.cuda_devices == 1 and found.cuda_bf16 is False
+    assert calls == [] and found.cuda_devices == (1 if cuda_build else 0) and found.cuda_bf16 is False
 
 
 def test_the_zygote_reads_a_loaded_cuda_driver_as_unsafe_to_fork(tmp_path):

@@ -52,10 +52,12 @@ RULE = [  # (case, dataset, config options, a user's DataLoader kwargs or None, 
     ("declared-fixed", lambda: DeclaredFixed(), dict(preload_data=True), None, True, None),
     ("augmented-one-read-in-ten", lambda: SometimesAugmented(), dict(preload_data=True), None, False,
      "samples twice gave different values"),
-    ("own-sampler-auto", lambda: regression_data(n=64), {}, dict(sampler=torch.utils.data.SubsetRandomSampler(
-        range(10))), False, "the DataLoader's own sampler (SubsetRandomSampler) decides its batches"),
+    ("own-sampler-auto", lambda: regression_data(n=64), {}, dict(sampler=torch.utils.data.WeightedRandomSampler(
+        [1.0] * 64, 10)), False, "the DataLoader's own sampler (WeightedRandomSampler) decides its batches"),
     ("own-sampler-preload", lambda: regression_data(n=64), dict(preload_data=True), dict(
-        sampler=torch.utils.data.SubsetRandomSampler(range(10))), False, "own sampler (SubsetRandomSampler)"),
+        sampler=torch.utils.data.WeightedRandomSampler([1.0] * 64, 10)), False, "own sampler (WeightedRandomSampler)"),
+    ("split-sampler-auto", lambda: regression_data(n=64), {}, dict(sampler=torch.utils.data.SubsetRandomSampler(
+        range(10))), True, None),
     ("workers", lambda: regression_data(n=64), dict(preload_data=True, num_workers=1), None, False,
      "num_workers=1 asks for the DataLoader"),
     ("preload-off", lambda: regression_data(n=64), dict(preload_data=False), None, False, None),

@@ -101,3 +101,77 @@ def test_the_scripts_cpu_line_is_the_readmes_and_comes_before_the_package():
     activated = script.index(". .venv/bin/activate")
     package = next(i for i, line in enumerate(script) if line.startswith("pip install") and "-e" in line.split())
     assert activated < decided < cpu < package  # the venv's own python is asked; the CPU builds go in first
+
+
+# --- a torch and torchvision that do not load together: found where nbtrain decides about torch ---------------
+
+BROKEN_PAIR = "raise RuntimeError('operator torchvision::nms does not exist')\n"  # what a mismatched pair raises
+REMEDY = "run: pip install --force-reinstall torch torchvision --index-url " + CPU_INDEX
+
+
+def stand_in(tmp_path) -> Path:
+    """A folder holding a torchvision that fails at import as one built for another torch does."""
+    (tmp_path / "torchvision").mkdir(exist_ok=True)
+    (tmp_path / "torchvision" / "__init__.py").write_text(BROKEN_PAIR)
+    return tmp_path
+
+
+@pytest.fixture
+def broken_pair(tmp_path, monkeypatch):
+    """This process, its torchvision the stand-in (first on the path, not yet imported), its torch a CPU build."""
+    import torch
+    monkeypatch.syspath_prepend(str(stand_in(tmp_path)))
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(torch.version, "cuda", None)
+
+
+@pytest.mark.slow
+def test_the_doctor_command_names_a_pair_that_does_not_load_and_the_line_that_installs_one_that_does(tmp_path):
+    sitecustomize = stand_in(tmp_path) / "sitecustomize.py"
+    sitecustomize.write_text("import torch\ntorch.version.cuda = None\n")  # this torch reads as a +cpu build
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-m", "nbtrain", "doctor"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "do not load together (operator torchvision::nms does not exist); " + REMEDY in done.stdout, done.stdout
+
+
+def test_the_doctor_says_whether_the_pair_loads(broken_pair, capsys):
+    from nbtrain import doctor
+    assert doctor.main() == 1
+    out = capsys.readouterr().out
+    assert "torch " in out and "(CPU build)" in out and "operator torchvision::nms does not exist" in out, out
+    assert REMEDY in out and out.rstrip().endswith("the pair above does not load; run the line it names")
+
+
+def test_the_doctor_says_ok_for_the_pair_installed_here(capsys):
+    from nbtrain import doctor
+    assert doctor.main() == 0 and capsys.readouterr().out.rstrip().endswith("nbtrain doctor: ok")
+
+
+def test_nbtrains_own_import_of_torchvision_says_the_same(broken_pair):
+    from nbtrain.engine.toggles import image_recipe
+    with pytest.raises(ImportError, match=r"^nbtrain: torch .* do not load together \(operator torchvision::nms "
+                                          r"does not exist\); run: pip install --force-reinstall"):
+        image_recipe()
+
+
+def test_the_script_checks_the_pair_after_every_install_and_the_readme_says_how():
+    script = (ROOT / "scripts" / "test.sh").read_text().splitlines()
+    package = next(i for i, line in enumerate(script) if line.startswith("pip install") and "-e" in line.split())
+    doctor = [i for i, line in enumerate(script) if line.startswith("python -m nbtrain doctor")]  # not under an `if`
+    tests = next(i for i, line in enumerate(script) if line.startswith("python -m pytest"))
+    assert doctor and package < doctor[0] < tests
+    assert "python -m nbtrain doctor" in (ROOT / "README.md").read_text()
+
+
+def test_the_readmes_block_says_jupyter_lab_needs_allow_root_as_root_and_notebook_checkpoints_are_ignored():
+    block = (ROOT / "README.md").read_text().split("```\n", 2)[1].splitlines()
+    jupyter = next(line for line in block if line.startswith("jupyter lab"))
+    assert "--allow-root" in jupyter and "root" in jupyter.split("#", 1)[1]  # said beside the line, not run by it
+    # the fast subset needs pytest: the README says to install the test extras before it, in that venv
+    readme = (ROOT / "README.md").read_text()
+    assert -1 < readme.find('pip install -e ".[test]"') < readme.find('python -m pytest -m "not slow"')
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert ".ipynb_checkpoints/" in ignored or "notebooks/.ipynb_checkpoints/" in ignored

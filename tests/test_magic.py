@@ -246,6 +246,53 @@ model = Net()
     assert "nbtrain: loss_fn" not in text
 
 
+@pytest.mark.parametrize("tool", ["", " --profile"], ids=["run", "tool"])
+def test_an_error_in_a_library_loss_shows_the_cells_lines_that_set_the_model_and_the_loss_first(ip, capsys, tool):
+    # SmallCNN(num_classes=5) on labels 0-9, as a newcomer's own: no frame of the cell runs (the model and the
+    # loss are libraries'), so the cell's lines that set them come first, as a script's line would.
+    cell = ("%%nbtrain --max-steps 2 --no-plot --no-progress" + tool + DIGITS
+            + "model = torch.nn.Sequential(torch.nn.Linear(64, 5))  # five classes, not ten\n"
+            + "loss_fn = torch.nn.CrossEntropyLoss()\n")
+    result = ip.run_cell(cell)
+    text = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, IndexError), text
+    model_line, loss_line = text.find("----> 7 model = torch.nn.Sequential"), text.find("----> 8 loss_fn = torch.nn")
+    torch_frame = text.find("functional.py")
+    assert 0 < model_line < loss_line < torch_frame, text
+    assert text.count("Cell In[") == 2 and "Cell In[" in text[:model_line] and ", line 7" in text[:model_line], text
+    assert "IndexError: Target" in text and "loss_fn got the model's output" in text
+
+
+def test_a_part_the_cell_sets_to_an_earlier_cells_object_is_the_cells_not_an_earlier_ones(ip, capsys):
+    # decided by what the cell assigned (its syntax tree), not by identity: `train_data = data` sets it
+    assert ip.run_cell(DIGITS + "data = train_data\n").error_in_exec is None
+    result = ip.run_cell("%%nbtrain --max-steps 1 --no-plot --no-progress\ntrain_data = data\nmodel = DigitsMLP()\n"
+                         "if True:\n    (loss_fn := torch.nn.CrossEntropyLoss())\n")
+    out = capsys.readouterr().out
+    assert result.error_in_exec is None and "earlier cell" not in out, out
+    # a part the cell does not name still comes from the earlier cell, and says so
+    ip.run_cell("%%nbtrain --max-steps 1 --no-plot --no-progress\nmodel = DigitsMLP()\n"
+                "from torch.nn import CrossEntropyLoss as loss_fn_class\n")
+    out = capsys.readouterr().out
+    assert out.startswith("train_data: DigitsDataset of 1,437 samples; loss_fn: CrossEntropyLoss() from earlier "
+                          "cells"), out
+
+
+SETS_LOSS_FN = ["loss_fn = f", "loss_fn: object = f", "loss_fn += f", "for loss_fn in []: pass", "import loss_fn",
+                "with f as loss_fn: pass", "from m import f as loss_fn", "def loss_fn(): pass", "class loss_fn: pass",
+                "if x:\n    (a, [loss_fn]) = f", "try:\n    pass\nexcept E as loss_fn:\n    pass"]
+LEAVES_IT = ["f(loss_fn)", "def g():\n    loss_fn = f", "[loss_fn for loss_fn in x]", "lambda loss_fn: 0",
+             "class C:\n    loss_fn = f", "x.loss_fn = f", "x['loss_fn'] = f"]
+
+
+@pytest.mark.parametrize("source", SETS_LOSS_FN + LEAVES_IT)
+def test_what_a_cell_assigned_is_read_from_its_statements(source):
+    from nbtrain.notebook.earlier import assigned_names
+    assigned = assigned_names("\n" + source)
+    assert ("loss_fn" in assigned) == (source in SETS_LOSS_FN), assigned
+    assert source not in SETS_LOSS_FN or assigned["loss_fn"] == 2 + source.count("\n", 0, source.find("loss_fn"))
+
+
 def test_interrupt_stops_at_a_step_boundary_and_keeps_the_partial_run(ip, capsys):
     cell = ("%%nbtrain --max-steps 50 --log-every-n-steps 1 --name cut --no-progress" + DIGITS + """
 import os, signal

@@ -1,14 +1,15 @@
 """A user's DataLoader: its own sampler is kept, its settings start the config unless one is given.
 
-nbtrain rebuilds a loader only where its order is plain (every sample once an epoch, in sequence or a
-fresh permutation, batched by torch's own BatchSampler); any other sampler or batch_sampler decides
-its batches itself and is read as it is, never replaced by a plain shuffle or cut from held data.
+nbtrain rebuilds a loader only where its order is plain (every sample of a known set once an epoch, in
+sequence or a fresh permutation, batched by torch's own BatchSampler: a SubsetRandomSampler split is one);
+any other sampler or batch_sampler decides its batches itself and is read as it is, never replaced by a
+plain shuffle or cut from held data.
 """
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import (BatchSampler, DataLoader, RandomSampler, SequentialSampler, SubsetRandomSampler,
-                              TensorDataset, WeightedRandomSampler)
+from torch.utils.data import (BatchSampler, DataLoader, RandomSampler, SequentialSampler, Subset,
+                              SubsetRandomSampler, TensorDataset, WeightedRandomSampler)
 
 import nbtrain
 from nbtrain import TrainConfig
@@ -38,14 +39,13 @@ def _recording(seen):
 
 ROWS = _rows()
 OWN_ORDERS = {  # a DataLoader whose own sampler decides which rows an epoch trains on, and how often
-    "subset-split": lambda: DataLoader(ROWS, batch_size=10, sampler=SubsetRandomSampler(range(100))),
+    "index-list": lambda: DataLoader(ROWS, batch_size=10, sampler=list(range(100))),
     "weighted": lambda: DataLoader(ROWS, batch_size=10, sampler=WeightedRandomSampler(
         [1.0] * 100 + [0.0] * 412, num_samples=100)),
     "with-replacement": lambda: DataLoader(ROWS, batch_size=10, sampler=RandomSampler(
         range(100), replacement=True, num_samples=100)),
     "fewer-samples": lambda: DataLoader(ROWS, batch_size=10, sampler=RandomSampler(ROWS, num_samples=100)),
-    "batch-sampler-over-a-split": lambda: DataLoader(ROWS, batch_sampler=BatchSampler(
-        SubsetRandomSampler(range(100)), 10, False)),
+    "custom-batch-sampler": lambda: DataLoader(ROWS, batch_sampler=[list(range(i, i + 10)) for i in range(0, 100, 10)]),
 }
 
 
@@ -64,20 +64,55 @@ def test_a_dataloaders_own_sampler_decides_the_batches_and_nothing_is_held(order
                for n in result.summary["notes"]), result.summary["notes"]
 
 
-def test_a_dataloader_with_a_split_sampler_trains_as_a_plain_loop_over_it():
-    def loader():
-        return DataLoader(ROWS, batch_size=10, sampler=SubsetRandomSampler(range(100)))
-    model, reference = _net(), _net()
-    nbtrain.fit(model, loader(), training_step=_recording([]), max_epochs=2, seed=4, accelerator="cpu")
-    torch.manual_seed(4)  # the run's seed: the sampler draws its order from torch's random numbers, as here
+TRAIN_ROWS = [i * 5 % 512 for i in range(100)]  # a train split: 100 rows spread over the 512
+SPLITS = {  # the usual ways to train on a split: nbtrain stands for each (its rows, shuffled or in sequence)
+    "subset-random-sampler": (lambda: DataLoader(ROWS, batch_size=10, sampler=SubsetRandomSampler(TRAIN_ROWS)), True),
+    "split-of-a-tensor": (lambda: DataLoader(ROWS, batch_size=10, sampler=SubsetRandomSampler(
+        torch.tensor(TRAIN_ROWS))), True),  # torch.randperm(n)[:k], as tutorials split
+    "batch-sampler-over-a-split": (lambda: DataLoader(ROWS, batch_sampler=BatchSampler(
+        SubsetRandomSampler(TRAIN_ROWS), 10, False)), True),
+    "random-sampler-over-a-subset": (lambda: DataLoader(Subset(ROWS, TRAIN_ROWS), batch_size=10,
+                                                        sampler=RandomSampler(Subset(ROWS, TRAIN_ROWS))), True),
+    "sequential-over-a-subset": (lambda: DataLoader(Subset(ROWS, TRAIN_ROWS), batch_size=10,
+                                                    sampler=SequentialSampler(Subset(ROWS, TRAIN_ROWS))), False),
+}
+TOGGLES = [dict(), dict(batch_size=20, preload_data=True), dict(batch_size=25, num_workers=1)]
+
+
+@pytest.mark.parametrize("toggles", TOGGLES, ids=["as-given", "batch-20-held", "batch-25-workers"])
+@pytest.mark.parametrize("split", SPLITS)
+def test_a_split_keeps_every_toggle_and_trains_as_a_plain_loop_over_its_rows_in_nbtrains_seeded_order(split, toggles):
+    # A plain loop over the same split, epoch e drawn as SubsetRandomSampler(indices, generator seeded seed + e)
+    # draws: nbtrain's order is exactly that (the same rows each epoch; not the user's sampler's own draws).
+    loader, shuffled = SPLITS[split]
+    seen, model, reference = [], _net(), _net()
+    result = nbtrain.fit(model, loader(), training_step=_recording(seen), max_epochs=2, seed=4, accelerator="cpu",
+                         **toggles)
+    batch = toggles.get("batch_size", 10)
+    assert (result.config.batch_size, result.config.shuffle, result.summary["steps"]) == (batch, shuffled, 200 // batch)
+    assert sorted(seen[:100]) == sorted(seen[100:]) == sorted(TRAIN_ROWS)  # held-out rows never come in
+    engine = nbtrain.api.live_engine(model)
+    assert isinstance(engine.loader, data.HeldBatches) == (not toggles.get("num_workers"))  # held where it can be
+    notes = result.summary["notes"]
+    said = any("SubsetRandomSampler of 100 of 512 samples" in n and "in nbtrain's seeded order" in n for n in notes)
+    assert said == (split in ("subset-random-sampler", "split-of-a-tensor", "batch-sampler-over-a-split")), notes  # the sampler's own draws are not kept: the run says whose order it is
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3)
-    plain = loader()
-    for _ in range(2):
-        for batch in plain:
-            _recording([])(reference, batch).backward()
+    for epoch in range(2):
+        order = SubsetRandomSampler(TRAIN_ROWS, generator=torch.Generator().manual_seed(4 + epoch)) if shuffled \
+            else TRAIN_ROWS
+        for rows in BatchSampler(list(order), batch, False):
+            _recording([])(reference, ROWS[rows]).backward()
             optimizer.step()
             optimizer.zero_grad()
     assert same_weights(weights(model), weights(reference))
+
+
+def test_ab_on_a_split_compares_batch_sizes_on_its_rows_only():
+    seen = []
+    loader = DataLoader(ROWS, batch_size=64, sampler=SubsetRandomSampler(TRAIN_ROWS))
+    result = nbtrain.ab(_net(), loader, training_step=_recording(seen), a={"batch_size": 8}, b={"batch_size": 16},
+                        block_steps=2, min_pairs=2, max_pairs=2, budget_s=5, config=TrainConfig(accelerator="cpu"))
+    assert result.b.batch_size == 16 and set(seen) <= set(TRAIN_ROWS)
 
 
 @pytest.mark.parametrize("inner, shuffle", [(SequentialSampler, False), (RandomSampler, True)])
@@ -128,20 +163,33 @@ def test_the_magics_batch_size_32_wins_over_the_dataloaders_64(shell, tmp_path, 
 
 
 def test_a_given_batch_size_a_loader_read_as_it_is_cannot_follow_is_refused_before_training():
-    loader = OWN_ORDERS["subset-split"]()
+    loader = OWN_ORDERS["weighted"]()
     model = _net()
     before = weights(model)
-    with pytest.raises(ConfigError, match=r"batch_size=32: the DataLoader's own sampler \(SubsetRandomSampler\) "
-                                          r"decides its batches.*\(its batch_size is 10\)"):
+    with pytest.raises(ConfigError, match=r"batch_size=32: the DataLoader's own sampler \(WeightedRandomSampler\) "
+                                          r"decides its batches.*torch.utils.data.Subset\(dataset, indices\)"
+                                          r".*\(its batch_size is 10\)"):
         nbtrain.fit(model, loader, training_step=_recording([]), max_steps=1, batch_size=32)
     assert same_weights(before, weights(model))
     result = nbtrain.fit(model, loader, training_step=_recording([]), max_steps=1, batch_size=10)
     assert result.status == "completed"
 
 
+def test_ab_on_a_loader_read_as_it_is_refuses_in_one_line_naming_the_way_out(ip, capsys):
+    ip.user_ns.update(rows=ROWS, step=_recording([]), net=_net())
+    result = ip.run_cell("import nbtrain, torch\nfrom torch.utils.data import DataLoader, WeightedRandomSampler\n"
+                         "loader = DataLoader(rows, batch_size=10, sampler=WeightedRandomSampler([1.0] * 512, 512))\n"
+                         "nbtrain.ab(net, loader, training_step=step, a={'batch_size': 32}, b={'batch_size': 128})")
+    text = capsys.readouterr().out
+    assert isinstance(result.error_in_exec, ConfigError)
+    assert text.strip().count("\n") == 0 and "Traceback" not in text, text
+    assert text.startswith("ConfigError: invalid training configuration: batch_size=32: the DataLoader's own sampler "
+                           "(WeightedRandomSampler)") and "torch.utils.data.Subset(dataset, indices)" in text, text
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_run_continuing_a_pass_says_so_where_the_loader_is_read_again(workers):
-    loader = DataLoader(ROWS, batch_size=10, sampler=SubsetRandomSampler(range(100)), num_workers=workers)
+    loader = DataLoader(ROWS, batch_size=10, sampler=list(range(100)), num_workers=workers)
     model = _net()
     notes = [nbtrain.fit(model, loader, training_step=_recording([]), max_steps=steps, accelerator="cpu")
              .summary["notes"] for steps in (3, 2, 5)]

@@ -91,7 +91,8 @@ class Run:
         check_monitor(c, engine.recipe)
         self._monitor = Monitor(c.monitor, c.mode, c.patience, c.restore_best) if c.monitor else None
         logger = loggers.attach(self.log, c) if c.logger != "none" and engine.world.is_main else None
-        engine.notes.pop("data order", None)  # this run's loader says it again where it applies
+        # this run's loader says it again where it applies; a rebuilt split says its order is nbtrain's
+        engine.note("data order", engine.recipe.order_note)
         engine.running = True
         peak = PeakMemory(engine.device)
         peak.start()

@@ -165,6 +165,8 @@ def image_recipe(images: int = 128, size: int = 32, seed: int = 0):
     """A torchvision ResNet-18 on FakeData images through torchvision transforms: the shape of a real
     image notebook (PIL decode, augmentation and normalisation per sample in the loader; batch
     norm; convolutions that channels_last and cuDNN act on), small enough for a laptop CPU."""
+    from ..doctor import import_torchvision
+    import_torchvision()  # a torch and torchvision not built for each other: one line saying what to run
     from torchvision import datasets, models
     from torchvision.transforms import v2
 

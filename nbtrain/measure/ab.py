@@ -1,7 +1,7 @@
 """A/B on the live model: two configs trained in alternating short blocks, then a verdict.
 
     v = nbtrain.ab(model, train_data, loss_fn=..., a={}, b={"precision": "bf16-mixed"})
-    print(v.text())   # "precision=bf16-mixed: 1.31x faster (95% interval 1.24-1.38)"
+    print(v)          # "precision=bf16-mixed: 1.31x faster (95% interval 1.24-1.38)"
                       # or "... no measurable difference (0.97-1.04)"
 
 Each block trains for about a quarter second from the same saved state (a trial: weights, optimizer, RNG
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..tools import trial
 from ..tools.tool_options import ToolRefusal
 from ..config import TrainConfig
+from ..format import PrintsAsTable
 from ..metrics import MetricsLog
 from ..records import samples_start
 from .steady import block_rates, columns_series, steady_rate
@@ -27,7 +28,7 @@ from .verdict import UNMEASURED, Verdict, paired
 
 
 @dataclass
-class ABResult:
+class ABResult(PrintsAsTable):
     a: TrainConfig
     b: TrainConfig
     verdict: Verdict
@@ -41,11 +42,14 @@ class ABResult:
     def label(self) -> str:
         return describe_change(self.a, self.b)
 
-    def text(self) -> str:
+    def table(self) -> str:
+        """One line: B against A, its verdict and how it was measured (a head to head's whole table)."""
         return self.verdict.text(self.label) + f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s]"
 
+    text = table  # the name notebooks 02, 06 and 07 print it by
+
     def __repr__(self) -> str:
-        return f"ABResult({self.text()})"
+        return f"ABResult({self.table()})"
 
 
 _SIZING_STEPS = 20  # the uncounted first block of each config, whose rate sizes the timed blocks

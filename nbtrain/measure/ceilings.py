@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 
 from ..tools import trial
 from ..config import TrainConfig
+from ..format import PrintsAsTable
 from ..engine.data import refusal, to_device
 from ..engine.toggles import to_channels_last
 from . import device_rates
@@ -46,7 +47,7 @@ COLORS = {"data": "tab:red", "host": "tab:orange", "compute": "tab:blue", "memor
 
 
 @dataclass
-class Ceilings:
+class Ceilings(PrintsAsTable):
     config: TrainConfig
     device: str
     loader: SteadyRate          # samples/s the loader alone delivers

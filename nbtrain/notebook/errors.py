@@ -70,9 +70,24 @@ def _relinked(frames: list):
     return tb
 
 
-def folded_render(shell, error: BaseException, tb):
-    """A `_render_traceback_` for `error` showing user_frames(tb), a line where frames were folded."""
+def cell_frames(filename: str, lines: list[int]) -> list:
+    """Traceback entries at `lines` of the cell that ran as `filename`, each as IPython shows a frame of a
+    cell ("Cell In[5], line 6" and the lines around it, read from the cell's source IPython keeps)."""
+    frames = []
+    for line in sorted(set(lines)):
+        try:  # a real frame of code named as the cell, stopped at that line: IPython formats it as its own
+            exec(compile("\n" * (line - 1) + "raise RuntimeError", filename, "exec"), {})
+        except RuntimeError as here:
+            frames.append(here.__traceback__.tb_next)
+    return frames
+
+
+def folded_render(shell, error: BaseException, tb, cell_lines: list | None = None):
+    """A `_render_traceback_` for `error` showing user_frames(tb), a line where frames were folded; before
+    them, where the cell's own code ran in none of them, `cell_lines` (cell_frames) set apart by a line."""
     kept, skipped = user_frames(tb)
+    lead = cell_lines or []
+    kept, skipped = lead + kept, [0] * len(lead) + skipped
 
     def render():
         parts = shell.InteractiveTB.structured_traceback(type(error), error, _relinked(kept))
@@ -82,6 +97,8 @@ def folded_render(shell, error: BaseException, tb):
             if skipped[i]:
                 parts.insert(2 + i, f"    [... {skipped[i]} frame{'s' * (skipped[i] > 1)} of nbtrain, torch and "
                                     "libraries folded]\n")
+        if lead:
+            parts.insert(2, "    [the cell's lines that set the parts nbtrain called when it failed:]\n")
         return parts
     return render
 
@@ -94,23 +111,30 @@ def from_cell(tb, filename: str):
     return tb
 
 
-def show_as_user_error(shell, error: BaseException, tb, fold: bool = False) -> BaseException:
+def show_as_user_error(shell, error: BaseException, tb, fold: bool = False, cell_lines: list | None = None
+                       ) -> BaseException:
     """`error`, made to display only the traceback `tb` (from the user's code) when it is raised;
-    `fold`: only the user's frames of it and the frame that raised (folded_render)."""
+    `fold`: only the user's frames of it and the frame that raised (folded_render), after `cell_lines`."""
     def render():
         return shell.InteractiveTB.structured_traceback(type(error), error, tb)
     try:
-        error._render_traceback_ = folded_render(shell, error, tb) if fold else render
+        error._render_traceback_ = folded_render(shell, error, tb, cell_lines) if fold else render
     except AttributeError:  # an exception type without instance attributes: show it whole
         pass
     return error
 
 
-def training_failure(shell, error: Exception, taken: dict | None = None) -> BaseException:
+# The parts a failing part was handed: a loss_fn is called on the model's output.
+_CALLED = {"loss_fn": ("model", "loss_fn")}
+
+
+def training_failure(shell, error: Exception, taken: dict | None = None, cell: tuple | None = None) -> BaseException:
     """What to raise for an exception out of training: a one-line error when nbtrain refused the
     input, nbtrain's own error types as their message, the user's traceback when user code failed,
     everything when nbtrain itself failed unexpectedly. `taken`: the recipe parts that came from
-    earlier cells (earlier.py); an error raised in one of them says so beside it."""
+    earlier cells (earlier.py); an error raised in one of them says so beside it. `cell`: (the name the
+    cell ran as, {part: the cell's line that set it}); where no frame of the cell is in the traceback
+    (a library's model or loss), the lines that set the parts that failed come first, as in a script."""
     frames = list(_frames(error.__traceback__))
     raised_by_nbtrain = bool(frames) and is_nbtrain_frame(frames[-1])
     if isinstance(error, ConfigError):
@@ -127,4 +151,8 @@ def training_failure(shell, error: Exception, taken: dict | None = None) -> Base
         return error
     if raised_by_nbtrain:
         return error  # a bug in nbtrain: its frames are what a report needs
-    return show_as_user_error(shell, error, error.__traceback__, fold=True)
+    lead = []
+    if cell is not None and not any(t.tb_frame.f_code.co_filename == cell[0] for t in frames):
+        part = getattr(error, "nbtrain_part", None)
+        lead = cell_frames(cell[0], [cell[1][p] for p in _CALLED.get(part, (part,)) if p in cell[1]])
+    return show_as_user_error(shell, error, error.__traceback__, fold=True, cell_lines=lead)

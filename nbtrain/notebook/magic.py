@@ -179,7 +179,8 @@ class NbtrainMagics(Magics):
         tool_kwargs = tools.keywords(tool, args) if tool not in (None, "panel") else {}
         namespace = self.shell.user_ns
         before = earlier.names_before(namespace)
-        self._run_body(cell)
+        filename, source = self._run_body(cell)
+        assigned = earlier.assigned_names(source)
         try:
             recipe = recipe_from_namespace(namespace)
         except RecipeError as error:
@@ -188,7 +189,7 @@ class NbtrainMagics(Magics):
             config = namespace_lr(namespace, config, given="lr" in given)
         except ConfigError as error:
             raise UsageError(f"%%nbtrain: {error.render(lambda o: 'lr (in the namespace)')}") from None
-        taken = earlier.taken_from_earlier(namespace, before)
+        taken = earlier.taken_from_earlier(namespace, before, assigned)
         if taken and not whole_recipe_asked:  # whatever uses the recipe below (a run, a tool, a batch job, the panel)
             print(earlier.header(taken))
         if batch_job:
@@ -196,10 +197,11 @@ class NbtrainMagics(Magics):
             return None if result is None else self._keep(result, recipe, args)
         if tool == "panel":
             return self._show_panel(recipe, config, args)
+        cell_lines = (filename, earlier.lines_setting(namespace, assigned))  # shown where an error has no cell frame
         if tool is not None:
-            result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs, taken)
+            result = tools.run_tool(self.shell, tool, recipe, config, tool_kwargs, taken, cell_lines)
             return None if result is None else tools.show_result(self, tool, result, args)
-        result = self._train(recipe, config, args, taken)
+        result = self._train(recipe, config, args, taken, cell_lines)
         if result is None:
             return
         self._keep(result, recipe, args)
@@ -232,8 +234,9 @@ class NbtrainMagics(Magics):
         shown = ", ".join(f"{errors.flag(k)} {v}" for k, v in {**self.defaults, **self.run_defaults}.items())
         print(f"nbtrain defaults for later cells: {shown or 'none (TrainConfig defaults)'}")
 
-    def _run_body(self, cell: str) -> None:
-        """Run the cell body as the cell itself: its line numbers, the notebook's namespace."""
+    def _run_body(self, cell: str) -> tuple[str, str]:
+        """Run the cell body as the cell itself: its line numbers, the notebook's namespace; (the name it ran
+        under, the Python source it ran: the cell's lines at their own numbers)."""
         shell = self.shell
         raw = "\n" + cell
         # IPython's transforms drop leading blank lines; put them back, plus one for the %%nbtrain
@@ -251,6 +254,7 @@ class NbtrainMagics(Magics):
             exec(code, shell.user_global_ns, shell.user_ns)
         except (Exception, KeyboardInterrupt) as error:
             raise errors.show_as_user_error(shell, error, errors.from_cell(error.__traceback__, filename)) from None
+        return filename, source
 
     def _show_panel(self, recipe, config: TrainConfig, args):
         """`%nbtrain --panel`: the control panel over the cell's recipe, kept in _nbtrain_panel (and --name)."""
@@ -272,8 +276,9 @@ class NbtrainMagics(Magics):
         plot = None if self._option(args, "no_plot") or not draws else LivePlot(title=args.name).follow(log)
         return [view for view in (progress, plot) if view is not None]
 
-    def _train(self, recipe: Recipe, config: TrainConfig, args, taken: dict) -> RunResult | None:
-        """One run; `taken`: the recipe parts from earlier cells (said beside an error raised in one)."""
+    def _train(self, recipe: Recipe, config: TrainConfig, args, taken: dict, cell=None) -> RunResult | None:
+        """One run; `taken`: the recipe parts from earlier cells (said beside an error raised in one); `cell`:
+        (its name, {part: the cell's line that set it}), shown where an error in a part has no frame of it."""
         log = MetricsLog()
         views = self.live_views(log, args)
         try:
@@ -287,7 +292,7 @@ class NbtrainMagics(Magics):
             print("nbtrain: interrupted before the first step; nothing was trained.")
             return None
         except Exception as error:
-            raise errors.training_failure(self.shell, error, taken) from None
+            raise errors.training_failure(self.shell, error, taken, cell) from None
         finally:
             for view in views:
                 view.close()

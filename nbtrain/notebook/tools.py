@@ -115,9 +115,10 @@ def keywords(tool: str, args) -> dict:
         raise UsageError(f"%%nbtrain: {error.text(flag_spelling(entry))}") from None
 
 
-def run_tool(shell, tool: str, recipe, config: TrainConfig, kwargs: dict, taken: dict | None = None):
+def run_tool(shell, tool: str, recipe, config: TrainConfig, kwargs: dict, taken: dict | None = None, cell=None):
     """Run `tool` on the recipe's live model and return its result; failures as the magic reports them
-    (`taken`: the recipe parts from earlier cells, said beside an error raised in one, as for a run)."""
+    (`taken`: the recipe parts from earlier cells, said beside an error raised in one, as for a run; `cell`:
+    the cell's lines that set the parts, shown first where an error has no frame of the cell, as for a run)."""
     if config.world_size > 1:
         raise UsageError(f"%%nbtrain: {flag(tool)} with --devices {config.devices} --num-nodes {config.num_nodes}: "
                          "the tools measure in this kernel, one process; allowed: --devices 1 --num-nodes 1 "
@@ -135,7 +136,7 @@ def run_tool(shell, tool: str, recipe, config: TrainConfig, kwargs: dict, taken:
     except ConfigError as error:
         raise errors.config_usage_error(error) from None
     except Exception as error:
-        raise errors.training_failure(shell, error, taken) from None
+        raise errors.training_failure(shell, error, taken, cell) from None
 
 
 def figure_png(result, tool: str, dpi: int = 120) -> bytes | None:

@@ -156,10 +156,6 @@ class Summary:
         return "\n".join([self.result.table()] + self.notes)
 
     def _repr_html_(self) -> str:
-        title = html.escape(f"nbtrain run{' ' + self.result.name if self.result.name else ''}")
-        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
-                       f"<td style='text-align:left'>{html.escape(text)}</td></tr>" for label, text in self.result.rows())
-        notes = "".join(f"<div>{html.escape(note)}</div>" for note in self.notes)
-        return f"<div><b>{title}</b><table>{rows}</table>{notes}</div>"
+        return self.result.html(self.notes)
 
 

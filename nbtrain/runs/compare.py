@@ -10,16 +10,18 @@ import base64
 import html
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..measure.steady import columns_series
+from ..measure.steady import WIDE_SPREAD, columns_series
 from ..measure.verdict import Verdict, steady_ratio
 from ..plotting import held_out_series
-from ..format import number
+from ..format import number, rate_with_interval
 from ..records import samples_start
 from .result import RunResult, peak_memory, peak_memory_text
+
+NOISY_MARK = "*"  # a samples/s too noisy to trust, said once in the table's footnote
 
 
 def smoothed(losses: list[float], window: int) -> list[float]:
@@ -68,6 +70,7 @@ class Comparison:
     target_loss: float
     rows: list[dict]
     figure: object
+    notes: list = field(default_factory=list)  # footnotes to the table's marks
 
     def table(self) -> str:
         heads = list(self.rows[0])
@@ -76,7 +79,7 @@ class Comparison:
 
         def line(values):
             return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
-        return "\n".join([line(heads)] + [line(c) for c in cells])
+        return "\n".join([line(heads)] + [line(c) for c in cells] + self.notes)
 
     def png(self) -> bytes:
         buffer = io.BytesIO()
@@ -88,7 +91,8 @@ class Comparison:
         head = "".join(f"<th>{html.escape(h)}</th>" for h in heads)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[h]))}</td>" for h in heads) + "</tr>"
                        for r in self.rows)
-        return f"<table><tr>{head}</tr>{body}</table>"
+        notes = "".join(f"<div>{html.escape(note)}</div>" for note in self.notes)
+        return f"<table><tr>{head}</tr>{body}</table>{notes}"
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         image = base64.b64encode(self.png()).decode()
@@ -112,12 +116,15 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     target = loss if loss is not None else max(reached)
     times = [time_to_loss(r, target) for r in results]
     base = results[0]
-    rows = []
+    rows, noisy = [], []
     for label, run, t in zip(labels, results, times):
-        s = run.summary
+        s, steady = run.summary, run.steady()
         changes = ", ".join(f"{k}={new}" for k, (_, new) in run.config.changed_from(base.config).items())
+        wide = steady.wide and math.isfinite(steady.spread)
+        if wide:  # a mark in the cell, the words once below the table (a cell of them wrapped into three lines)
+            noisy.append(f"{label} {100 * steady.spread:.0f}%")
         rows.append({"run": label, "status": run.status, "steps": s["steps"],
-                     "samples/s": run.steady().text(""),
+                     "samples/s": rate_with_interval(steady.rate, steady.low, steady.high) + (NOISY_MARK if wide else ""),
                      "vs first": "-" if run is base else versus(base, run).short(),
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
                      "peak memory": peak_memory_text(s), "last loss": number(s["last_loss"]),
@@ -126,7 +133,9 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
         for row in rows:
             del row["held-out"]
     figure = _draw(results, labels, target, times)
-    result = Comparison(results, labels, target, rows, figure)
+    notes = [f"{NOISY_MARK} too noisy to trust: the spread between timed blocks ({', '.join(noisy)}) is over "
+             f"{100 * WIDE_SPREAD:.0f}%; samples/s with the 95% interval"] if noisy else []
+    result = Comparison(results, labels, target, rows, figure, notes)
     if path is not None:
         result.save(path)
     return result

@@ -1,11 +1,12 @@
 """RunResult: a finished (or stopped) run's config, history and measured summary."""
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
 
 from ..config import TrainConfig
-from ..format import duration, number
+from ..format import PrintsAsTable, duration, number
 from ..measure.steady import SteadyRate, of_columns
 from ..metrics import PHASES, MetricsLog
 from ..records import Summary, samples_start
@@ -41,6 +42,7 @@ def summarize(log: MetricsLog, extra: dict) -> Summary:
     }
     summary.update(extra)
     epochs = summary.get("epochs_trained")
+    summary["epochs"] = epochs  # the table's "steps / epochs" under the name it shows
     summary["time_per_epoch_s"] = train_time / epochs if epochs else float("nan")
     return summary
 
@@ -78,7 +80,7 @@ def _per_rank(peaks) -> str:
 
 
 @dataclass
-class RunResult:
+class RunResult(PrintsAsTable):
     config: TrainConfig
     log: MetricsLog
     summary: Summary
@@ -132,6 +134,17 @@ class RunResult:
         width = max(len(label) for label, _ in rows)
         title = f"nbtrain run{' ' + self.name if self.name else ''}"
         return "\n".join([title] + [f"  {label:<{width}}  {text}" for label, text in rows])
+
+    def html(self, notes=()) -> str:
+        """The table as HTML, as a notebook shows it (`notes`: lines under it)."""
+        title = html.escape(f"nbtrain run{' ' + self.name if self.name else ''}")
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+                       f"<td style='text-align:left'>{html.escape(text)}</td></tr>" for label, text in self.rows())
+        below = "".join(f"<div>{html.escape(note)}</div>" for note in notes)
+        return f"<div><b>{title}</b><table>{rows}</table>{below}</div>"
+
+    def _repr_html_(self) -> str:
+        return self.html()
 
     def __repr__(self) -> str:
         s = self.summary

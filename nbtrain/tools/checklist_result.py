@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..config import TrainConfig
-from ..format import ratio as ratio_text
+from ..format import PrintsAsTable, ratio as ratio_text
 from ..measure.verdict import UNMEASURED, Verdict
 from .checklist_items import Tried
 
@@ -52,7 +52,7 @@ _NOISY = "too noisy to tell"
 
 
 @dataclass(kw_only=True)
-class ChecklistResult:
+class ChecklistResult(PrintsAsTable):
     start_config: TrainConfig
     best_config: TrainConfig
     baseline: float

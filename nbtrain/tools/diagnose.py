@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from .. import plotting
 from . import trial
 from ..config import TrainConfig
+from ..format import PrintsAsTable
 from ..hardware import usable_cores  # noqa: F401  (tune_workers and the walk import it from here)
 from ..measure.ceilings import Ceilings, measure_ceilings
 from ..measure.device_rates import union_length
@@ -40,7 +41,7 @@ BOUND_SHARE = 0.3  # a phase with this share of the step (and the largest share)
 
 
 @dataclass
-class Diagnosis:
+class Diagnosis(PrintsAsTable):
     config: TrainConfig
     device: str
     phase_ms: dict              # measured mean ms per optimizer step, by phase

@@ -65,7 +65,8 @@ def _live_recipe_with(live: Recipe, train_data, parts: dict) -> Recipe:
     """The live recipe with the parts this call gave (data comes with its own loader settings and collate)."""
     given = {name: value for name, value in parts.items() if value is not None}
     if train_data is not None:
-        given = {"loader_settings": {}, "fixed_loader": None, "collate_fn": None, **given, "train_data": train_data}
+        given = {"loader_settings": {}, "fixed_loader": None, "order_note": None, "collate_fn": None, **given,
+                 "train_data": train_data}
     if "loss_fn" in given or "training_step" in given:  # a loss given replaces the live way to the loss
         given = {"loss_fn": None, "training_step": None, **given}
     return dataclasses.replace(live, **given)

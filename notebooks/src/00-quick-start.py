@@ -66,7 +66,7 @@ model = DigitsMLP()
 # %%
 batch_verdict = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 32}, b={"batch_size": 256},
                            budget_s=10, min_pairs=8)
-print(batch_verdict.text())
+print(batch_verdict)
 for run in (first, second):
     print(f"{run.name:>7}: {run.summary['steps']:>3} optimizer steps in 3 epochs, "
           f"held-out accuracy {100 * run.summary['val_acc']:.1f}%")
@@ -133,9 +133,10 @@ panel_trained = any(not torch.equal(a, b) for a, b in zip(before, model.paramete
 # Head to head:
 
 # %%
-bf16_verdict = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 128},
+# A and B name every setting they differ in: the live model's config is the panel's last (bf16-mixed).
+bf16_verdict = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 128, "precision": "32-true"},
                           b={"batch_size": 128, "precision": "bf16-mixed"}, budget_s=10, min_pairs=8)
-print(bf16_verdict.text())
+print(bf16_verdict)
 
 # %% [markdown]
 # On this CPU and this small model, bf16-mixed is no speed-up: head to head it measures slower (or, on a
@@ -149,11 +150,12 @@ print(bf16_verdict.text())
 for run in (first, second):
     assert run.status == "completed" and run.summary["last_loss"] < 0.5 * run.summary["first_loss"]
 assert first.summary["val_acc"] > 0.85, first.summary["val_acc"]
-assert batch_verdict.verdict.faster, batch_verdict.text()   # batch 256: more samples/s, beyond doubt at 95%
+assert batch_verdict.verdict.faster, str(batch_verdict)    # batch 256: more samples/s, beyond doubt at 95%
 assert second.summary["val_acc"] < first.summary["val_acc"]  # ... and lower accuracy after the same epochs
 assert "--batch-size" in flag_message and "fp8" in flag_message
 assert [r.status for r in panel.runs] == ["completed", "completed"], [(r.status, r.error) for r in panel.runs]
 assert panel.runs[1].config.precision == "bf16-mixed" and panel.runs[0].config.batch_size == 128
 assert panel_trained  # the panel trained this notebook's live model
-assert not bf16_verdict.verdict.faster, bf16_verdict.text()  # no bf16 speed-up on this CPU (slower where it measured)
+assert bf16_verdict.label == "precision=bf16-mixed", bf16_verdict.label  # bf16 against float32, nothing else
+assert not bf16_verdict.verdict.faster, str(bf16_verdict)  # no bf16 speed-up on this CPU (slower where it measured)
 print("all checks passed")
