@@ -18,7 +18,7 @@ import weakref
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import changes, checkpoint, data, dist, evaluation, rates, state, toggles
+from . import borrow, changes, checkpoint, data, dist, evaluation, rates, state, toggles
 from .kept_loaders import KeptLoaders
 from ..config import TrainConfig, check_runnable
 from .loop import Run
@@ -33,7 +33,9 @@ from .support import seed_torch
 
 
 class Engine:
-    def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None):
+    def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None, *,
+                 like: Engine | None = None):
+        """`like`: an engine this one starts as a copy of, sharing only the model (see fork)."""
         self.recipe = recipe
         self.config = config or TrainConfig()
         check_runnable(self.config)  # the engine runs here: this machine is the target
@@ -46,15 +48,13 @@ class Engine:
         self.samples = 0         # samples used, all ranks together
         # Where the current run's budget counts from (a resumed run's: the interrupted one's); checkpoints keep it.
         self.run_start = {"step": 0, "samples": 0, "epochs_done": 0}
-        self.seed = self.config.seed if self.config.seed is not None else random.randrange(2**31)
+        self.seed = like.seed if like is not None else \
+            self.config.seed if self.config.seed is not None else random.randrange(2**31)
         self.pending: TrainConfig | None = None  # a requested config, applied at the next step boundary
         self._lock = threading.Lock()
         self._run: Run | None = None  # the run in progress
         self.running = False
-        # Profiling only: synchronise the device at each phase boundary so CUDA phase times are
-        # honest. Off by default, so the hot loop never waits on the device (rule 5).
-        self.sync_phases = False
-        if self.config.seed is not None:
+        if self.config.seed is not None and like is None:
             seed_torch(self.config.seed)
         self.notes: dict[str, str] = {}  # option -> why it does not apply here
         self.compile_cost = CompileCost()
@@ -64,16 +64,51 @@ class Engine:
         self.device = input_device(self.model) or dist.device_for(self.config.device_type, self.world)
         if device_map(self.model) is None:
             self.model.to(self.device)
-        self.train_model = changes.wrap(self, self.model)  # the module the loop calls: the model, or its wrapper
+        # The module the loop calls: the model, or its wrapper (a copy's is the original's: the same model, config)
+        self.train_model = like.train_model if like is not None else changes.wrap(self, self.model)
         self.precision = Precision(self.config.precision, self.device.type)
-        self.held_data: data.Held | None = None  # the training data held for preload_data, kept across loaders
+        # The training data held for preload_data, kept across loaders (a copy's loader reads the same held data)
+        self.held_data: data.Held | None = like.held_data if like is not None else None
         # Live Snapshots (state.py) keep the held data a restore dropped, so a tool alternating a holding
         # config with one that does not hold reads the data set once, not once a block.
         self.snapshots = weakref.WeakSet()
         self.kept_loaders: KeptLoaders | None = None  # loaders whose workers outlive a run (keeping_workers)
         self.loader = self.build_loader()
-        self.replace_optimizer()
-        changes.apply_toggles(self, changes.TOGGLE_OPTIONS)
+        if like is None:
+            self.replace_optimizer()
+            changes.apply_toggles(self, changes.TOGGLE_OPTIONS)
+        else:
+            self.start_as_copy_of(like)
+
+    def fork(self, recipe: Recipe | None = None) -> Engine:
+        """An engine of its own over this engine's model, for a tool's trial (borrow.Trial borrows the model and
+        gives it back): it starts where this one stands, with copies of the optimizer and its state, the schedule
+        and its notes, the scaler, the position and the config, and its own loader over the same data (a user's
+        DataLoader copied: its sampler and generators, no open pass). `recipe`: other parts for the trial (an
+        optimizer or scheduler of its own is built from them). Nothing it does reaches this engine."""
+        recipe = recipe or self.recipe
+        # This engine's optimizer is copied (start_as_copy_of); another one given as an instance is copied here.
+        own = borrow.own_parts(recipe, instances=recipe.optimizer is not self.recipe.optimizer)
+        return Engine(own, self.config, like=self)
+
+    def start_as_copy_of(self, like: Engine) -> None:
+        """Copies of `like`'s optimizer (and state), schedule (state and notes), scaler, notes and position."""
+        if self.recipe.optimizer is like.recipe.optimizer:
+            self.optimizer = state.copy_optimizer(like.optimizer)
+            self.base_lrs = like.base_lrs
+            if self.recipe.scheduler is like.recipe.scheduler:
+                self.schedule = state.copy_schedule(like.schedule, like.optimizer, self.optimizer)
+            else:
+                self.replace_schedule()
+        else:
+            self.replace_optimizer()
+        if like.precision.scaler.state_dict():  # a disabled scaler saves nothing
+            self.precision.scaler.load_state_dict(like.precision.scaler.state_dict())
+        self.notes = {**like.notes, **self.notes}
+        self.set_position(like.position())
+        if self.recipe.train_data is not like.recipe.train_data:
+            self.epoch_offset = 0  # other data: its first epoch from the beginning
+        self.validated_at = like.validated_at
 
     # --- building the parts ----------------------------------------------------------
 
@@ -213,23 +248,11 @@ class Engine:
         """Continue from `saved`, all or nothing (StateMismatch when it does not fit)."""
         state.restore(self, saved)
 
-    @contextlib.contextmanager
-    def trial(self):
-        """Train inside the block, then put everything back bit for bit: weights, gradients, optimizer,
-        schedule, scaler, every RNG, the position and the config (what every checklist tool measures in)."""
-        snapshot = state.Snapshot(self)
-        try:
-            yield self
-        finally:
-            snapshot.restore()
-
-    def setup(self) -> state.Setup:
-        """What this engine trains with (recipe, config, optimizer, schedule, loader), to put back later."""
-        return state.Setup(self)
-
-    def use_setup(self, setup: state.Setup) -> None:
-        """Train with `setup` again, exactly as it was taken (its optimizer object, rates and schedule)."""
-        setup.put_back(self)
+    def trial(self, recipe: Recipe | None = None, config: TrainConfig | None = None) -> borrow.Trial:
+        """A trial on this engine's model: an engine of its own (`.engine`, a fork, configured with `config`)
+        that borrows the model and gives it back bit for bit when the trial closes (use it in a `with` block).
+        This engine is never reached: its optimizer, schedule, loader, config and position stay as they are."""
+        return borrow.Trial(self.model, lambda: self.fork(recipe), config, recipe or self.recipe)
 
     def position(self) -> dict:
         """Where training stands, for checkpoints: enough to continue exactly."""
@@ -257,14 +280,18 @@ class Engine:
 
     # --- runs (loop.py) -------------------------------------------------------------------
 
-    def run(self, log: MetricsLog | None = None, stop: threading.Event | None = None) -> RunResult:
+    def run(self, log: MetricsLog | None = None, stop: threading.Event | None = None, *, validate: bool = True,
+            sync_phases: bool = False) -> RunResult:
         """Train for the config's budget (max_epochs / max_steps) from where the model is now.
 
         Each run records into a fresh MetricsLog (or `log`, where views already listen). `stop`, an
         event set from any thread, ends the run at the next optimizer step as stop() does (one set
         before the run starts ends it before its first step); the engine never sets it itself.
+        `validate=False`: no held-out numbers (a trial's timed steps are training only). `sync_phases`:
+        synchronise the device at each phase boundary so CUDA phase times are honest (profiling only: off,
+        the hot loop never waits on the device, rule 5).
         """
-        self._run = Run(self, log, stop)
+        self._run = Run(self, log, stop, validate=validate, sync_phases=sync_phases)
         try:
             return self._run.train()
         finally:

@@ -55,7 +55,8 @@ def loader_alone(engine, steps: int, seconds: float):
 
 def train_step(engine, batch, counter=None):
     """One optimizer step on `batch` (each of the config's micro-batches is this batch), as the engine's loop
-    does; a device_rates.StepCounter, when given, is told when the optimizer's part begins."""
+    does; a device_rates.StepCounter, when given, is told when the optimizer's part begins. Returns the last
+    micro-batch's loss (on the device: reading it is the caller's choice)."""
     c, precision, model, optimizer = engine.config, engine.precision, engine.model, engine.optimizer
     k = c.accumulate_grad_batches
     for _ in range(k):
@@ -70,6 +71,7 @@ def train_step(engine, batch, counter=None):
     precision.scaler.step(optimizer)
     precision.scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
 
 
 def _head(batch, count: int, samples: int):

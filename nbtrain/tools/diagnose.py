@@ -230,26 +230,24 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
              ceilings: bool = True, **parts) -> Diagnosis:
     """Measure where the step time goes for the current config, and (`ceilings`) the machine's ceilings
     for it; the model is restored afterwards."""
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
-    config = trial.plain_config(engine.config)
-    snapshot = trial.Snapshot(engine)
     trace_path, ceiling, log = None, None, MetricsLog()
-    clock = GradSyncClock.on(engine.train_model) if hasattr(engine.train_model, "register_comm_hook") else None
-    try:
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        engine = lent.engine
+        config = trial.plain_config(engine.config)
+        clock = GradSyncClock.on(engine.train_model) if hasattr(engine.train_model, "register_comm_hook") else None
         if clock is not None:
             clock.intervals, clock.active = [], True
         m = trial.measure(engine, config, steps=steps + warmup_steps, seconds=seconds,
                           warmup_steps=warmup_steps, sync_phases=True, log=log)
         if clock is not None:
             clock.active = False
-        snapshot.restore()
+        lent.reset()
         if trace is not None:
             trace_path = _write_trace(engine, config, trace)
+            lent.reset()
         # Ranks measuring apart would each stop at their own time; under DDP only the breakdown is shown.
-        if ceilings and not engine.world.distributed:
+        if ceilings and not engine.world.distributed and m.ok:
             ceiling = measure_ceilings(engine)
-    finally:
-        snapshot.restore()
     if not m.ok:
         raise ToolRefusal(lambda spell: f"the step could not be measured: {m.error}")
     phases = dict(m.phase_ms)
