@@ -10,6 +10,7 @@ copy_loader), so the live ones are never trained.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -38,6 +39,16 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def rng_kept():
+    """Every RNG stream as it was before the block, after it (reading a data set must not move them)."""
+    saved = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
 
 
 def capture(engine, detached: bool = False) -> dict:

@@ -36,9 +36,9 @@ def loader_alone(engine, steps: int, seconds: float):
     loader.sampler.set_position(engine.epoch, 0)  # whole epochs; the engine repositions it before training
     durations, samples, first = [], [], None
     more = reading(steps, seconds)
-    while more(len(durations)):
-        iterator = iter(loader)
-        while more(len(durations)):
+    while True:
+        iterator, read = iter(loader), len(durations)
+        while first is None or more(len(durations)):  # a first batch however long it takes (worker start-up)
             t0 = time.perf_counter()
             try:
                 batch = next(iterator)
@@ -48,6 +48,8 @@ def loader_alone(engine, steps: int, seconds: float):
             samples.append(batch_samples(batch))
             first = batch if first is None else first
         del iterator  # a loader without persistent workers shuts them down here
+        if len(durations) == read or not more(len(durations)):  # an empty pass, or read enough
+            break
     if first is None:
         raise RuntimeError("nbtrain.ceilings: the DataLoader yielded no batch")
     return (durations, samples), first

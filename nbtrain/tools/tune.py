@@ -25,6 +25,7 @@ from . import trial
 from ..config import TrainConfig
 from ..metrics import MetricsLog
 from ..options import Problem
+from ..recipe import fixed_reason
 from .tool_options import ToolOptionError, ToolRefusal, declare, option
 from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
 from ..measure.ab import ABResult, compare_on
@@ -173,6 +174,9 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
 def _search(lent, max_batch, memory_budget, rule, steps, tolerance, speed_s, clock) -> BatchSearch:
     engine = lent.engine
     start = trial.plain_config(engine.config)
+    if engine.recipe.fixed_loader is not None:  # every other batch size would be refused, one trial at a time
+        why = fixed_reason(engine.recipe.fixed_loader)
+        raise ToolRefusal(lambda spell: f"the batch size cannot change: {why}")
     per_rank = samples_per_rank(engine)
     if per_rank is None and max_batch is None:
         raise ToolOptionError([Problem("max_batch", max_batch, "a whole number >= 1: the training data is a stream "
