@@ -28,12 +28,12 @@ N = 96
 class Rows(Dataset):
     """A map-style Dataset nbtrain builds the loader for (not a TensorDataset: not held)."""
 
-    def __init__(self, noise: bool = False):
+    def __init__(self, noise: bool = False, n: int = N):
         g = torch.Generator().manual_seed(0)
-        self.x, self.y, self.noise = torch.randn(N, 6, generator=g), torch.randn(N, 1, generator=g), noise
+        self.x, self.y, self.noise = torch.randn(n, 6, generator=g), torch.randn(n, 1, generator=g), noise
 
     def __len__(self):
-        return N
+        return len(self.x)
 
     def __getitem__(self, i):
         x = self.x[i] + 0.1 * torch.randn(6) if self.noise else self.x[i]  # a random augmentation
@@ -80,8 +80,8 @@ TOOL_NAMES = sorted(TOOLS) + ["ab"]
 
 def _fit(model, data, options, steps=3):
     return nbtrain.fit(model, data, loss_fn=nn.MSELoss(), optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
-                       scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5), batch_size=8, seed=0,
-                       max_steps=steps, accelerator="cpu", **options)
+                       scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 2, 0.5), seed=0, max_steps=steps,
+                       accelerator="cpu", **{"batch_size": 8, **options})
 
 
 def _model():
@@ -200,3 +200,72 @@ def _twin(kind):
     _fit(twin, twin_data, options)
     notes = _fit(twin, twin_data, options).summary["notes"]
     return list(twin.state_dict().values()), live_engine(twin).optimizer.state_dict()["state"], notes
+
+
+# --- what the trial design ends (issue 37, items 6, 8, 11, 12) ------------------------------------------
+
+MAGIC_DATA = """
+import torch
+from torch.utils.data import DataLoader, SubsetRandomSampler
+from test_trial_isolation import Rows, _model
+model = _model()
+train_data = DataLoader(Rows(), 8, sampler=SubsetRandomSampler(range(80)))
+loss_fn = torch.nn.MSELoss()
+"""
+
+
+@pytest.mark.slow
+def test_a_profile_cell_between_two_cells_over_a_users_sampler_leaves_the_open_pass_to_the_next_cell(ip, capsys):
+    def weights_after(profile: bool):
+        ip.run_cell("%%nbtrain --max-steps 3 --seed 0 --no-progress --no-plot" + MAGIC_DATA)
+        if profile:
+            assert ip.run_cell("%%nbtrain --profile --steps 2\npass\n").error_in_exec is None
+        ip.run_cell("%%nbtrain --max-steps 3 --seed 0 --no-progress --no-plot\npass\n")
+        notes = ip.user_ns["_nbtrain"].summary["notes"]
+        return [p.detach().clone() for p in ip.user_ns["model"].parameters()], notes
+
+    (profiled, notes), (twin, twin_notes) = weights_after(True), weights_after(False)
+    capsys.readouterr()
+    assert _same(profiled, twin) and notes == twin_notes
+    assert not any("read again" in note for note in notes)  # no note blaming workers or a resume
+
+
+@pytest.mark.slow
+def test_after_keep_best_the_summary_is_a_twins_given_the_kept_config_directly():
+    data, options = Rows(n=512), {"shuffle": True, "scale_lr": "linear", "base_batch_size": 8}  # the rule rescales
+    kept, twin = _model(), _model()
+    _fit(kept, data, options)
+    _fit(twin, data, options)
+    walk = nbtrain.checklist(kept, budget_s=6, trial_s=0.1, items=("batch_size",), keep_best=True,
+                             clock=lambda: 0.0)
+    best = walk.best_config
+    assert live_engine(kept).config == best
+    nbtrain.api.engine_for(live_engine(twin).recipe, best)  # the twin is given the kept config directly
+    runs = [_fit(model, data, {**options, "batch_size": best.batch_size}) for model in (kept, twin)]
+    assert runs[0].summary["notes"] == runs[1].summary["notes"], best  # no rescale from the walk's blocks
+    assert _same(list(kept.state_dict().values()), list(twin.state_dict().values()))
+
+
+def test_ceilings_on_a_loss_that_is_not_finite_stop_as_ab_does():
+    rows = Rows()
+    data = TensorDataset(rows.x, torch.full_like(rows.y, float("nan")))
+    for measure in (lambda: nbtrain.ceilings(_model(), data, loss_fn=nn.MSELoss(), steps=10, seconds=0.05),
+                    lambda: nbtrain.ab(_model(), data, loss_fn=nn.MSELoss(), b={"gradient_clip_val": 1.0},
+                                       block_steps=2, min_pairs=2, max_pairs=2)):
+        with pytest.raises(nbtrain.tools.registry.ToolRefusal, match=r"the loss became nan.* so no speed is compared"):
+            measure()
+
+
+def test_tools_take_training_options_as_fit_does_and_name_an_unknown_one():
+    model = _model()
+    _fit(model, Rows(), {})
+    engine = live_engine(model)
+    config = engine.config
+    profiled = nbtrain.profile(model, steps=2, warmup_steps=0, ceilings=False, batch_size=16, shuffle=False)
+    assert profiled.config.batch_size == 16 and not profiled.config.shuffle and live_engine(model).config is config
+    with pytest.raises(nbtrain.tools.registry.ToolOptionError,
+                       match=r"nbtrain.profile: batchsize=64: allowed: .* a training option as nbtrain.fit takes it "
+                             r".*did you mean 'batch_size'"):
+        nbtrain.profile(model, steps=2, batchsize=64)
+    with pytest.raises(nbtrain.ConfigError, match="batch_size=-1"):
+        nbtrain.profile(model, steps=2, batch_size=-1)
