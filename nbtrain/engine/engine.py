@@ -76,7 +76,7 @@ class Engine:
         self.loader = self.build_loader()
         if like is None:
             self.replace_optimizer()
-            changes.apply_toggles(self, changes.TOGGLE_OPTIONS)
+            self.apply_toggles(changes.TOGGLE_OPTIONS)
         else:
             self.start_as_copy_of(like)
 
@@ -164,7 +164,7 @@ class Engine:
     def replace_optimizer(self) -> None:
         """A new optimizer from the recipe's factory (fresh state), at the configured rate, and its schedule."""
         self.optimizer = self.recipe.build_optimizer(self.model.parameters())
-        changes.use_optimizer_impl(self)
+        self.use_optimizer_impl()
         self.base_lrs = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
         self.replace_schedule(fresh=False)
 
@@ -236,7 +236,53 @@ class Engine:
         with self._lock:
             new, self.pending = self.pending, None
         if new is not None:
-            changes.apply(self, new)
+            self.switch_to(new)
+
+    def switch_to(self, new: TrainConfig) -> None:
+        """Switch to `new`, rebuilding only what the changed options touch (changes.py says which)."""
+        changed = new.changed_from(self.config)
+        if not changed:
+            return
+        previous, self.config = self.config, new
+        names = set(changed)
+        if new.device_type != self.device.type and device_map(self.model) is None:
+            self.device = dist.device_for(new.device_type, self.world)
+            self.model.to(self.device)
+            # Optimizer state (momentum, Adam moments) follows its parameters to the new device.
+            self.optimizer.load_state_dict(self.optimizer.state_dict())
+            self.train_model = changes.wrap(self, self.model)
+        if changes.TOGGLE_OPTIONS & names:
+            self.apply_toggles(names)
+        if {"precision", "accelerator"} & names:
+            self.precision = Precision(new.precision, self.device.type)
+        if changes.LOADER_OPTIONS & names:
+            self.loader = self.build_loader()
+        if changes.LR_OPTIONS & names or "warmup_steps" in names:
+            changes.follow_lr_rule(self, previous)
+        if self.running:  # between runs the next run's start event states the config
+            self.log.emit(changes.change_event(self, changed))
+
+    def apply_toggles(self, names: set) -> None:
+        """Apply the speed toggles among `names` (toggles.py); record why any does not apply here."""
+        c = self.config
+        if "channels_last" in names:
+            self.note("channels_last", toggles.set_memory_format(self.model, c.channels_last))
+        if "optimizer_impl" in names:
+            self.use_optimizer_impl()
+        if "activation_checkpointing" in names:
+            toggles.set_activation_checkpointing(self.model, c.activation_checkpointing)
+        if {"matmul_precision", "cudnn_benchmark", "accelerator"} & names:
+            self.note("matmul_precision", None)
+            self.note("cudnn_benchmark", None)
+            for option, note in changes.matmul_notes(self).items():
+                self.note(option, note)
+        if {"compile", "accelerator", "activation_checkpointing"} & names:
+            self.train_model = changes.compiled(self, changes.wrap(self, self.model))
+            self.compile_cost.fresh = c.compile != "none"
+
+    def use_optimizer_impl(self) -> None:
+        self.optimizer, note = toggles.with_implementation(self.optimizer, self.config.optimizer_impl)
+        self.note("optimizer_impl", note)
 
     # --- state as data (state.py) ---------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Timing one training step on the live engine: the loader alone, and steps on a batch held on the device.
+"""Timing one training step on a trial's engine: the loader alone, and steps on a batch held on the device.
 
 What the ceilings (ceilings.py) read: the loader's per-batch times with no model, and optimizer
 steps on one batch at the config's batch and at 2 samples of it, taken in alternation.

@@ -25,8 +25,8 @@ current config's block beside every candidate's, so each speed-up comes with the
 its pairs; a candidate is kept only when that interval lies above `min_gain`. A race that ends
 without a verdict says why (which side's blocks varied, by how much). Blocks never keep their
 weights; no round starts that would pass the stated budget, read on the walk's own clock (`clock=`,
-default time.monotonic). The measurements go through a bench (walk_bench.py): the live engine
-here, a simulated machine in the tests (measure/simulated.py).
+default time.monotonic). The measurements go through a bench (walk_bench.py): a trial on the live
+model here, a simulated machine in the tests (measure/simulated.py).
 """
 from __future__ import annotations
 

@@ -9,9 +9,10 @@ device is synchronised at every phase boundary while profiling (only then), so k
 is charged to the phase that launched it. The machine's ceilings are measured apart
 (measure/ceilings.py: data, host, compute and memory, each a rate with its interval) and the
 verdict says what both show: the binding ceiling and by how much, the share of the step it
-costs, and the remedies in the order the numbers favour. The model is restored afterwards. With `trace="run.json"` a second, short
-trial runs under torch.profiler and writes a Chrome trace (open it in Perfetto); its timings
-are not mixed into the breakdown.
+costs, and the remedies in the order the numbers favour. It measures in a trial: the live engine is
+never reached and the model is given back. With `trace="run.json"` a second, short trial runs
+under torch.profiler and writes a Chrome trace (open it in Perfetto); its timings are not mixed
+into the breakdown.
 """
 from __future__ import annotations
 
@@ -229,7 +230,7 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
              warmup_steps: int = 3, seconds: float | None = None, trace: str | os.PathLike | None = None,
              ceilings: bool = True, **parts) -> Diagnosis:
     """Measure where the step time goes for the current config, and (`ceilings`) the machine's ceilings
-    for it; the model is restored afterwards."""
+    for it, in a trial (the model is given back bit for bit)."""
     trace_path, ceiling, log = None, None, MetricsLog()
     with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
         engine = lent.engine

@@ -4,7 +4,7 @@
     print(w.table())   # each setting: steady samples/s (95% interval), vs the starting setting
     cfg = w.best       # the starting setting unless another is measurably faster, head to head
 
-Each setting is trained for `seconds` on the user's engine and undone (trial.Snapshot). The
+Each setting is trained for `seconds` in a trial (trial.borrow: the live engine is never reached). The
 fastest is then measured against the starting setting in alternating blocks (measure/ab.py):
 one trial each on a shared machine can differ by tens of percent with nothing changed, so the
 search only moves off the starting setting when the head-to-head interval says it is faster.

@@ -5,7 +5,7 @@ and puts the state back; `trial(config, seconds)` one whole trial; `bottleneck(c
 reads the four ceilings (measure/ceilings.py) at a config and returns their verdict
 (measure/bottleneck.py); `apart(label, config, steps)` runs a config in processes of its own (DDP);
 `here` answers what the items need to know (samples, cores, CUDA, held data, the optimizer's
-kernels, convolutions, whether DDP can run). `EngineBench` is the live engine; a simulated machine
+kernels, convolutions, whether DDP can run). `EngineBench` is a trial on the live model; a simulated machine
 (measure/simulated.py) has the same face, so the walk's logic is tested without a GPU.
 """
 from __future__ import annotations
@@ -91,9 +91,9 @@ class EngineBench:
 
     def _trial(self, config, seconds: float):
         """(measurement or None, steady rate, block rates, why it failed) of `config` trained for `seconds`
-        on the live model, the state put back after it; out of memory, a candidate whose loss diverged, or any
-        error of a config the walk chose, is a result ("failed: ..."); only the user's own starting config raises
-        (and the current config diverging: nothing could be compared with it)."""
+        on the trial's engine, which is put back where the walk started it; out of memory, a candidate whose
+        loss diverged, or any error of a config the walk chose, is a result ("failed: ..."); only the user's own
+        starting config raises (and the current config diverging: nothing could be compared with it)."""
         from ..measure.ab import diverged_refusal
         try:
             m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
