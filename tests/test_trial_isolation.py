@@ -269,3 +269,24 @@ def test_tools_take_training_options_as_fit_does_and_name_an_unknown_one():
         nbtrain.profile(model, steps=2, batchsize=64)
     with pytest.raises(nbtrain.ConfigError, match="batch_size=-1"):
         nbtrain.profile(model, steps=2, batch_size=-1)
+
+
+def test_a_tool_on_a_model_not_trained_yet_steps_none_of_the_users_own_objects_and_attaches_nothing():
+    def parts():
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 2, 0.5)
+
+    (model, optimizer, scheduler), (twin, twin_optimizer, twin_scheduler) = parts(), parts()
+    loader = DataLoader(Rows(), 8, sampler=WeightedRandomSampler(torch.linspace(0.1, 1, N), N,
+                                                                   generator=torch.Generator().manual_seed(5)))
+    twin_loader = DataLoader(Rows(), 8, sampler=WeightedRandomSampler(torch.linspace(0.1, 1, N), N,
+                                                                        generator=torch.Generator().manual_seed(5)))
+    seen = _values(loader)
+    nbtrain.ab(model, loader, loss_fn=nn.MSELoss(), optimizer=optimizer, scheduler=scheduler,
+               b={"gradient_clip_val": 1.0}, block_steps=2, min_pairs=2, max_pairs=2)
+    assert live_engine(model) is None and not optimizer.state and scheduler.last_epoch == 0
+    assert not [path for path in seen if not _same(seen[path], _values(loader).get(path))]
+    for m, o, s, d in ((model, optimizer, scheduler, loader), (twin, twin_optimizer, twin_scheduler, twin_loader)):
+        nbtrain.fit(m, d, loss_fn=nn.MSELoss(), optimizer=o, scheduler=s, max_steps=4, seed=0, accelerator="cpu")
+    assert _same(list(model.state_dict().values()), list(twin.state_dict().values()))

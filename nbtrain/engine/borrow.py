@@ -86,7 +86,7 @@ def own_parts(recipe, instances: bool = True):
     if recipe.fixed_loader is not None:
         changes["fixed_loader"] = copy_loader(recipe.fixed_loader)
     instance = getattr(recipe.optimizer, "instance", None)  # an optimizer given as an instance (recipe.py)
-    if instances and instance is not None:
+    if instances and instance is not None and recipe.optimizer.adopts(list(recipe.model.parameters())):
         copied = copy_optimizer(instance)
         changes["optimizer"] = lambda params: copied
         if getattr(recipe.scheduler, "optimizer", None) is instance:  # a scheduler instance driving it

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from . import dist, fsdp, toggles
+from . import fsdp, toggles
 from ..config import ConfigError, Problem, TrainConfig, check_runnable
 from ..recipe import FIXED_OPTIONS, fixed_reason
 from ..records import ChangeEvent
