@@ -4,9 +4,11 @@ It keeps the model, optimizer (with its own rates and the schedule), loader, pre
 position (step, epoch, samples), and on a config change rebuilds only what the change touches. Each
 `run()` is a `loop.Run`: what a run resets (its rows, losses, monitor, logged values, stop events,
 clock) lives there, with the loop. The Engine holds its collaborators and calls them with what they
-read: `rates` (LR rule, warm-up, schedule), `changes` (live config changes), `state` (state as data,
-trials), `report.CompileCost` (compile cost across runs), `data` / `stream` (batches), `evaluation`.
-It knows nothing of Jupyter: front-ends subscribe views to its MetricsLog.
+read: `rates` (LR rule, warm-up, schedule), `changes` (what a config change touches), `state` (state as
+data, and the copies a fork starts from), `borrow` (a tool's trial: a fork of this engine over the borrowed
+model), `report.CompileCost` (compile cost across runs), `data` / `stream` (batches), `evaluation`. Only
+the Engine (and its run) sets its own fields: other modules call its methods. It knows nothing of
+Jupyter: front-ends subscribe views to its MetricsLog.
 """
 from __future__ import annotations
 
