@@ -290,3 +290,11 @@ def test_a_tool_on_a_model_not_trained_yet_steps_none_of_the_users_own_objects_a
     for m, o, s, d in ((model, optimizer, scheduler, loader), (twin, twin_optimizer, twin_scheduler, twin_loader)):
         nbtrain.fit(m, d, loss_fn=nn.MSELoss(), optimizer=o, scheduler=s, max_steps=4, seed=0, accelerator="cpu")
     assert _same(list(model.state_dict().values()), list(twin.state_dict().values()))
+
+
+def test_a_trial_keeps_one_copy_of_the_weights_for_its_blocks_and_the_give_back():
+    model = _model()
+    _fit(model, Rows(), {})
+    with live_engine(model).trial() as lent:
+        kept = {id(values) for values in lent.loan.saved().values()}
+        assert all(id(values) in kept for values in lent.start.state["model"].values())

@@ -50,6 +50,10 @@ class Loan:
         self.rng = rng_state()
         self.matmul = (torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark)
 
+    def saved(self) -> dict:
+        """{id(tensor): the copy of its values made when lent}: read, never written, until given back."""
+        return {id(tensor): values for _, _, _, tensor, _, values in self.tensors}
+
     def give_back(self) -> None:
         with torch.no_grad():
             for module, kind, name, tensor, data, values in self.tensors:
@@ -107,7 +111,8 @@ class Trial:
             self.engine = make()
             if config is not None:
                 self.engine.reconfigure(config)
-            self.start = Snapshot(self.engine)  # where each of the trial's blocks starts
+            # Where each of the trial's blocks starts: its weights are the loan's copy (one copy, not two).
+            self.start = Snapshot(self.engine, saved=self.loan.saved())
         except BaseException:
             self.loan.give_back()
             raise

@@ -51,16 +51,22 @@ def rng_kept():
         set_rng_state(saved)
 
 
-def capture(engine, detached: bool = False) -> dict:
-    """The engine's state; `detached=True` copies every tensor (a snapshot training cannot change)."""
-    state = {"model": engine.model.state_dict(), "optimizer": engine.optimizer.state_dict(),
+def capture(engine, detached: bool = False, saved: dict | None = None) -> dict:
+    """The engine's state; `detached=True` copies every tensor (a snapshot training cannot change). `saved`:
+    {id(tensor): a copy of its values already made} (a trial's loan), used instead of a second copy."""
+    state = {"model": engine.model.state_dict(keep_vars=detached), "optimizer": engine.optimizer.state_dict(),
              "optimizer_class": type(engine.optimizer).__name__,
              "scheduler": engine.schedule.state_dict() if engine.schedule is not None else None,
              "scaler": engine.precision.scaler.state_dict(), "rng": rng_state(), "position": engine.position()}
     if detached:
+        saved = saved or {}
         state = {**copy.deepcopy({k: v for k, v in state.items() if k != "model"}),
-                 "model": {k: v.detach().clone() for k, v in state["model"].items()}}
+                 "model": {k: _copy_of(v, saved.get(id(v))) for k, v in state["model"].items()}}
     return state
+
+
+def _copy_of(tensor, saved):
+    return saved if saved is not None and saved.shape == tensor.shape else tensor.detach().clone()
 
 
 def restore(engine, state: dict) -> None:
@@ -119,10 +125,11 @@ class Snapshot:
     back exactly, as often as a tool measures. Only a trial's own engine (borrow.Trial) is snapshotted: each
     of its blocks starts from its snapshot; a live engine is never trained and put back."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, saved: dict | None = None):
+        """`saved`: {id(tensor): a copy of its values} the caller keeps unchanged (see capture)."""
         self.engine = engine
         self.config = engine.config
-        self.state = capture(engine, detached=True)
+        self.state = capture(engine, detached=True, saved=saved)
         self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
         self.spare_held = None  # held training data a restore dropped, reused while this snapshot lives
         engine.snapshots.add(self)
