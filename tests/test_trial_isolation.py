@@ -292,9 +292,16 @@ def test_a_tool_on_a_model_not_trained_yet_steps_none_of_the_users_own_objects_a
     assert _same(list(model.state_dict().values()), list(twin.state_dict().values()))
 
 
-def test_a_trial_keeps_one_copy_of_the_weights_for_its_blocks_and_the_give_back():
+def test_a_trial_keeps_one_copy_of_the_weights_and_of_the_optimizer_state_for_its_blocks():
     model = _model()
     _fit(model, Rows(), {})
-    with live_engine(model).trial() as lent:
+    live = live_engine(model)
+    with live.trial() as lent:
         kept = {id(values) for values in lent.loan.saved().values()}
         assert all(id(values) in kept for values in lent.start.state["model"].values())
+        theirs = {id(t) for values in live.optimizer.state.values() for t in values.values()}
+        saved = [t for values in lent.start.state["optimizer"]["state"].values() for t in values.values()]
+        assert saved and all(id(t) in theirs for t in saved)  # the live state, read, never stepped
+        lent.engine.run()
+        lent.reset()
+        assert _same(lent.engine.optimizer.state_dict()["state"], live.optimizer.state_dict()["state"])

@@ -21,7 +21,7 @@ import dataclasses
 import torch
 
 from .data import stop_workers
-from .state import Snapshot, copy_loader, copy_optimizer, copy_schedule, rng_state, set_rng_state
+from .state import Snapshot, copy_loader, copy_optimizer, copy_schedule, rng_state, same_state, set_rng_state
 
 _NO_FORWARD = object()  # a module without a forward of its own (the class's forward runs)
 
@@ -104,15 +104,20 @@ class Trial:
     `with` block) stops its loader's workers and gives the model back. `recipe`: the recipe the trial was
     asked for, as given (a kept config goes to the live engine with it)."""
 
-    def __init__(self, model: torch.nn.Module, make, config=None, recipe=None):
+    def __init__(self, model: torch.nn.Module, make, config=None, recipe=None, original=None):
+        """`original`: the optimizer the trial's engine copied (the live one), which nothing steps meanwhile."""
         self.recipe = recipe
         self.loan = Loan(model)
         try:
             self.engine = make()
             if config is not None:
                 self.engine.reconfigure(config)
-            # Where each of the trial's blocks starts: its weights are the loan's copy (one copy, not two).
-            self.start = Snapshot(self.engine, saved=self.loan.saved())
+            # Where each of the trial's blocks starts: its weights are the loan's copy, its optimizer state the
+            # original's where the copy's still equals it (one copy of each, not two).
+            saved = self.loan.saved()
+            if original is not None:
+                saved.update(same_state(self.engine.optimizer, original))
+            self.start = Snapshot(self.engine, saved=saved)
         except BaseException:
             self.loan.give_back()
             raise

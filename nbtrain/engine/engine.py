@@ -300,7 +300,7 @@ class Engine:
         """A trial on this engine's model: an engine of its own (`.engine`, a fork, configured with `config`)
         that borrows the model and gives it back bit for bit when the trial closes (use it in a `with` block).
         This engine is never reached: its optimizer, schedule, loader, config and position stay as they are."""
-        return borrow.Trial(self.model, lambda: self.fork(recipe), config, recipe or self.recipe)
+        return borrow.Trial(self.model, lambda: self.fork(recipe), config, recipe or self.recipe, self.optimizer)
 
     def position(self) -> dict:
         """Where training stands, for checkpoints: enough to continue exactly."""

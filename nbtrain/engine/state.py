@@ -60,7 +60,7 @@ def capture(engine, detached: bool = False, saved: dict | None = None) -> dict:
              "scaler": engine.precision.scaler.state_dict(), "rng": rng_state(), "position": engine.position()}
     if detached:
         saved = saved or {}
-        state = {**copy.deepcopy({k: v for k, v in state.items() if k != "model"}),
+        state = {**copy.deepcopy({k: v for k, v in state.items() if k != "model"}, dict(saved)),
                  "model": {k: _copy_of(v, saved.get(id(v))) for k, v in state["model"].items()}}
     return state
 
@@ -176,6 +176,21 @@ def _count_steps(optimizer) -> None:
         return step(optimizer, *args, **kwargs)
     counted._wrapped_by_lr_sched = True
     optimizer.step = counted
+
+
+def same_state(optimizer: torch.optim.Optimizer, original: torch.optim.Optimizer) -> dict:
+    """{id(tensor): the original's tensor} for each state tensor of `optimizer` (a copy) whose values, dtype and
+    device are `original`'s: a snapshot of the copy can read the original's, which nothing steps meanwhile."""
+    same = {}
+    for param, values in optimizer.state.items():
+        theirs = original.state.get(param, {})
+        for key, value in values.items():
+            other = theirs.get(key)
+            if torch.is_tensor(value) and torch.is_tensor(other) and value is not other and \
+                    (value.shape, value.dtype, value.device) == (other.shape, other.dtype, other.device) and \
+                    torch.equal(value, other):
+                same[id(value)] = other
+    return same
 
 
 def copy_schedule(schedule, optimizer, copied_optimizer):
