@@ -56,8 +56,8 @@ def main(argv=None) -> dict:
     search_s = time.perf_counter() - t0
     print(search.table())
 
-    engine = trial.resolve(recipe, config=start)
-    snapshot = trial.Snapshot(engine)
+    lent = trial.borrow(recipe, config=start)  # a trial: the live engine is never reached
+    engine, snapshot = lent.engine, lent.start
     t0 = time.perf_counter()
     with trial.exact_cpu_peaks():  # the same measuring conditions as the search
         passing = [b for b in range(args.stride, args.max_batch + 1, args.stride)
@@ -66,6 +66,7 @@ def main(argv=None) -> dict:
         fine = [b for b in range(coarse + 1, min(coarse + args.stride, args.max_batch + 1))
                 if fits(engine, start, b, limit, snapshot)]
     true_max = max(fine, default=coarse)
+    lent.close()
     brute_trials = args.max_batch // args.stride + len(range(coarse + 1, min(coarse + args.stride, args.max_batch + 1)))
     brute_s = time.perf_counter() - t0
     bound = math.ceil(math.log2(args.max_batch)) + 4

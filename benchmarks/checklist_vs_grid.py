@@ -48,8 +48,8 @@ def main(argv=None) -> dict:
     walk_s = time.perf_counter() - t0
     print(walk.table())
 
-    engine = trial.resolve(recipe, config=start)
-    snapshot = trial.Snapshot(engine)
+    lent = trial.borrow(recipe, config=start)  # a trial: the live engine is never reached
+    engine, snapshot = lent.engine, lent.start
     grid = {}
     t0 = time.perf_counter()
     for n, b, p in itertools.product(worker_candidates(start), batch_candidates(start, args.samples),
@@ -62,6 +62,7 @@ def main(argv=None) -> dict:
         snapshot.restore()
         print(f"  grid  workers={n} batch={b:<4} {p:<10} {grid[config]:10,.0f} samples/s", flush=True)
     grid_s = time.perf_counter() - t0
+    lent.close()
 
     best_config = max(grid, key=grid.get)
     chosen = walk.best_config

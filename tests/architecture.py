@@ -186,3 +186,22 @@ def reaches_into_engine(path: Path, engine_names: set[str], package: str = "nbtr
                 and _private(node.args[1].value) and (node.args[1].value in theirs or _mentions_engine(node.args[0])):
             found.append(f"line {node.lineno}: {ast.unparse(node)}")
     return sorted(found, key=lambda where: int(where.split()[1].rstrip(":")))
+
+
+def sets_engine_fields(path: Path) -> list[str]:
+    """Where the module at `path` assigns an Engine's field: `engine.x = ...`, `self.engine.x += ...`,
+    `panel.engine.x[...] = ...` (an attribute of an engine, assigned or changed in place by subscript; a part's
+    own attributes, `engine.optimizer.param_groups`, are the part's): only the Engine sets its own fields."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            while isinstance(target, ast.Subscript):
+                target = target.value
+            owner = target.value if isinstance(target, ast.Attribute) else None
+            if isinstance(owner, ast.Name) and "engine" in owner.id.lower() or \
+                    isinstance(owner, ast.Attribute) and "engine" in owner.attr.lower():
+                found.append(f"line {node.lineno}: {ast.unparse(target)}")
+    return found

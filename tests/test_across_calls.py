@@ -259,7 +259,7 @@ def test_a_tool_given_only_the_model_measures_the_live_data_loss_and_optimizer()
 # --- a kept larger batch and the user's schedule -----------------------------------------
 
 
-def test_a_snapshot_restored_onto_a_kept_larger_batch_rescales_the_users_schedule():
+def test_a_larger_batch_kept_after_a_trial_rescales_the_users_schedule_as_a_direct_change_does():
     def trained():
         model, optimizer = plain_parts()
         nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, batch_size=32,
@@ -269,12 +269,12 @@ def test_a_snapshot_restored_onto_a_kept_larger_batch_rescales_the_users_schedul
 
     kept, twin = trained(), trained()
     bigger = kept.config.replace(batch_size=256)
-    snapshot = nbtrain.tools.trial.Snapshot(kept)
-    kept.reconfigure(kept.config.replace(batch_size=64))  # a trial the walk ran
-    snapshot.restore(bigger)
+    with kept.trial(config=kept.config.replace(batch_size=64)) as walked:  # a trial the walk ran
+        walked.engine.run()
+    kept.reconfigure(bigger)  # keep_best: the call a user's change goes through
     twin.reconfigure(bigger)
     assert [g["lr"] for g in kept.optimizer.param_groups] == [g["lr"] for g in twin.optimizer.param_groups] == [0.2]
-    assert kept.schedule.state_dict() == twin.schedule.state_dict()
+    assert kept.schedule.state_dict() == twin.schedule.state_dict() and kept.schedule.notes == twin.schedule.notes
 
 
 # --- mode="auto" and ReduceLROnPlateau ----------------------------------------------------

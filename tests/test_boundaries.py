@@ -6,7 +6,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from architecture import MAX_LINES, cycles, engine_private_names, import_graph, long_modules, reaches_into_engine
+from architecture import (MAX_LINES, cycles, engine_private_names, import_graph, long_modules, reaches_into_engine,
+                          sets_engine_fields)
 
 
 def test_engine_modules_import_neither_ipython_nor_ipywidgets():
@@ -65,6 +66,26 @@ def test_nothing_outside_the_engine_uses_the_engines_private_names():
     found = {str(path.relative_to(PACKAGE.parent)): uses for path in outside
              if (uses := reaches_into_engine(path, names))}
     assert found == {}, "use the engine's public methods (state_dict, trial(), stop(), set_lr, ...) instead"
+
+
+# The Engine's run (loop.Run: one run of the Engine, its counters moved step by step in the hot loop) sets the
+# position as it trains; a call given again goes through Engine.adopt (api.engine_for sets nothing itself).
+SETS_ENGINE_FIELDS = {"nbtrain/engine/engine.py", "nbtrain/engine/loop.py"}
+
+
+def test_only_the_engine_sets_its_own_fields():
+    found = {str(path.relative_to(PACKAGE.parent)): where for path in sorted(PACKAGE.rglob("*.py"))
+             if str(path.relative_to(PACKAGE.parent)) not in SETS_ENGINE_FIELDS and (where := sets_engine_fields(path))}
+    assert found == {}, "call an Engine method (request, reconfigure, fork, trial, ...) instead of setting its fields"
+
+
+def test_the_field_check_sees_each_way_of_setting_a_field(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f(engine, panel, self):\n    engine.recipe = 1\n    panel.engine.step += 1\n"
+                      "    self.engine.notes['x'] = 'y'\n    engine.optimizer.param_groups[0]['lr'] = 0\n"
+                      "    other.x = 1\n")
+    assert sets_engine_fields(module) == ["line 2: engine.recipe", "line 3: panel.engine.step",
+                                          "line 4: self.engine.notes"]
 
 
 def _package(root: Path, files: dict) -> Path:

@@ -336,7 +336,8 @@ def test_the_walk_measures_the_devices_peaks_and_bandwidth_once_not_at_every_rea
     # They belong to the machine, not the config: 5.8 s of a 6 s first reading here, 0.3 s each reading after.
     from nbtrain.measure import device_rates
     from nbtrain.tools.walk_bench import EngineBench
-    bench = EngineBench(trial_engine := engine_for(digits_recipe(), TrainConfig(batch_size=32)))
+    live = engine_for(digits_recipe(), TrainConfig(batch_size=32))
+    bench = EngineBench(lent := live.trial())
     first = bench.bottleneck(bench.start, 0.05)
     assert {torch.float32, "bandwidth"} <= set(bench.device_rates), bench.device_rates
 
@@ -346,4 +347,6 @@ def test_the_walk_measures_the_devices_peaks_and_bandwidth_once_not_at_every_rea
     monkeypatch.setattr(device_rates, "bandwidth", measured_again)
     again = bench.bottleneck(bench.start.replace(batch_size=64), 0.05)
     assert again.rates["compute"] > 0 and first.binding in ("host", "data", "compute", "memory")
-    assert trial_engine.config.batch_size == 32  # each reading puts the engine back
+    assert lent.engine.config.batch_size == 32  # each reading puts the trial's engine back
+    lent.close()
+    assert live.config.batch_size == 32

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from checklist_recipes import data_bound_recipe, state, same_state
-from nbtrain import Recipe, TrainConfig
+from nbtrain import Engine, Recipe, TrainConfig
 from nbtrain.tools import trial, walk_bench
 
 
@@ -51,7 +51,7 @@ def _gone(pids, seconds=10.0) -> bool:
 
 
 def test_runs_inside_the_block_take_the_same_workers_and_they_are_stopped_on_the_way_out():
-    engine = trial.resolve(_recipe(), config=WORKERS)
+    engine = Engine(_recipe(), WORKERS)
     before = _living_children()
     with engine.keeping_workers():
         engine.reconfigure(WORKERS.replace(max_steps=2))
@@ -74,7 +74,7 @@ def test_training_inside_the_block_is_training_outside_it(steps):
     # Runs that stop mid-epoch and continue, with the kept loader's workers reused between them: the same
     # samples in the same order as fresh loaders give, so the weights are equal at fp32.
     def train(keep: bool):
-        engine = trial.resolve(_recipe(), config=WORKERS)
+        engine = Engine(_recipe(), WORKERS)
         with engine.keeping_workers() if keep else _nothing():
             for n in steps:
                 engine.reconfigure(WORKERS.replace(max_steps=n))
@@ -99,10 +99,11 @@ def test_a_race_keeps_each_configs_workers_and_the_walk_stops_them_all():
     # up before its first counted block; after the race only the configs the walk goes on with keep theirs;
     # at the walk's end none is left, and the live engine is as it was.
     recipe = data_bound_recipe(n=256)
-    engine = trial.resolve(recipe, config=TrainConfig(batch_size=16))
-    live = state(engine.model, engine.optimizer)
+    live = Engine(recipe, TrainConfig(batch_size=16))
+    at_start = state(live.model, live.optimizer)
     before = _living_children()
-    bench = walk_bench.EngineBench(engine)
+    lent = live.trial()
+    bench, engine = walk_bench.EngineBench(lent), lent.engine
     two, one = (TrainConfig(batch_size=16, num_workers=n, persistent_workers=True) for n in (2, 1))
     seen = []
     for _ in range(3):
@@ -115,8 +116,9 @@ def test_a_race_keeps_each_configs_workers_and_the_walk_stops_them_all():
     assert _gone(set(seen[1])) and set(seen[0]) <= _living_children()
     assert list(bench._kept.loaders) == [engine.loader_key(two)] and bench.warm == {two}
     bench.restore()
+    lent.close()
     assert _gone(set(seen[0])) and _living_children() <= before
-    assert same_state(live, state(engine.model, engine.optimizer))
+    assert same_state(at_start, state(live.model, live.optimizer))
 
 
 class PidData(Dataset):
@@ -169,10 +171,9 @@ def _block_on(device: str):
                     optimizer=lambda p: torch.optim.SGD(p, lr=1e-4))
     config = TrainConfig(batch_size=1024 if device == "cuda" else 32, accelerator=device, log_every_n_steps=1000,
                          preload_data=True)
-    engine = trial.resolve(recipe, config=config)
-    log = MetricsLog()
-    m = trial.measure(engine, config, steps=8, log=log)
-    return m, log
+    with trial.borrow(recipe, config=config) as lent:
+        log = MetricsLog()
+        return trial.measure(lent.engine, config, steps=8, log=log), log
 
 
 def test_a_cpu_block_ends_at_its_last_step():

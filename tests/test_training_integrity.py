@@ -153,23 +153,26 @@ def test_resuming_an_sgd_checkpoint_into_adam_is_refused_and_the_model_trains_on
 # --- the engine's state as an API ----------------------------------------------------------
 
 
-def test_a_trial_puts_back_every_rng_the_weights_and_the_position_bit_for_bit():
+def test_a_trial_gives_back_every_rng_and_the_weights_bit_for_bit_and_never_reaches_the_live_engine():
     import random
 
     import numpy as np
     model = net()
     nbtrain.fit(model, regression_data(), loss_fn=nn.MSELoss(), max_steps=3, batch_size=16, seed=1)
     engine = nbtrain.api.live_engine(model)
+    optimizer, momentum = engine.optimizer, [dict(s) for s in engine.optimizer.state_dict()["state"].values()]
     before = (weights(model), engine.position(), torch.get_rng_state(), np.random.get_state()[1].copy(),
               random.getstate())
-    with engine.trial():
-        engine.reconfigure(engine.config.replace(batch_size=8, max_steps=4))
-        engine.run()
+    with engine.trial(config=engine.config.replace(batch_size=8, max_steps=4)) as trial:
+        trial.engine.run()
+        assert trial.engine.position()["step"] == 7 and engine.position() == before[1]  # its own position
         np.random.rand(3), random.random(), torch.rand(2)  # a tool's own random draws
     after = (weights(model), engine.position(), torch.get_rng_state(), np.random.get_state()[1], random.getstate())
     assert same_weights(before[0], after[0]) and before[1] == after[1]
     assert torch.equal(before[2], after[2]) and (before[3] == after[3]).all() and before[4] == after[4]
-    assert engine.config.batch_size == 16
+    assert engine.config.batch_size == 16 and engine.optimizer is optimizer
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(momentum, engine.optimizer.state_dict()["state"].values())
+               for k in a)
 
 
 def test_state_dict_round_trip_continues_exactly_as_one_run():

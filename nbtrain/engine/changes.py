@@ -1,13 +1,13 @@
-"""Config changes on the live engine: checked when asked (check_request), applied between optimizer steps
-(apply), rebuilding only what they touch. Functions of the Engine (engine.py), which calls them."""
+"""Config changes on an engine: checked when asked (check_request), applied between optimizer steps by the
+Engine itself (Engine.switch_to, which sets its own fields), rebuilding only what they touch; what each
+option touches, and the parts it is rebuilt with, are here."""
 from __future__ import annotations
 
 
 import torch
 
-from . import dist, fsdp, toggles
+from . import fsdp, toggles
 from ..config import ConfigError, Problem, TrainConfig, check_runnable
-from .precision import Precision
 from ..recipe import FIXED_OPTIONS, fixed_reason
 from ..records import ChangeEvent
 from .split import device_map
@@ -38,29 +38,17 @@ def wrap(engine, model):
     return model
 
 
-def use_optimizer_impl(engine) -> None:
-    engine.optimizer, note = toggles.with_implementation(engine.optimizer, engine.config.optimizer_impl)
-    engine.note("optimizer_impl", note)
-
-
-def apply_toggles(engine, names: set) -> None:
-    """Apply the speed toggles among `names`; record why any does not apply here."""
+def matmul_notes(engine) -> dict:
+    """{option: why it does not apply here} of the process-wide matmul settings, applied now."""
     c = engine.config
-    if "channels_last" in names:
-        engine.note("channels_last", toggles.set_memory_format(engine.model, c.channels_last))
-    if "optimizer_impl" in names:
-        use_optimizer_impl(engine)
-    if "activation_checkpointing" in names:
-        toggles.set_activation_checkpointing(engine.model, c.activation_checkpointing)
-    if {"matmul_precision", "cudnn_benchmark", "accelerator"} & names:
-        engine.notes.pop("matmul_precision", None)
-        engine.notes.pop("cudnn_benchmark", None)
-        for note in toggles.matmul_settings(c.matmul_precision, c.cudnn_benchmark, engine.device.type):
-            engine.notes[note.split("=")[0]] = note
-    if {"compile", "accelerator", "activation_checkpointing"} & names:
-        wrapped = wrap(engine, engine.model)
-        engine.train_model = wrapped if c.compile == "none" else torch.compile(wrapped, mode=c.compile)
-        engine.compile_cost.fresh = c.compile != "none"
+    return {note.split("=")[0]: note for note in toggles.matmul_settings(c.matmul_precision, c.cudnn_benchmark,
+                                                                          engine.device.type)}
+
+
+def compiled(engine, wrapped):
+    """The module the loop calls under the config's compile mode: `wrapped` itself, or compiled."""
+    mode = engine.config.compile
+    return wrapped if mode == "none" else torch.compile(wrapped, mode=mode)
 
 
 def check_request(engine, new: TrainConfig) -> None:
@@ -73,35 +61,21 @@ def check_request(engine, new: TrainConfig) -> None:
                          "start a new run with them instead")
 
 
-def apply(engine, new: TrainConfig) -> None:
-    """Switch the engine to `new`, rebuilding only what the changed options touch."""
-    changes = new.changed_from(engine.config)
-    if not changes:
-        return
-    previous, engine.config = engine.config, new
-    names = set(changes)
-    if new.device_type != engine.device.type and device_map(engine.model) is None:
-        engine.device = dist.device_for(new.device_type, engine.world)
-        engine.model.to(engine.device)
-        # Optimizer state (momentum, Adam moments) follows its parameters to the new device.
-        engine.optimizer.load_state_dict(engine.optimizer.state_dict())
-        engine.train_model = wrap(engine, engine.model)
-    if TOGGLE_OPTIONS & names:
-        apply_toggles(engine, names)
-    if {"precision", "accelerator"} & names:
-        engine.precision = Precision(new.precision, engine.device.type)
-    if LOADER_OPTIONS & names:
-        engine.loader = engine.build_loader()
-    if LR_OPTIONS & names or "warmup_steps" in names:
-        if engine.schedule is not None:  # the rule rescales the user's schedule, and the summary says so
-            old = engine.target_lrs(previous)
-            engine.schedule.rescale([n / o if o else 1.0 for n, o in zip(engine.target_lrs(), old)],
-                                    f"step {engine.step}: global batch {previous.global_batch_size} -> "
-                                    f"{new.global_batch_size}, {new.scale_lr} rule")
-        engine.set_lr(engine.step)
-    if engine.running:  # between runs the next run's start event states the config
-        engine.log.emit(ChangeEvent(type="change", step=engine.step,
-                                    changes={k: [plain(a), plain(b)] for k, (a, b) in changes.items()}))
+def follow_lr_rule(engine, previous: TrainConfig) -> None:
+    """After a change of what the LR rule reads: the rule rescales the user's schedule (and the summary says
+    so), and every group takes its rate at the current step."""
+    new = engine.config
+    if engine.schedule is not None:
+        old = engine.target_lrs(previous)
+        engine.schedule.rescale([n / o if o else 1.0 for n, o in zip(engine.target_lrs(), old)],
+                                f"step {engine.step}: global batch {previous.global_batch_size} -> "
+                                f"{new.global_batch_size}, {new.scale_lr} rule")
+    engine.set_lr(engine.step)
+
+
+def change_event(engine, changes: dict) -> ChangeEvent:
+    return ChangeEvent(type="change", step=engine.step,
+                       changes={k: [plain(a), plain(b)] for k, (a, b) in changes.items()})
 
 
 def check_batches(engine, config: TrainConfig) -> None:

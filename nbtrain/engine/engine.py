@@ -4,13 +4,16 @@ It keeps the model, optimizer (with its own rates and the schedule), loader, pre
 position (step, epoch, samples), and on a config change rebuilds only what the change touches. Each
 `run()` is a `loop.Run`: what a run resets (its rows, losses, monitor, logged values, stop events,
 clock) lives there, with the loop. The Engine holds its collaborators and calls them with what they
-read: `rates` (LR rule, warm-up, schedule), `changes` (live config changes), `state` (state as data,
-trials), `report.CompileCost` (compile cost across runs), `data` / `stream` (batches), `evaluation`.
-It knows nothing of Jupyter: front-ends subscribe views to its MetricsLog.
+read: `rates` (LR rule, warm-up, schedule), `changes` (what a config change touches), `state` (state as
+data, and the copies a fork starts from), `borrow` (a tool's trial: a fork of this engine over the borrowed
+model), `report.CompileCost` (compile cost across runs), `data` / `stream` (batches), `evaluation`. Only
+the Engine (and its run) sets its own fields: other modules call its methods. It knows nothing of
+Jupyter: front-ends subscribe views to its MetricsLog.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import threading
 import time
@@ -18,7 +21,7 @@ import weakref
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import adoption, changes, checkpoint, data, data_identity, dist, evaluation, rates, state, toggles
+from . import adoption, borrow, changes, checkpoint, data, data_identity, dist, evaluation, rates, state, toggles
 from .kept_loaders import KeptLoaders
 from ..config import TrainConfig, check_runnable
 from .loop import Run
@@ -33,7 +36,9 @@ from .support import seed_torch
 
 
 class Engine:
-    def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None):
+    def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None, *,
+                 like: Engine | None = None):
+        """`like`: an engine this one starts as a copy of, sharing only the model (see fork)."""
         self.recipe = recipe
         self.config = config or TrainConfig()
         check_runnable(self.config)  # the engine runs here: this machine is the target
@@ -46,15 +51,13 @@ class Engine:
         self.samples = 0         # samples used, all ranks together
         # Where the current run's budget counts from (a resumed run's: the interrupted one's); checkpoints keep it.
         self.run_start = {"step": 0, "samples": 0, "epochs_done": 0}
-        self.seed = self.config.seed if self.config.seed is not None else random.randrange(2**31)
+        self.seed = like.seed if like is not None else \
+            self.config.seed if self.config.seed is not None else random.randrange(2**31)
         self.pending: TrainConfig | None = None  # a requested config, applied at the next step boundary
         self._lock = threading.Lock()
         self._run: Run | None = None  # the run in progress
         self.running = False
-        # Profiling only: synchronise the device at each phase boundary so CUDA phase times are
-        # honest. Off by default, so the hot loop never waits on the device (rule 5).
-        self.sync_phases = False
-        if self.config.seed is not None:
+        if self.config.seed is not None and like is None:
             seed_torch(self.config.seed)
         self.notes: dict[str, str] = {}  # option -> why it does not apply here
         self.compile_cost = CompileCost()
@@ -64,16 +67,52 @@ class Engine:
         self.device = input_device(self.model) or dist.device_for(self.config.device_type, self.world)
         if device_map(self.model) is None:
             self.model.to(self.device)
-        self.train_model = changes.wrap(self, self.model)  # the module the loop calls: the model, or its wrapper
+        # The module the loop calls: the model, or its wrapper (a copy's is the original's: the same model, config)
+        self.train_model = like.train_model if like is not None else changes.wrap(self, self.model)
         self.precision = Precision(self.config.precision, self.device.type)
-        self.held_data: data.Held | None = None  # the training data held for preload_data, kept across loaders
+        # The training data held for preload_data, kept across loaders (a copy's loader reads the same held data)
+        self.held_data: data.Held | None = like.held_data if like is not None else None
         # Live Snapshots (state.py) keep the held data a restore dropped, so a tool alternating a holding
         # config with one that does not hold reads the data set once, not once a block.
         self.snapshots = weakref.WeakSet()
         self.kept_loaders: KeptLoaders | None = None  # loaders whose workers outlive a run (keeping_workers)
         self.loader = self.build_loader()
-        self.replace_optimizer()
-        changes.apply_toggles(self, changes.TOGGLE_OPTIONS)
+        if like is None:
+            self.replace_optimizer()
+            self.apply_toggles(changes.TOGGLE_OPTIONS)
+        else:
+            self.start_as_copy_of(like)
+
+    def fork(self, recipe: Recipe | None = None) -> Engine:
+        """An engine of its own over this engine's model, for a tool's trial (borrow.Trial borrows the model and
+        gives it back): it starts where this one stands, with copies of the optimizer and its state, the schedule
+        and its notes, the scaler, the position and the config, and its own loader over the same data (a user's
+        DataLoader copied: its sampler and generators, no open pass). `recipe`: other parts for the trial (an
+        optimizer or scheduler of its own is built from them). Nothing it does reaches this engine."""
+        recipe = recipe or self.recipe
+        # This engine's optimizer is copied (start_as_copy_of); another one given as an instance is copied here.
+        own = borrow.own_parts(recipe, instances=recipe.optimizer is not self.recipe.optimizer)
+        return Engine(own, self.config, like=self)
+
+    def start_as_copy_of(self, like: Engine) -> None:
+        """Copies of `like`'s optimizer (and state), schedule (state and notes), scaler, notes and position."""
+        if self.recipe.optimizer is like.recipe.optimizer:
+            self.optimizer = state.copy_optimizer(like.optimizer)
+            self.built = dataclasses.replace(like.built)  # its own record: a schedule built here sets its part
+            self.base_lrs = like.base_lrs
+            if self.recipe.scheduler is like.recipe.scheduler:
+                self.schedule = state.copy_schedule(like.schedule, like.optimizer, self.optimizer)
+            else:
+                self.replace_schedule()
+        else:
+            self.replace_optimizer()
+        if like.precision.scaler.state_dict():  # a disabled scaler saves nothing
+            self.precision.scaler.load_state_dict(like.precision.scaler.state_dict())
+        self.notes = {**like.notes, **self.notes}
+        self.set_position(like.position())
+        if self.recipe.train_data is not like.recipe.train_data:
+            self.epoch_offset = 0  # other data: its first epoch from the beginning
+        self.validated_at = like.validated_at
 
     # --- building the parts ----------------------------------------------------------
 
@@ -177,7 +216,7 @@ class Engine:
         made = made if made is not None else self.recipe.build_optimizer(self.model.parameters())
         self.built = adoption.Built.of(made, self.model)
         self.optimizer = made
-        changes.use_optimizer_impl(self)
+        self.use_optimizer_impl()
         self.base_lrs = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
         self.replace_schedule(fresh=False)
 
@@ -250,7 +289,53 @@ class Engine:
         with self._lock:
             new, self.pending = self.pending, None
         if new is not None:
-            changes.apply(self, new)
+            self.switch_to(new)
+
+    def switch_to(self, new: TrainConfig) -> None:
+        """Switch to `new`, rebuilding only what the changed options touch (changes.py says which)."""
+        changed = new.changed_from(self.config)
+        if not changed:
+            return
+        previous, self.config = self.config, new
+        names = set(changed)
+        if new.device_type != self.device.type and device_map(self.model) is None:
+            self.device = dist.device_for(new.device_type, self.world)
+            self.model.to(self.device)
+            # Optimizer state (momentum, Adam moments) follows its parameters to the new device.
+            self.optimizer.load_state_dict(self.optimizer.state_dict())
+            self.train_model = changes.wrap(self, self.model)
+        if changes.TOGGLE_OPTIONS & names:
+            self.apply_toggles(names)
+        if {"precision", "accelerator"} & names:
+            self.precision = Precision(new.precision, self.device.type)
+        if changes.LOADER_OPTIONS & names:
+            self.loader = self.build_loader()
+        if changes.LR_OPTIONS & names or "warmup_steps" in names:
+            changes.follow_lr_rule(self, previous)
+        if self.running:  # between runs the next run's start event states the config
+            self.log.emit(changes.change_event(self, changed))
+
+    def apply_toggles(self, names: set) -> None:
+        """Apply the speed toggles among `names` (toggles.py); record why any does not apply here."""
+        c = self.config
+        if "channels_last" in names:
+            self.note("channels_last", toggles.set_memory_format(self.model, c.channels_last))
+        if "optimizer_impl" in names:
+            self.use_optimizer_impl()
+        if "activation_checkpointing" in names:
+            toggles.set_activation_checkpointing(self.model, c.activation_checkpointing)
+        if {"matmul_precision", "cudnn_benchmark", "accelerator"} & names:
+            self.note("matmul_precision", None)
+            self.note("cudnn_benchmark", None)
+            for option, note in changes.matmul_notes(self).items():
+                self.note(option, note)
+        if {"compile", "accelerator", "activation_checkpointing"} & names:
+            self.train_model = changes.compiled(self, changes.wrap(self, self.model))
+            self.compile_cost.fresh = c.compile != "none"
+
+    def use_optimizer_impl(self) -> None:
+        self.optimizer, note = toggles.with_implementation(self.optimizer, self.config.optimizer_impl)
+        self.note("optimizer_impl", note)
 
     # --- state as data (state.py) ---------------------------------------------------------
 
@@ -262,23 +347,11 @@ class Engine:
         """Continue from `saved`, all or nothing (StateMismatch when it does not fit)."""
         state.restore(self, saved)
 
-    @contextlib.contextmanager
-    def trial(self):
-        """Train inside the block, then put everything back bit for bit: weights, gradients, optimizer,
-        schedule, scaler, every RNG, the position and the config (what every checklist tool measures in)."""
-        snapshot = state.Snapshot(self)
-        try:
-            yield self
-        finally:
-            snapshot.restore()
-
-    def setup(self) -> state.Setup:
-        """What this engine trains with (recipe, config, optimizer, schedule, loader), to put back later."""
-        return state.Setup(self)
-
-    def use_setup(self, setup: state.Setup) -> None:
-        """Train with `setup` again, exactly as it was taken (its optimizer object, rates and schedule)."""
-        setup.put_back(self)
+    def trial(self, recipe: Recipe | None = None, config: TrainConfig | None = None) -> borrow.Trial:
+        """A trial on this engine's model: an engine of its own (`.engine`, a fork, configured with `config`)
+        that borrows the model and gives it back bit for bit when the trial closes (use it in a `with` block).
+        This engine is never reached: its optimizer, schedule, loader, config and position stay as they are."""
+        return borrow.Trial(self.model, lambda: self.fork(recipe), config, recipe or self.recipe, self.optimizer)
 
     def position(self) -> dict:
         """Where training stands, for checkpoints: enough to continue exactly."""
@@ -306,14 +379,18 @@ class Engine:
 
     # --- runs (loop.py) -------------------------------------------------------------------
 
-    def run(self, log: MetricsLog | None = None, stop: threading.Event | None = None) -> RunResult:
+    def run(self, log: MetricsLog | None = None, stop: threading.Event | None = None, *, validate: bool = True,
+            sync_phases: bool = False) -> RunResult:
         """Train for the config's budget (max_epochs / max_steps) from where the model is now.
 
         Each run records into a fresh MetricsLog (or `log`, where views already listen). `stop`, an
         event set from any thread, ends the run at the next optimizer step as stop() does (one set
         before the run starts ends it before its first step); the engine never sets it itself.
+        `validate=False`: no held-out numbers (a trial's timed steps are training only). `sync_phases`:
+        synchronise the device at each phase boundary so CUDA phase times are honest (profiling only: off,
+        the hot loop never waits on the device, rule 5).
         """
-        self._run = Run(self, log, stop)
+        self._run = Run(self, log, stop, validate=validate, sync_phases=sync_phases)
         try:
             return self._run.train()
         finally:

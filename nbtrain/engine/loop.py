@@ -48,8 +48,12 @@ ROW = ("step", "epoch", "samples", "time", "lr", "step_s", "data_s", "h2d_s", "f
 class Run:
     """One call of Engine.run(): trains the config's budget from where the engine's model is now."""
 
-    def __init__(self, engine, log: MetricsLog | None, stop: threading.Event | None):
+    def __init__(self, engine, log: MetricsLog | None, stop: threading.Event | None, *, validate: bool = True,
+                 sync_phases: bool = False):
         self.engine = engine
+        self.validates = validate
+        self.val_data = engine.recipe.val_data if validate else None  # None: no held-out numbers
+        self.sync_phases = sync_phases
         self.log = engine.log = log if log is not None else MetricsLog()
         self._stop = threading.Event()
         self._caller_stop = stop if stop is not None else _NEVER  # the event its caller may set to end it
@@ -88,8 +92,10 @@ class Run:
         if engine.recipe.fixed_loader is None and engine.loader.sampler.per_epoch is None and c.max_steps is None:
             raise ConfigError([Problem("max_steps", None, "a whole number >= 1: the training data is an "
                                        "IterableDataset (a stream has no length, so no epoch count can budget it)")])
-        check_monitor(c, engine.recipe)
-        self._monitor = Monitor(c.monitor, c.mode, c.patience, c.restore_best) if c.monitor else None
+        if self.validates:  # a trial's run validates nothing, so it monitors nothing
+            check_monitor(c, engine.recipe)
+        monitored = c.monitor and self.validates
+        self._monitor = Monitor(c.monitor, c.mode, c.patience, c.restore_best) if monitored else None
         logger = loggers.attach(self.log, c) if c.logger != "none" and engine.world.is_main else None
         # this run's loader says it again where it applies; a rebuilt split says its order is nbtrain's
         engine.note("data order", engine.recipe.order_note)
@@ -176,11 +182,11 @@ class Run:
         step_schedule = schedule.step if schedule is not None and schedule.interval == "step" else None
         rows, losses, group = self._rows, self._losses, optimizer.param_groups[0]
         stop, caller_stop, step_loss = self._stop, self._caller_stop, recipe.step_loss
-        val_every = c.val_every_n_steps if recipe.val_data is not None else None
+        val_every = c.val_every_n_steps if self.val_data is not None else None
         every = c.checkpoint_every  # an options.Interval: steps or seconds, read once by the config
         save_steps, save_seconds = (every.steps, every.seconds) if every else (0, 0.0)
         sync = functools.partial(torch.cuda.synchronize, device) \
-            if engine.sync_phases and device.type == "cuda" else no_device_sync
+            if self.sync_phases and device.type == "cuda" else no_device_sync
         iterator = iter(loader)
         micro = window = window_samples = 0
         data_s = h2d_s = forward_s = backward_s = 0.0
@@ -302,7 +308,7 @@ class Run:
         engine.epoch += 1
         engine.epoch_offset = 0
         event = EpochEvent(type="epoch", epoch=engine.epoch, step=engine.step)
-        if engine.recipe.val_data is not None and self._validates() and not engine.config.val_every_n_steps:
+        if self.val_data is not None and self._validates() and not engine.config.val_every_n_steps:
             with self._clock.paused():
                 event.update(self._validate(emit=False))
         self.log.emit(event)
@@ -315,7 +321,7 @@ class Run:
         """Held-out numbers now; `closing`: the report of a run ending mid-epoch, which a plateau schedule
         does not step on (a run continued in the next call then steps where one longer run would)."""
         engine = self.engine
-        numbers = engine.evaluate(engine.recipe.val_data)
+        numbers = engine.evaluate(self.val_data)
         engine.validated_at = engine.step
         if emit:
             self.log.emit(EpochEvent(type="epoch", epoch=engine.epoch, step=engine.step, partial=True, **numbers))
@@ -346,7 +352,7 @@ class Run:
             message = (f"the loss became {value} at step {bad_step} ({c.precision}); training stopped at step "
                        f"{engine.step}, where the losses were read back; lower the learning rate, check the data, "
                        f"or resume from a checkpoint written before step {bad_step}")
-        if engine.recipe.val_data is not None and engine.epoch_offset and self._validates() \
+        if self.val_data is not None and engine.epoch_offset and self._validates() \
                 and engine.validated_at != engine.step:
             self._validate(closing=True)  # a run ending mid-epoch still reports held-out numbers
         if self._monitor is not None and self._monitor.failure:

@@ -4,11 +4,16 @@
 states, every RNG (torch, CUDA, numpy, Python) and the position (step, epoch, samples used);
 `restore(engine, state)` puts it back all or nothing: checked against the model and optimizer
 first, and on a failure part-way everything is put back as it was. Checkpoints write this to
-disk; trials keep a copy in memory and put it back after measuring.
+disk; a trial's own engine keeps a copy in memory (Snapshot) that each of its blocks starts from, and
+starts from copies of a live engine's optimizer, schedule and loader (copy_optimizer, copy_schedule,
+copy_loader), so the live ones are never trained.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
+import inspect
 import random
 
 import numpy as np
@@ -36,16 +41,32 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def capture(engine, detached: bool = False) -> dict:
-    """The engine's state; `detached=True` copies every tensor (a snapshot training cannot change)."""
-    state = {"model": engine.model.state_dict(), "optimizer": engine.optimizer.state_dict(),
+@contextlib.contextmanager
+def rng_kept():
+    """Every RNG stream as it was before the block, after it (reading a data set must not move them)."""
+    saved = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
+
+
+def capture(engine, detached: bool = False, saved: dict | None = None) -> dict:
+    """The engine's state; `detached=True` copies every tensor (a snapshot training cannot change). `saved`:
+    {id(tensor): a copy of its values already made} (a trial's loan), used instead of a second copy."""
+    state = {"model": engine.model.state_dict(keep_vars=detached), "optimizer": engine.optimizer.state_dict(),
              "optimizer_class": type(engine.optimizer).__name__,
              "scheduler": engine.schedule.state_dict() if engine.schedule is not None else None,
              "scaler": engine.precision.scaler.state_dict(), "rng": rng_state(), "position": engine.position()}
     if detached:
-        state = {**copy.deepcopy({k: v for k, v in state.items() if k != "model"}),
-                 "model": {k: v.detach().clone() for k, v in state["model"].items()}}
+        saved = saved or {}
+        state = {**copy.deepcopy({k: v for k, v in state.items() if k != "model"}, dict(saved)),
+                 "model": {k: _copy_of(v, saved.get(id(v))) for k, v in state["model"].items()}}
     return state
+
+
+def _copy_of(tensor, saved):
+    return saved if saved is not None and saved.shape == tensor.shape else tensor.detach().clone()
 
 
 def restore(engine, state: dict) -> None:
@@ -100,19 +121,21 @@ def misfit(engine, state: dict) -> tuple[str, str] | None:
 
 
 class Snapshot:
-    """Everything a trial can change on an engine (its state, gradients and config), copied so it
-    can be put back exactly, as often as a tool measures."""
+    """Everything training can change on an engine (its state, gradients and config), copied so it can be put
+    back exactly, as often as a tool measures. Only a trial's own engine (borrow.Trial) is snapshotted: each
+    of its blocks starts from its snapshot; a live engine is never trained and put back."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, saved: dict | None = None):
+        """`saved`: {id(tensor): a copy of its values} the caller keeps unchanged (see capture)."""
         self.engine = engine
         self.config = engine.config
-        self.state = capture(engine, detached=True)
+        self.state = capture(engine, detached=True, saved=saved)
         self.grads = [None if p.grad is None else p.grad.detach().clone() for p in engine.model.parameters()]
         self.spare_held = None  # held training data a restore dropped, reused while this snapshot lives
         engine.snapshots.add(self)
 
-    def restore(self, config=None) -> None:
-        """Put the state back; the engine ends configured with `config` (default: the one taken)."""
+    def restore(self) -> None:
+        """Put the state back, and the config it was taken under."""
         engine = self.engine
         held = engine.held_data
         engine.reconfigure(self.config)  # the config the state was taken under, then the state itself
@@ -121,35 +144,68 @@ class Snapshot:
         engine.load_state_dict(self.state)
         for p, g in zip(engine.model.parameters(), self.grads):
             p.grad = None if g is None else g.clone().to(p.device)
-        if config is not None:  # a kept config is a change from the snapshot's: the LR rule rescales the schedule
-            engine.reconfigure(config)
         engine.set_lr(engine.step)
 
 
-class Setup:
-    """What an engine trains with, as objects (not what it learned): the recipe, config, optimizer and
-    schedule objects with their rates, the loader and the position. A tool that finds the engine with
-    parts or a config of its own puts this back afterwards (see tools/trial.py: keeps_live_setup)."""
+# --- copies a trial's engine starts from (Engine.fork): nothing in them is shared with the originals ---------
 
-    def __init__(self, engine):
-        self.recipe, self.config, self.optimizer, self.schedule = (engine.recipe, engine.config, engine.optimizer,
-                                                                   engine.schedule)
-        self.base_lrs, self.loader, self.held = engine.base_lrs, engine.loader, engine.held_data
-        self.built = engine.built  # what the optimizer and schedule were built as (adoption.Built)
-        self.groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
-        self.schedule_state = copy.deepcopy(engine.schedule.state_dict()) if engine.schedule is not None else None
-        self.schedule_notes = list(engine.schedule.notes) if engine.schedule is not None else []
-        self.position = engine.position()
+def copy_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """A new optimizer of the same class over the same parameters, with copies of `optimizer`'s groups and
+    state: stepping it leaves `optimizer` exactly as it was."""
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    # Some defaults are derived, not constructor arguments (AdamW's decoupled_weight_decay).
+    defaults = {k: v for k, v in optimizer.defaults.items() if takes_any or k in accepted}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"]}
+              for g in optimizer.param_groups]
+    copied = type(optimizer)(groups, **defaults)
+    copied.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # it keeps the tensors it is given
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        _count_steps(copied)
+    return copied
 
-    def put_back(self, engine) -> None:
-        engine.recipe, engine.optimizer, engine.schedule = self.recipe, self.optimizer, self.schedule
-        engine.base_lrs, engine.built = self.base_lrs, self.built
-        engine.reconfigure(self.config)  # toggles, precision and device as they were
-        engine.loader, engine.held_data = self.loader, self.held
-        for group, saved in zip(self.optimizer.param_groups, self.groups):
-            group.update(saved)  # the rates exactly, not rescaled there and back
-        if self.schedule is not None:
-            self.schedule.load_state_dict(copy.deepcopy(self.schedule_state))
-            self.schedule.notes[:] = self.schedule_notes
-        engine.set_position(self.position)
 
+def _count_steps(optimizer) -> None:
+    """Mark `optimizer`'s steps as torch's LR schedulers do on the optimizer they drive (their first step
+    checks the mark), for a copied schedule that drives this copy."""
+    step = type(optimizer).step
+
+    @functools.wraps(step)
+    def counted(*args, **kwargs):
+        optimizer._opt_called = True
+        return step(optimizer, *args, **kwargs)
+    counted._wrapped_by_lr_sched = True
+    optimizer.step = counted
+
+
+def same_state(optimizer: torch.optim.Optimizer, original: torch.optim.Optimizer) -> dict:
+    """{id(tensor): the original's tensor} for each state tensor of `optimizer` (a copy) whose values, dtype and
+    device are `original`'s: a snapshot of the copy can read the original's, which nothing steps meanwhile."""
+    same = {}
+    for param, values in optimizer.state.items():
+        theirs = original.state.get(param, {})
+        for key, value in values.items():
+            other = theirs.get(key)
+            if torch.is_tensor(value) and torch.is_tensor(other) and value is not other and \
+                    (value.shape, value.dtype, value.device) == (other.shape, other.dtype, other.device) and \
+                    torch.equal(value, other):
+                same[id(value)] = other
+    return same
+
+
+def copy_schedule(schedule, optimizer, copied_optimizer):
+    """A copy of `schedule` (a Schedule with its state and notes, or a scheduler) driving `copied_optimizer`
+    instead of `optimizer`."""
+    if schedule is None:
+        return None
+    return copy.deepcopy(schedule, memo={id(optimizer): copied_optimizer})
+
+
+def copy_loader(loader):
+    """A DataLoader like the user's `loader` (the same data set, batching and collate), with copies of its
+    sampler and generators and no pass open: iterating it never moves `loader`'s pass or random streams."""
+    memo = {id(loader.dataset): loader.dataset}
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        memo[id(iterator)] = None
+    return copy.deepcopy(loader, memo)

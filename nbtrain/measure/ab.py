@@ -4,9 +4,10 @@
     print(v)          # "precision=bf16-mixed: 1.31x faster (95% interval 1.24-1.38)"
                       # or "... no measurable difference (0.97-1.04)"
 
-Each block trains for about a quarter second from the same saved state (a trial: weights, optimizer, RNG
-and position are put back after every block), so neither config learns from the other's
-steps, and the user's model ends exactly as it was. Blocks alternate A B, B A, ... so a
+Each block trains for about a quarter second from the same saved state, on a trial's engine of its own
+(tools/trial.borrow: the trial's weights, optimizer, RNG and position are put back after every block),
+so neither config learns from the other's steps; the live engine is never reached and the user's model
+is given back exactly as it was. Blocks alternate A B, B A, ... so a
 load that drifts on a shared machine falls on both; pairs are added until the ratio's 95%
 interval is narrower than `precision_target` or the time budget (measured by `clock`) ends.
 """
@@ -111,7 +112,6 @@ def steps_lasting(rate: float, config: TrainConfig, seconds: float, low: int = 6
     return int(min(max(round(rate * seconds / per_step), low), high))
 
 
-@trial.keeps_live_setup
 def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: dict | TrainConfig | None = None,
        recipe=None, config: TrainConfig | None = None, block_steps: int | None = None, block_s: float = 0.25,
        min_pairs: int = 4, max_pairs: int = 30, precision_target: float = 0.05, budget_s: float = 60.0,
@@ -130,23 +130,19 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
     for name, value in (("budget_s", budget_s), ("block_s", block_s)):
         if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"{name}={value!r}: a number of seconds > 0")
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **recipe_parts)
-    base = trial.plain_config(config or engine.config)
-    config_a = a if isinstance(a, TrainConfig) else base.replace(**(a or {}))
-    config_b = b if isinstance(b, TrainConfig) else base.replace(**(b or {}))
-    snapshot = trial.Snapshot(engine)
-    try:
-        return compare_on(engine, snapshot, config_a, config_b, block_steps=block_steps or _SIZING_STEPS,
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **recipe_parts) as lent:
+        base = trial.plain_config(lent.engine.config)
+        config_a = a if isinstance(a, TrainConfig) else base.replace(**(a or {}))
+        config_b = b if isinstance(b, TrainConfig) else base.replace(**(b or {}))
+        return compare_on(lent.engine, lent, config_a, config_b, block_steps=block_steps or _SIZING_STEPS,
                           block_s=None if block_steps else block_s, min_pairs=min_pairs, max_pairs=max_pairs,
                           precision_target=precision_target, budget_s=budget_s, clock=clock)
-    finally:
-        snapshot.restore()
 
 
-def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *, block_steps=20,
+def compare_on(engine, lent, config_a: TrainConfig, config_b: TrainConfig, *, block_steps=20,
                block_s: float | None = None, discard: bool = True, min_pairs: int = 4, max_pairs: int = 30,
                precision_target: float = 0.05, budget_s: float = 60.0, clock=time.monotonic) -> ABResult:
-    """The alternating A/B loop on an engine whose state `snapshot` restores after every block.
+    """The alternating A/B loop on a trial's engine, which `lent.reset()` puts back after every block.
 
     `block_steps`: steps per block, one number or (A's, B's). `discard`: one block of each first,
     not counted (loader start-up, compile, caches; a caller that has just measured both may skip
@@ -165,7 +161,7 @@ def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *
             if discard:
                 for i in (0, 1):
                     rate = block_rate(engine, configs[i], steps[i], sides[i])
-                    snapshot.restore()
+                    lent.reset()
                     if block_s is not None:
                         steps[i] = steps_lasting(rate, configs[i], block_s)
             result.block_steps = (steps[0], steps[1])
@@ -173,7 +169,7 @@ def compare_on(engine, snapshot, config_a: TrainConfig, config_b: TrainConfig, *
                 order = (0, 1) if len(result.rates_a) % 2 == 0 else (1, 0)
                 for i in order:
                     rate = block_rate(engine, configs[i], steps[i], sides[i])
-                    snapshot.restore()
+                    lent.reset()
                     (result.rates_a if i == 0 else result.rates_b).append(rate)
                 result.verdict = paired(result.rates_a, result.rates_b)
                 pairs, v = len(result.rates_a), result.verdict

@@ -17,8 +17,8 @@ On CUDA the GPU's busy fraction (the union of kernel intervals from torch.profil
 wall time) says directly how much of the step the GPU waited for the host.
 
 The verdict (bottleneck.py) names the binding ceiling, by how much, and the remedies in the order the
-numbers favour. The model and optimizer are put back exactly afterwards (trial.Snapshot), as after
-every trial.
+numbers favour. It measures in a trial (tools/trial.borrow), as every tool does: the live engine is
+never reached and the model is given back bit for bit.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from .bottleneck import CEILINGS, Bottleneck, bottleneck
 from .device_rates import Busy, HostSplit, Rate, StepCount
 from .steady import SteadyRate, block_rates, steady_rate, warmup_length
 from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
+from .ab import diverged_refusal
 from .verdict import Verdict, unpaired
 
 
@@ -263,7 +264,6 @@ def si(value: float) -> str:
     return f"{value:.3g} "
 
 
-@trial.keeps_live_setup
 def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 30,
              seconds: float = 5.0, **parts) -> Ceilings:
     """Measure the four ceilings for the current config; see the module doc.
@@ -276,21 +276,20 @@ def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
         raise ValueError(f"steps={steps!r}: a whole number >= 10 (batches and steps measured per ceiling)")
     if not (isinstance(seconds, (int, float)) and seconds > 0):
         raise ValueError(f"seconds={seconds!r}: a number > 0 (longest time per ceiling)")
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
-    return measure_ceilings(engine, steps=steps, seconds=seconds)
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        return measure_ceilings(lent.engine, steps=steps, seconds=seconds)
 
 
 def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: dict | None = None) -> Ceilings:
-    """The ceilings of the engine's current config; its state is restored afterwards.
+    """The ceilings of a trial engine's current config; its state is put back afterwards.
 
     `known`: the device's rates measured before (matmul peaks by dtype, copy bandwidth), read from it and
     added to it: they belong to the machine, not the config, so a caller reading several configs (the
-    checklist walk) measures them once."""
+    checklist walk) measures them once. A loss that is not finite ends the reading (a ToolRefusal, as ab's):
+    the steps would time NaN arithmetic, not the config."""
     known = {} if known is None else known
     config = trial.plain_config(engine.config)
     snapshot = trial.Snapshot(engine)
-    generator = getattr(engine.loader, "generator", None)  # batches cut from held tensors have none
-    generator_state = generator.get_state() if generator is not None else None
     device, busy, low_peak = engine.device, None, None
     try:
         engine.reconfigure(config)
@@ -311,7 +310,9 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
         rates_s = min(0.3, seconds / 2)  # each device rate's repetitions: a short reading (the walk's) is short
         peak = known.get(dtype) or device_rates.peak_flops(device, dtype, rates_s)  # before and after the model:
         memory = known.get("bandwidth") or device_rates.bandwidth(device, rates_s)  # a passing load hits one
-        train_step(engine, batch)  # warm-up: lazy state, allocator
+        loss = train_step(engine, batch)  # warm-up: lazy state, allocator
+        if not torch.isfinite(loss):  # the steps would time NaN arithmetic
+            raise diverged_refusal("the current config", f"the loss became {loss.item()}")
         counts = device_rates.count_step(lambda counter: train_step(engine, batch, counter))
         small = small_batch(engine, batch)
         full_series, small_series = model_alone(engine, batch, small, steps, seconds)
@@ -325,8 +326,6 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
         known[dtype], known["bandwidth"] = peak, memory
     finally:
         snapshot.restore()
-        if generator_state is not None:
-            generator.set_state(generator_state)
     n = batch_samples(batch)
     warm = warmup_length(full_series[0])
     split = (device_rates.host_split(full_series[0][warm:], small_series[warm:], n, batch_samples(small))

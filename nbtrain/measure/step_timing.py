@@ -1,4 +1,4 @@
-"""Timing one training step on the live engine: the loader alone, and steps on a batch held on the device.
+"""Timing one training step on a trial's engine: the loader alone, and steps on a batch held on the device.
 
 What the ceilings (ceilings.py) read: the loader's per-batch times with no model, and optimizer
 steps on one batch at the config's batch and at 2 samples of it, taken in alternation.
@@ -36,9 +36,9 @@ def loader_alone(engine, steps: int, seconds: float):
     loader.sampler.set_position(engine.epoch, 0)  # whole epochs; the engine repositions it before training
     durations, samples, first = [], [], None
     more = reading(steps, seconds)
-    while more(len(durations)):
-        iterator = iter(loader)
-        while more(len(durations)):
+    while True:
+        iterator, read = iter(loader), len(durations)
+        while first is None or more(len(durations)):  # a first batch however long it takes (worker start-up)
             t0 = time.perf_counter()
             try:
                 batch = next(iterator)
@@ -48,6 +48,8 @@ def loader_alone(engine, steps: int, seconds: float):
             samples.append(batch_samples(batch))
             first = batch if first is None else first
         del iterator  # a loader without persistent workers shuts them down here
+        if len(durations) == read or not more(len(durations)):  # an empty pass, or read enough
+            break
     if first is None:
         raise RuntimeError("nbtrain.ceilings: the DataLoader yielded no batch")
     return (durations, samples), first
@@ -55,7 +57,8 @@ def loader_alone(engine, steps: int, seconds: float):
 
 def train_step(engine, batch, counter=None):
     """One optimizer step on `batch` (each of the config's micro-batches is this batch), as the engine's loop
-    does; a device_rates.StepCounter, when given, is told when the optimizer's part begins."""
+    does; a device_rates.StepCounter, when given, is told when the optimizer's part begins. Returns the last
+    micro-batch's loss (on the device: reading it is the caller's choice)."""
     c, precision, model, optimizer = engine.config, engine.precision, engine.model, engine.optimizer
     k = c.accumulate_grad_batches
     for _ in range(k):
@@ -70,6 +73,7 @@ def train_step(engine, batch, counter=None):
     precision.scaler.step(optimizer)
     precision.scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
 
 
 def _head(batch, count: int, samples: int):

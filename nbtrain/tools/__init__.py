@@ -1,7 +1,7 @@
-"""The checklist as tools: each measures on the live engine inside a trial and puts the model back.
+"""The checklist as tools: each measures in a trial that borrows the live model and gives it back.
 
 `registry` (every tool, in order; each declares its options once with `tool_options.declare`,
-in the vocabulary of `options`), `trial` (the trial around every measurement), `diagnose`
+in the vocabulary of `options`), `trial` (borrow: the trial every measurement runs in), `diagnose`
 (nbtrain.profile), `tune` and `tune_workers` (batch size, workers), `lr_finder`, `leaks` (graph
 leaks, sync points), `cache`, `checklist` + `checklist_items` (the walk) and `waterfall` (its figure).
 """

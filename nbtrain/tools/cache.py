@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..engine.state import rng_kept
 from .tool_options import declare, option
 
 _SAMPLE_PROBES = 8
@@ -141,7 +142,14 @@ class CachedDataset(Dataset):
     option("transform", "function", "applied after reading (random augmentation)", nullable=True,
            allowed="a function sample -> sample, or None")), magic=False)
 def cache(dataset, path, num_workers: int | None = None, batch_size: int = 64, transform=None) -> CachedDataset:
-    """Compute every sample of `dataset` once (in parallel) into memory-mapped files under `path`."""
+    """Compute every sample of `dataset` once (in parallel) into memory-mapped files under `path`. Every RNG
+    stream is as it was afterwards: reading the data (and the reading DataLoader's seed) draws nothing a
+    later training run would."""
+    with rng_kept():
+        return _cache(dataset, path, num_workers, batch_size, transform)
+
+
+def _cache(dataset, path, num_workers, batch_size, transform) -> CachedDataset:
     # The dataset is the data, not an option: its problems are about what it holds.
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
         raise ValueError(f"dataset: got {type(dataset).__name__}; allowed: a non-empty map-style Dataset")

@@ -16,6 +16,6 @@ from .tool_options import declare, option
          label="Ceilings", figsize=(7, 2.6))
 def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 30,
              seconds: float = 5.0, **parts) -> measured.Ceilings:
-    """Measure the four ceilings of the current config (see nbtrain.measure.ceilings); the model and
-    optimizer are put back exactly afterwards."""
+    """Measure the four ceilings of the current config (see nbtrain.measure.ceilings), in a trial: the live
+    engine is never reached and the model is given back bit for bit."""
     return measured.ceilings(model, train_data, recipe=recipe, config=config, steps=steps, seconds=seconds, **parts)

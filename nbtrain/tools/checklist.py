@@ -25,8 +25,8 @@ current config's block beside every candidate's, so each speed-up comes with the
 its pairs; a candidate is kept only when that interval lies above `min_gain`. A race that ends
 without a verdict says why (which side's blocks varied, by how much). Blocks never keep their
 weights; no round starts that would pass the stated budget, read on the walk's own clock (`clock=`,
-default time.monotonic). The measurements go through a bench (walk_bench.py): the live engine
-here, a simulated machine in the tests (measure/simulated.py).
+default time.monotonic). The measurements go through a bench (walk_bench.py): a trial on the live
+model here, a simulated machine in the tests (measure/simulated.py).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from .checklist_items import (ITEMS, REGISTRY, Tried, batch_candidates, batch_to
 from .checklist_result import ChecklistResult, ItemResult  # noqa: F401
 from ..measure.race import Entrant, race
 from .tool_options import ToolRefusal, declare, option
-from .tune import MEMORY_BUDGET
+from .tune import MEMORY_BUDGET, samples_per_rank
 from .walk_bench import EngineBench
 
 _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
@@ -366,6 +366,14 @@ def checklist(model=None, train_data=None, *, recipe=None, config=None, budget_s
               min_gain: float = 0.03, memory_budget=None, clock=time.monotonic, **parts) -> ChecklistResult:
     """Walk the checklist on the live model within `budget_s` seconds of `clock`; see the module docstring."""
     t0 = clock()  # the budget counts from here: finding the engine is part of the walk
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
-    return run_walk(EngineBench(engine, memory_budget), budget_s=budget_s, trial_s=trial_s, min_gain=min_gain,
-                    items=items, target_global_batch=target_global_batch, keep_best=keep_best, clock=clock, t0=t0)
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        if samples_per_rank(lent.engine) is None:
+            raise ToolRefusal(lambda spell: "the training data is a stream (IterableDataset) without a length, and "
+                                            "the walk's items count samples (batch sizes, held data); measure one "
+                                            "change with nbtrain.ab, or give a map-style Dataset")
+        bench = EngineBench(lent, memory_budget)
+        result = run_walk(bench, budget_s=budget_s, trial_s=trial_s, min_gain=min_gain, items=items,
+                          target_global_batch=target_global_batch, keep_best=keep_best, clock=clock, t0=t0)
+    if bench.kept is not None:  # the model is given back first; the live engine then takes the kept config
+        trial.keep(lent, bench.kept)
+    return result

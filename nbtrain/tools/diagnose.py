@@ -9,9 +9,10 @@ device is synchronised at every phase boundary while profiling (only then), so k
 is charged to the phase that launched it. The machine's ceilings are measured apart
 (measure/ceilings.py: data, host, compute and memory, each a rate with its interval) and the
 verdict says what both show: the binding ceiling and by how much, the share of the step it
-costs, and the remedies in the order the numbers favour. The model is restored afterwards. With `trace="run.json"` a second, short
-trial runs under torch.profiler and writes a Chrome trace (open it in Perfetto); its timings
-are not mixed into the breakdown.
+costs, and the remedies in the order the numbers favour. It measures in a trial: the live engine is
+never reached and the model is given back. With `trace="run.json"` a second, short trial runs
+under torch.profiler and writes a Chrome trace (open it in Perfetto); its timings are not mixed
+into the breakdown.
 """
 from __future__ import annotations
 
@@ -230,27 +231,25 @@ def diagnose(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
              warmup_steps: int = 3, seconds: float | None = None, trace: str | os.PathLike | None = None,
              ceilings: bool = True, **parts) -> Diagnosis:
     """Measure where the step time goes for the current config, and (`ceilings`) the machine's ceilings
-    for it; the model is restored afterwards."""
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
-    config = trial.plain_config(engine.config)
-    snapshot = trial.Snapshot(engine)
+    for it, in a trial (the model is given back bit for bit)."""
     trace_path, ceiling, log = None, None, MetricsLog()
-    clock = GradSyncClock.on(engine.train_model) if hasattr(engine.train_model, "register_comm_hook") else None
-    try:
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        engine = lent.engine
+        config = trial.plain_config(engine.config)
+        clock = GradSyncClock.on(engine.train_model) if hasattr(engine.train_model, "register_comm_hook") else None
         if clock is not None:
             clock.intervals, clock.active = [], True
         m = trial.measure(engine, config, steps=steps + warmup_steps, seconds=seconds,
                           warmup_steps=warmup_steps, sync_phases=True, log=log)
         if clock is not None:
             clock.active = False
-        snapshot.restore()
+        lent.reset()
         if trace is not None:
             trace_path = _write_trace(engine, config, trace)
+            lent.reset()
         # Ranks measuring apart would each stop at their own time; under DDP only the breakdown is shown.
-        if ceilings and not engine.world.distributed:
+        if ceilings and not engine.world.distributed and m.ok:
             ceiling = measure_ceilings(engine)
-    finally:
-        snapshot.restore()
     if not m.ok:
         raise ToolRefusal(lambda spell: f"the step could not be measured: {m.error}")
     phases = dict(m.phase_ms)

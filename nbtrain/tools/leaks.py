@@ -137,7 +137,11 @@ class LeakReport:
 def find_graph_leaks(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                      steps: int = 10, **parts) -> LeakReport:
     """Train `steps` steps and report tensors that keep autograd graphs alive across steps."""
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        return _watch_graphs(lent.engine, steps)
+
+
+def _watch_graphs(engine, steps: int) -> LeakReport:
     start = trial.plain_config(engine.config)
     tracker = _GraphTracker()
     alive, memory = [], []
@@ -152,7 +156,6 @@ def find_graph_leaks(model=None, train_data=None, *, recipe=None, config: TrainC
 
     log = MetricsLog()
     log.subscribe(after_step)
-    snapshot = trial.Snapshot(engine)
     gc.collect()
     try:
         with tracker:
@@ -161,11 +164,9 @@ def find_graph_leaks(model=None, train_data=None, *, recipe=None, config: TrainC
         survivors = [(t, site, step) for t, site, step in tracker.alive() if step >= 1]
         grew = len(alive) >= 4 and alive[-1] - alive[1] >= 0.5 * (len(alive) - 2) \
             and all(b >= a for a, b in zip(alive[1:], alive[2:]))
-        report = _report(grew, alive, memory, survivors, engine.recipe)
+        return _report(grew, alive, memory, survivors, engine.recipe)
     finally:
         del tracker
-        snapshot.restore()
-    return report
 
 
 def _report(leaking, alive, memory, survivors, recipe) -> LeakReport:
@@ -279,23 +280,19 @@ class SyncCounter:
 def find_sync_points(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
                      steps: int = 5, **parts) -> SyncReport:
     """On CUDA: where the step forces host/device synchronisations (torch's sync debug mode)."""
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
-    if engine.device.type != "cuda":
-        return SyncReport(False, f"needs CUDA: this model trains on {engine.device.type}, and "
-                                 "torch.cuda.set_sync_debug_mode only watches CUDA synchronisations")
-    start = trial.plain_config(engine.config)
-    counter = SyncCounter()
-    snapshot = trial.Snapshot(engine)
-    previous = torch.cuda.get_sync_debug_mode()
-    try:
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        engine = lent.engine
+        if engine.device.type != "cuda":
+            return SyncReport(False, f"needs CUDA: this model trains on {engine.device.type}, and "
+                                     "torch.cuda.set_sync_debug_mode only watches CUDA synchronisations")
+        counter = SyncCounter()
+        previous = torch.cuda.get_sync_debug_mode()
         with counter.watching():
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                trial.measure(engine, start, steps=steps, warmup_steps=0)
+                trial.measure(engine, trial.plain_config(engine.config), steps=steps, warmup_steps=0)
             finally:
                 torch.cuda.set_sync_debug_mode(previous)
-    finally:
-        snapshot.restore()
     sites = counter.sites()
     user = sum(n for k, _, n in sites if k != _INTERNALS)
     message = (f"{user} synchronisations from your code in {steps} steps" if user

@@ -64,7 +64,11 @@ def find_lr(model=None, train_data=None, *, recipe=None, config: TrainConfig | N
             start_lr: float = 1e-7, end_lr: float = 10.0, steps: int = 100, beta: float = 0.9,
             diverge: float = 4.0, **parts) -> LRFind:
     """Sweep the rate exponentially over `steps` batches; suggest the rate where the loss falls fastest."""
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        return _sweep(lent.engine, start_lr, end_lr, steps, beta, diverge)
+
+
+def _sweep(engine, start_lr: float, end_lr: float, steps: int, beta: float, diverge: float) -> LRFind:
     start = trial.plain_config(engine.config)
     ratio = (end_lr / start_lr) ** (1 / (steps - 1))
     rates = [start_lr * ratio**i for i in range(steps)]
@@ -93,17 +97,13 @@ def find_lr(model=None, train_data=None, *, recipe=None, config: TrainConfig | N
     from ..metrics import MetricsLog
     log = MetricsLog()
     log.subscribe(on_event)
-    snapshot = trial.Snapshot(engine)
-    try:
-        sweep = start.replace(scale_lr="none", warmup_steps=0, log_every_n_steps=1, base_batch_size=None)
-        engine.reconfigure(sweep.replace(max_steps=steps))
-        first = engine.optimizer.param_groups[0]["lr"]
-        group_scale = [g["lr"] / first for g in engine.optimizer.param_groups]
-        for group, scale in zip(engine.optimizer.param_groups, group_scale):
-            group["lr"] = rates[0] * scale
-        trial.measure(engine, sweep, steps=steps, warmup_steps=0, log=log)
-    finally:
-        snapshot.restore()
+    sweep = start.replace(scale_lr="none", warmup_steps=0, log_every_n_steps=1, base_batch_size=None)
+    engine.reconfigure(sweep.replace(max_steps=steps))
+    first = engine.optimizer.param_groups[0]["lr"]
+    group_scale = [g["lr"] / first for g in engine.optimizer.param_groups]
+    for group, scale in zip(engine.optimizer.param_groups, group_scale):  # the trial's own optimizer's rates
+        group["lr"] = rates[0] * scale
+    trial.measure(engine, sweep, steps=steps, warmup_steps=0, log=log)
     if len(lrs) < 5:
         raise ToolRefusal(lambda spell: f"the loss diverged after {len(lrs)} rates; lower {spell('start_lr')}")
     return LRFind(lrs, losses, smoothed, _steepest(lrs, smoothed), state["diverged"])

@@ -151,9 +151,7 @@ def declare(name: str, public: str, help: str, options, *, label: str | None = N
             joint=None, magic: bool = True):
     """Declare a tool: its options are read (and refused together) before its body runs."""
     def register(function):
-        from .trial import keeps_live_setup
         signature = inspect.signature(function)
-        body = keeps_live_setup(function)
         defaults = {k: p.default for k, p in signature.parameters.items() if p.default is not p.empty}
         missing = [o.keyword for o in options if o.keyword not in defaults]
         assert not missing, f"{function.__name__}: declared options without a default: {missing}"
@@ -163,7 +161,7 @@ def declare(name: str, public: str, help: str, options, *, label: str | None = N
             bound = signature.bind(*args, **kwargs)
             bound.arguments.update(tool.read(bound.arguments))
             try:
-                return body(*bound.args, **bound.kwargs)
+                return function(*bound.args, **bound.kwargs)
             except (ToolOptionError, ToolRefusal) as error:
                 error.tool = error.tool or tool  # its body names no tool; the message then does
                 raise

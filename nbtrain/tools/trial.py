@@ -1,41 +1,54 @@
-"""Trials on the live model: measure a config for a while, then put everything back exactly.
+"""Trials on the live model: measure a config on an engine of the trial's own, which borrows the model.
 
-Every checklist tool (diagnose, tune, leaks, checklist) tries settings by really training a
-few steps on the user's own engine. A `Snapshot` taken before a trial restores the weights,
-buffers, gradients, optimizer and scaler state, RNG streams, step counters and config
-afterwards, bit for bit, so a trial never changes what the user has trained.
+Every checklist tool (diagnose, tune, leaks, checklist, ab, ceilings) tries settings by really training a
+few steps on the user's own model. `borrow` gives the tool a trial (engine/borrow.py): an engine of its
+own over the model, starting where the live engine stands, with copies of its optimizer, schedule and
+config and a loader of its own; the model's weights, buffers, gradients and every RNG go back bit for bit
+when the trial closes, and the live engine is never reached, so nothing of it needs putting back.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
+import difflib
 import ctypes
-import functools
+import dataclasses
 import gc
-import inspect
 import threading
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from ..config import TrainConfig
-from ..engine.state import Snapshot  # noqa: F401  (every tool's trials use it)
+from ..config import TrainConfig, option_names
+from ..engine.borrow import Trial, own_parts
+from ..engine.state import Snapshot  # noqa: F401  (a tool's own engine's reset points)
 from ..adapters.lightning import is_lightning_module
+from ..options import Problem
 from ..recipe import Recipe
 from ..records import samples_start
+from .tool_options import ToolOptionError
+
+# What a tool's **parts may hold besides training options: the parts of a recipe, as nbtrain.fit takes them.
+RECIPE_PARTS = ("loss_fn", "training_step", "optimizer", "val_data", "collate_fn", "scheduler", "scheduler_interval",
+                "metrics", "validation_step")
 
 
-def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config: TrainConfig | None = None,
-            **parts):
-    """The live engine for a recipe (or for a model + data given like `nbtrain.fit`).
+def borrow(model=None, train_data=None, *, recipe: Recipe | None = None, config: TrainConfig | None = None,
+           **parts) -> Trial:
+    """A trial on a model (or a model + data given like `nbtrain.fit`, or a recipe), to use in a `with` block.
 
     A tool starts from the live engine as it is: what the call leaves out (the data, optimizer, its
-    schedule, loss, metrics and the config) is the engine's own, not a default AdamW or TrainConfig().
+    schedule, loss, metrics and the config) is the live engine's own, not a default AdamW or TrainConfig();
+    training options are taken as fit takes them (`batch_size=64`), over `config`. The trial's engine is a
+    fork of the live one (a model nbtrain has not trained yet gets an engine of the trial's own, attached to
+    nothing), so the live engine is never reached.
     """
     from ..adapters import recipe_for
-    from ..api import engine_for
+    from ..engine.engine import Engine
+    options = {name: value for name, value in parts.items() if name not in RECIPE_PARTS}
+    parts = {name: value for name, value in parts.items() if name in RECIPE_PARTS}
+    check_option_names(options)
     if isinstance(model, Recipe):
         recipe, model = model, None
     live = live_engine_of(recipe.model if recipe is not None else model)
@@ -48,7 +61,23 @@ def resolve(model=None, train_data=None, *, recipe: Recipe | None = None, config
         recipe = _live_recipe_with(live.recipe, train_data, parts)
     if config is None:
         config = live.config if live is not None else TrainConfig()
-    return engine_for(recipe, config)
+    config = recipe.adopt_settings(config.replace(**options) if options else config)
+    if live is not None:
+        return live.trial(recipe, config)
+    return Trial(recipe.model, lambda: Engine(own_parts(recipe), config), recipe=recipe)
+
+
+def check_option_names(options: dict) -> None:
+    """Refuse, in one message, keywords that are neither recipe parts nor training options."""
+    known = option_names()
+    unknown = [name for name in options if name not in known]
+    if unknown:
+        def allowed(name):
+            near = difflib.get_close_matches(name, list(known) + list(RECIPE_PARTS), n=1)
+            return (f"the tool's own options, a recipe part ({', '.join(RECIPE_PARTS)}) or a training option as "
+                    f"nbtrain.fit takes it (batch_size, max_steps, ... or config=TrainConfig(...))"
+                    + (f"; did you mean {near[0]!r}?" if near else ""))
+        raise ToolOptionError([Problem(name, options[name], allowed(name)) for name in unknown])
 
 
 def live_engine_of(model):
@@ -59,6 +88,13 @@ def live_engine_of(model):
         model = slot.value if slot is not None else None
     engine = live_engine(model) if model is not None else None
     return engine if engine is not None and not engine.running else None
+
+
+def keep(trial: Trial, config: TrainConfig) -> None:
+    """Leave the live model on `config` (a walk's keep_best), through the call a user's change goes through:
+    the live engine of the trial's recipe (made and attached where the model has none yet) takes it."""
+    from ..api import engine_for
+    engine_for(trial.recipe, config)
 
 
 def _live_recipe_with(live: Recipe, train_data, parts: dict) -> Recipe:
@@ -72,24 +108,6 @@ def _live_recipe_with(live: Recipe, train_data, parts: dict) -> Recipe:
     return dataclasses.replace(live, **given)
 
 
-def keeps_live_setup(tool):
-    """A tool that leaves the live engine exactly as it found it: its optimizer object and state, schedule and
-    config, even when the call gave parts or a config of its own (only keep_best=True keeps a config)."""
-    @functools.wraps(tool)
-    def run(*args, **kwargs):
-        bound = inspect.signature(tool).bind(*args, **kwargs)
-        target = bound.arguments.get("recipe") or bound.arguments.get("model")
-        engine = live_engine_of(target.model if isinstance(target, Recipe) else target)
-        if engine is None or bound.arguments.get("keep_best"):
-            return tool(*args, **kwargs)
-        setup = engine.setup()
-        try:
-            return tool(*args, **kwargs)
-        finally:
-            engine.use_setup(setup)
-    return run
-
-
 # The stop of the tool running in this thread (the panel's Stop button), None outside stoppable().
 _TOOL_STOP: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("nbtrain_tool_stop",
                                                                                      default=None)
@@ -101,7 +119,7 @@ def stoppable(stop: threading.Event):
     from outside: the run a trial is training ends at its next step boundary (stop is its caller's event,
     which no run clears), and the tool at its next block edge, the start or end of a measurement, with a
     KeyboardInterrupt raised there in the tool's own thread, as a kernel interrupt ends a tool: every
-    Snapshot puts the model back on the way out."""
+    trial gives the model back on the way out."""
     token = _TOOL_STOP.set(stop)
     try:
         yield
@@ -193,10 +211,11 @@ class AnyEvent:
 
 def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps: int | None = None,
             warmup_steps: int = 2, sync_phases: bool = False, log=None) -> Measurement:
-    """Train `config` on the live engine for `steps` optimizer steps or `seconds` (whichever first).
+    """Train `config` on a trial's engine for `steps` optimizer steps or `seconds` (whichever first).
 
-    The caller restores state (a Snapshot); this only measures. Throughput counts the steps after
-    `warmup_steps`, so worker start-up and first-call costs are not charged to a config.
+    The caller resets the trial (Trial.reset); this only measures. Throughput counts the steps after
+    `warmup_steps`, so worker start-up and first-call costs are not charged to a config. The steps are
+    training only: held-out evaluation at epoch ends would be charged to them.
     """
     from ..engine.memory import PeakMemory
     stop_at_block_edge()
@@ -206,29 +225,22 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
     # has begun (a short block on a busy machine) would stop nothing, and the trial would train to `cap`.
     deadline = threading.Event()
     timer = threading.Timer(seconds, deadline.set) if seconds is not None else None
-    engine.sync_phases = sync_phases
-    # Trials measure training only: held-out evaluation at epoch ends would be charged to them.
-    recipe = engine.recipe
-    if recipe.val_data is not None:
-        engine.recipe = dataclasses.replace(recipe, val_data=None)
     peak = PeakMemory(engine.device)
     t0 = time.perf_counter()
     try:
         if timer is not None:
             timer.start()
         peak.start()
-        result = engine.run(log=log, stop=AnyEvent(deadline, tool_stop()))
+        result = engine.run(log=log, stop=AnyEvent(deadline, tool_stop()), validate=False, sync_phases=sync_phases)
         peak_bytes = peak.peak()
     finally:
         if timer is not None:
             timer.cancel()
-        engine.sync_phases = False
-        engine.recipe = recipe
     wall = time.perf_counter() - t0
     stop_at_block_edge()
     if result.status == "interrupted":
         # A kernel interrupt ends the whole tool, not just this trial: the engine turned it into a stop
-        # at a step boundary; raised again, every tool's Snapshot puts the model back on the way out.
+        # at a step boundary; raised again, every tool's trial gives the model back on the way out.
         raise KeyboardInterrupt
     cols = result.log.columns
     n = len(cols["step"])

@@ -5,8 +5,8 @@
     print(b.table()); cfg = b.config                           # batch, LR rule and warm-up applied; its speed
     lr = nbtrain.tune.find_lr(recipe, config=cfg); lr.plot()   # exponential sweep, steepest descent
 
-Every trial trains real steps on the user's engine and is undone afterwards (trial.Snapshot),
-so weights, optimizer state and counters are exactly as before the search. The batch found is
+Every trial trains real steps on the user's model on an engine of the trial's own (trial.borrow): the live
+engine is never reached, and the model is given back bit for bit. The batch found is
 then measured against the starting batch head to head, in alternating blocks (measure/ab.py):
 a larger batch fits, but whether it trains faster on this machine is a measurement.
 """
@@ -25,6 +25,7 @@ from . import trial
 from ..config import TrainConfig
 from ..metrics import MetricsLog
 from ..options import Problem
+from ..recipe import fixed_reason
 from .tool_options import ToolOptionError, ToolRefusal, declare, option
 from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
 from ..measure.ab import ABResult, compare_on
@@ -166,17 +167,27 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
     At most ceil(log2(max_batch)) + 4 trials; the found batch is within `tolerance` of the largest.
     Then, for about `speed_s` seconds of `clock` (0: not at all), its speed against the starting batch.
     """
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        return _search(lent, max_batch, memory_budget, rule, steps, tolerance, speed_s, clock)
+
+
+def _search(lent, max_batch, memory_budget, rule, steps, tolerance, speed_s, clock) -> BatchSearch:
+    engine = lent.engine
     start = trial.plain_config(engine.config)
-    per_rank = math.ceil(len(engine.recipe.train_data) / engine.world.size)
+    if engine.recipe.fixed_loader is not None:  # every other batch size would be refused, one trial at a time
+        why = fixed_reason(engine.recipe.fixed_loader)
+        raise ToolRefusal(lambda spell: f"the batch size cannot change: {why}")
+    per_rank = samples_per_rank(engine)
+    if per_rank is None and max_batch is None:
+        raise ToolOptionError([Problem("max_batch", max_batch, "a whole number >= 1: the training data is a stream "
+                                                               "(IterableDataset), whose length is unknown")])
     max_batch = per_rank if max_batch is None else max_batch
-    if max_batch > per_rank:  # the one bound that needs the data
+    if per_rank is not None and max_batch > per_rank:  # the one bound that needs the data
         raise ToolOptionError([Problem("max_batch", max_batch, f"at most {per_rank} (samples per process in "
                                                                "train_data)")])
     limit, kind = memory_limit(memory_budget, engine.device)
     max_trials = math.ceil(math.log2(max_batch)) + 4 if max_batch > 1 else 1
     trials: list[BatchTrial] = []
-    snapshot = trial.Snapshot(engine)
 
     def attempt(b: int) -> BatchTrial:
         trial.release_memory()
@@ -188,7 +199,7 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
                 raise
             fits, peak, reason = False, None, "out of memory" if is_oom(error) else trial.failed(error)
         finally:
-            snapshot.restore()
+            lent.reset()
             trial.release_memory()
         if fits and limit is not None and peak > limit:
             fits, reason = False, "over budget"
@@ -198,8 +209,7 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
         return t
 
     exact = trial.exact_cpu_peaks() if engine.device.type == "cpu" else contextlib.nullcontext()
-    try:
-        exact.__enter__()
+    with exact:
         b = min(start.batch_size, max_batch)
         lo, hi = None, None  # largest trial that fit, smallest that did not
         while len(trials) < max_trials:  # doubling (or halving while even the start is too big)
@@ -222,19 +232,24 @@ def find_batch_size(model=None, train_data=None, *, recipe=None, config: TrainCo
                 lo = t
             else:
                 hi = t
-    finally:
-        exact.__exit__(None, None, None)
-        snapshot.restore()
     found = lo.batch_size if lo is not None else 0
     if not found:
         raise ToolRefusal(lambda spell: f"even batch_size=1 does not fit ({hi.reason}); raise "
                                         f"{spell('memory_budget')} or make the model smaller")
     search = _with_lr(engine, start, found, rule, trials, max_trials, limit, kind)
-    search.speed, search.speed_note = _speed(engine, snapshot, start, search.config, speed_s, clock)
+    search.speed, search.speed_note = _speed(engine, lent, start, search.config, speed_s, clock)
     return search
 
 
-def _speed(engine, snapshot, start: TrainConfig, found: TrainConfig, seconds: float, clock):
+def samples_per_rank(engine) -> int | None:
+    """Training samples each process reads in an epoch, or None for a stream without a length."""
+    try:
+        return math.ceil(len(engine.recipe.train_data) / engine.world.size)
+    except TypeError:  # an IterableDataset: its length is known only when it ends
+        return None
+
+
+def _speed(engine, lent, start: TrainConfig, found: TrainConfig, seconds: float, clock):
     """(the found config against the start in alternating blocks, or None and why not)."""
     if found.batch_size == start.batch_size:
         return None, "the starting batch is the largest found; nothing to compare"
@@ -244,14 +259,14 @@ def _speed(engine, snapshot, start: TrainConfig, found: TrainConfig, seconds: fl
         # Each rank would stop comparing at its own time, and the others would wait in an all-reduce.
         return None, "compared in single-process runs only (ranks would stop at different times)"
     try:
-        return compare_on(engine, snapshot, start, found, block_steps=4, block_s=seconds / 24, min_pairs=3,
+        return compare_on(engine, lent, start, found, block_steps=4, block_s=seconds / 24, min_pairs=3,
                           max_pairs=10, budget_s=seconds, clock=clock), ""
     except Exception as error:  # noqa: BLE001 - out of memory over several steps is a result
         if not is_oom(error):
             raise
         return None, "out of memory over several steps at the batch found"
     finally:
-        snapshot.restore()
+        lent.reset()
         trial.release_memory()
 
 
@@ -274,9 +289,9 @@ def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_tria
     if rule != "none":
         changes.update(scale_lr=rule, base_batch_size=base_batch)
     suggested = False
-    if rule != "none" and not start.warmup_steps and batch > start.batch_size:
-        per_epoch = math.ceil(math.ceil(len(engine.recipe.train_data) / engine.world.size) / batch
-                              / start.accumulate_grad_batches)
+    per_rank = samples_per_rank(engine)
+    if rule != "none" and not start.warmup_steps and batch > start.batch_size and per_rank is not None:
+        per_epoch = math.ceil(per_rank / batch / start.accumulate_grad_batches)
         changes["warmup_steps"], suggested = max(per_epoch, 1), True
     config, notes = checked_lr(engine, start.replace(**changes))
     rule = config.scale_lr
@@ -308,8 +323,11 @@ def _diverges(engine, config: TrainConfig, steps: int = 30) -> str | None:
     """'loss a -> b' when `steps` steps of `config` (in a trial: the model is put back) end with a
     non-finite loss or one well above where they started; None when the loss holds or falls."""
     log = MetricsLog()
-    with engine.trial():
+    snapshot = trial.Snapshot(engine)  # a trial's engine (the walk's, the batch search's): its state back after
+    try:
         trial.measure(engine, config.replace(log_every_n_steps=1), steps=steps, log=log)
+    finally:
+        snapshot.restore()
     return worse(list(log.columns["loss"]))
 
 

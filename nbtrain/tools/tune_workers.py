@@ -4,7 +4,7 @@
     print(w.table())   # each setting: steady samples/s (95% interval), vs the starting setting
     cfg = w.best       # the starting setting unless another is measurably faster, head to head
 
-Each setting is trained for `seconds` on the user's engine and undone (trial.Snapshot). The
+Each setting is trained for `seconds` in a trial (trial.borrow: the live engine is never reached). The
 fastest is then measured against the starting setting in alternating blocks (measure/ab.py):
 one trial each on a shared machine can differ by tens of percent with nothing changed, so the
 search only moves off the starting setting when the head-to-head interval says it is faster.
@@ -83,11 +83,15 @@ def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfi
     """Measure training throughput for a few worker counts (the starting one always among them), then
     persistent workers (and pinning on CUDA); the fastest against the start head to head, for about
     4 x `seconds` on `clock`."""
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        return _search(lent, candidates, seconds, warmup_steps, clock)
+
+
+def _search(lent, candidates, seconds: float, warmup_steps: int, clock) -> WorkerSearch:
+    engine = lent.engine
     start = trial.plain_config(engine.config)
     if candidates is None:
         candidates = [n for n in (0, 1, 2, 4, 8, 16) if n <= usable_cores()]
-    snapshot = trial.Snapshot(engine)
     measured, rates, blocks = [], [], []
 
     def run(c: TrainConfig):
@@ -99,7 +103,7 @@ def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfi
             m, rate, block = trial.Measurement(c, float("nan"), 0, 0.0, status="failed", error=trial.failed(error)), \
                 NOTHING, []
         finally:
-            snapshot.restore()
+            lent.reset()
         measured.append(m)
         rates.append(rate)
         blocks.append(block)
@@ -108,25 +112,22 @@ def find_workers(model=None, train_data=None, *, recipe=None, config: TrainConfi
         return max(range(len(rates)), key=lambda i: rates[i].rate if math.isfinite(rates[i].rate) else -math.inf)
 
     head_to_head = None
-    try:
-        for n in sorted(set(candidates) | {start.num_workers}):  # the start is what every setting is held against
-            run(start if n == start.num_workers else
-                start.replace(num_workers=n, persistent_workers=start.persistent_workers and n > 0,
-                              prefetch_factor=start.prefetch_factor if n > 0 else None))
-        top = measured[fastest()].config
-        if top.num_workers:
-            run(top.replace(persistent_workers=not top.persistent_workers))
-        if top.device_type == "cuda":
-            run(top.replace(pin_memory=not top.pin))
-        i, s = fastest(), next(k for k, m in enumerate(measured) if m.config == start)
-        if i != s:
-            block_s = seconds / 2
-            head_to_head = compare_on(engine, snapshot, start, measured[i].config, discard=False,
-                                      block_steps=(steps_lasting(rates[s].rate, start, block_s),
-                                                   steps_lasting(rates[i].rate, measured[i].config, block_s)),
-                                      min_pairs=3, max_pairs=8, budget_s=4 * seconds, clock=clock)
-    finally:
-        snapshot.restore()
+    for n in sorted(set(candidates) | {start.num_workers}):  # the start is what every setting is held against
+        run(start if n == start.num_workers else
+            start.replace(num_workers=n, persistent_workers=start.persistent_workers and n > 0,
+                          prefetch_factor=start.prefetch_factor if n > 0 else None))
+    top = measured[fastest()].config
+    if top.num_workers:
+        run(top.replace(persistent_workers=not top.persistent_workers))
+    if top.device_type == "cuda":
+        run(top.replace(pin_memory=not top.pin))
+    i, s = fastest(), next(k for k, m in enumerate(measured) if m.config == start)
+    if i != s:
+        block_s = seconds / 2
+        head_to_head = compare_on(engine, lent, start, measured[i].config, discard=False,
+                                  block_steps=(steps_lasting(rates[s].rate, start, block_s),
+                                               steps_lasting(rates[i].rate, measured[i].config, block_s)),
+                                  min_pairs=3, max_pairs=8, budget_s=4 * seconds, clock=clock)
     s = next(k for k, m in enumerate(measured) if m.config == start)
     versus = [unpaired(blocks[s], b) if b else UNMEASURED for b in blocks]
     best = head_to_head.b if head_to_head is not None and head_to_head.verdict.faster else start

@@ -5,7 +5,7 @@ and puts the state back; `trial(config, seconds)` one whole trial; `bottleneck(c
 reads the four ceilings (measure/ceilings.py) at a config and returns their verdict
 (measure/bottleneck.py); `apart(label, config, steps)` runs a config in processes of its own (DDP);
 `here` answers what the items need to know (samples, cores, CUDA, held data, the optimizer's
-kernels, convolutions, whether DDP can run). `EngineBench` is the live engine; a simulated machine
+kernels, convolutions, whether DDP can run). `EngineBench` is a trial on the live model; a simulated machine
 (measure/simulated.py) has the same face, so the walk's logic is tested without a GPU.
 """
 from __future__ import annotations
@@ -63,12 +63,14 @@ class EngineFacts:
 
 
 class EngineBench:
-    """The walk's measurements on the live engine; every one puts the model and optimizer back."""
+    """The walk's measurements on a trial's engine (trial.borrow: the live engine is never reached); every one
+    puts the trial's engine back where the walk started it. A kept config goes to the live model through
+    `trial.keep`, the call a user's change goes through."""
 
-    def __init__(self, engine, memory_budget=None):
-        self.engine = engine
+    def __init__(self, lent, memory_budget=None):
+        self.lent = lent
+        self.engine = engine = lent.engine
         self.here = EngineFacts(engine)
-        self.snapshot = trial.Snapshot(engine)
         self.start = trial.plain_config(engine.config)  # the user's own config: its errors are theirs
         self.current = self.start
         self.device = str(engine.device)
@@ -80,6 +82,7 @@ class EngineBench:
         self._keeping = contextlib.ExitStack()
         self._kept = None
         self.warm: set = set()
+        self.kept = None  # the config the walk keeps (keep_best), for the live model
 
     def _over_memory(self, m) -> str:
         if self.limit is not None and m.config.device_type == "cpu" and m.peak_bytes > self.limit:
@@ -88,9 +91,9 @@ class EngineBench:
 
     def _trial(self, config, seconds: float):
         """(measurement or None, steady rate, block rates, why it failed) of `config` trained for `seconds`
-        on the live model, the state put back after it; out of memory, a candidate whose loss diverged, or any
-        error of a config the walk chose, is a result ("failed: ..."); only the user's own starting config raises
-        (and the current config diverging: nothing could be compared with it)."""
+        on the trial's engine, which is put back where the walk started it; out of memory, a candidate whose
+        loss diverged, or any error of a config the walk chose, is a result ("failed: ..."); only the user's own
+        starting config raises (and the current config diverging: nothing could be compared with it)."""
         from ..measure.ab import diverged_refusal
         try:
             m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
@@ -101,7 +104,7 @@ class EngineBench:
                 raise
             return None, NOTHING, [], trial.failed(error)
         finally:
-            self.snapshot.restore()
+            self.lent.reset()
         if m.diverged and config == self.current:  # a candidate that diverges leaves the race; the current
             # config diverging leaves nothing to measure candidates against
             raise diverged_refusal("the current config", m.error)
@@ -135,7 +138,7 @@ class EngineBench:
         except Exception:  # noqa: BLE001 - see the docstring
             pass
         finally:
-            self.snapshot.restore()
+            self.lent.reset()
 
     def race_over(self, keep=()) -> None:
         """The race is over: only the loaders of the configs in `keep` (the current one, the leader) keep their
@@ -152,18 +155,18 @@ class EngineBench:
             self.engine.reconfigure(config)
             return measure_ceilings(self.engine, steps=10, seconds=seconds, known=self.device_rates).bottleneck()
         finally:
-            self.snapshot.restore()
+            self.lent.reset()
 
     def apart(self, label: str, config, steps: int) -> Tried:
         """`config` run by fit in processes of its own (DDP), `steps` steps."""
         from ..api import fit
         try:
-            result = fit(recipe=self.engine.recipe, config=config.replace(max_steps=steps, max_epochs=None),
+            result = fit(recipe=self.lent.recipe, config=config.replace(max_steps=steps, max_epochs=None),
                          stop=trial.tool_stop())  # a panel's Stop ends the workers' run too
         except Exception as error:  # noqa: BLE001 - a candidate the walk chose is a row, never the walk's end
             return Tried(label, config, None, trial.failed(error))
         finally:
-            self.snapshot.restore()
+            self.lent.reset()
         if result.status != "completed":
             return Tried(label, config, None, result.status)
         series = columns_series(result.log.columns, samples_start(result.log))
@@ -176,10 +179,15 @@ class EngineBench:
         return checked_lr(self.engine, config)
 
     def schedule_note(self) -> str:
-        s = self.engine.schedule
+        s = self.engine.schedule  # the trial's copy of the live schedule (the same scheduler class)
         return "" if s is None else f"; the live {type(s.scheduler).__name__}'s rates rescaled by the same factor"
 
     def restore(self, config=None) -> None:
-        self._keeping.close()  # every worker the walk kept is stopped
+        """The walk is over (or an item failed): every worker it kept is stopped and the trial's engine is back
+        where the walk started it; `config`, the walk's kept config, is left on the live model once the walk
+        gives the model back (checklist: trial.keep)."""
+        self._keeping.close()
         self._kept, self.warm = None, set()
-        self.snapshot.restore(config)
+        self.lent.reset()
+        if config is not None:
+            self.kept = config
