@@ -155,8 +155,8 @@ def _use(tool: str, model, data, tmp_path):
                 TOOLS["cache"].function(dataset, tmp_path)
             return None
         return TOOLS["cache"].function(dataset, tmp_path, num_workers=0)
-    refused = {("checklist", "stream"): "stream", ("find_batch_size", "own_sampler"): "cannot change",
-               ("find_batch_size", "weighted"): "cannot change"}
+    # A SubsetRandomSampler split is rebuilt (user_loader.py), so its batch size can change; a weighted one cannot.
+    refused = {("checklist", "stream"): "stream", ("find_batch_size", "weighted"): "cannot change"}
     kind = "stream" if isinstance(data, IterableDataset) else data.sampler.__class__.__name__ \
         if isinstance(data, DataLoader) else ""
     kind = {"SubsetRandomSampler": "own_sampler", "WeightedRandomSampler": "weighted"}.get(kind, kind)

@@ -73,6 +73,18 @@ def change(before: Seen, dataset) -> str | None:
     return None
 
 
+def why_read_again(held, dataset) -> str | None:
+    """Why the data `held` (a data.Held, or None) cannot be reused for `dataset`, or None where it can."""
+    if held is None:
+        return None
+    if held.seen is None:
+        return "held before it was observed"
+    why = change(held.seen, dataset)
+    if why is None and not held.seen.proven:
+        why = "nbtrain cannot tell whether a Dataset of its own class changed since it was held"
+    return why
+
+
 def dataset_parts(dataset) -> tuple:
     if _reads_as(dataset, Subset):
         return (dataset.dataset,)

@@ -199,12 +199,7 @@ class Engine:
         if length is not None and length != len(dataset):
             self.rebuild_loader()
             return f"training data: its length changed ({length} -> {len(dataset)}): a new epoch from its start"
-        held = self.held_data
-        if held is None:
-            return None
-        why = data_identity.change(held.seen, dataset) if held.seen is not None else "held before it was observed"
-        if why is None and not held.seen.proven:
-            why = "nbtrain cannot tell whether a Dataset of its own class changed since it was held"
+        why = data_identity.why_read_again(self.held_data, dataset)
         if why is None:
             return None
         self.loader = self.build_loader(read_again=True)  # the same position: the same samples, read again
@@ -217,7 +212,8 @@ class Engine:
         self.built = adoption.Built.of(made, self.model)
         self.optimizer = made
         self.use_optimizer_impl()
-        self.base_lrs = [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
+        # Each group's own rate before the LR rule and warm-up (the optimizer's, as given); a tuple: nobody edits it.
+        self.base_lrs = tuple(group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups)
         self.replace_schedule(fresh=False)
 
     def note(self, option: str, note: str | None) -> None:
@@ -234,23 +230,14 @@ class Engine:
 
     # --- learning rates (rates.py) ------------------------------------------------------
 
-    @property
-    def base_lrs(self) -> list[float]:
-        """Each param group's own rate before the LR rule and warm-up (the optimizer's, as given)."""
-        return list(self._base_lrs)
-
-    @base_lrs.setter
-    def base_lrs(self, lrs: list[float]) -> None:
-        self._base_lrs = list(lrs)
-
     def target_lrs(self, config: TrainConfig | None = None) -> list[float]:
         """Each group's rate under the LR rule of `config` (default: the live one), before warm-up."""
-        return rates.target_lrs(config or self.config, self.optimizer, self._base_lrs)
+        return rates.target_lrs(config or self.config, self.optimizer, self.base_lrs)
 
     def replace_schedule(self, fresh: bool = True) -> None:
         """The recipe's scheduler (or none) over the live optimizer (see rates.build_schedule)."""
         self.schedule = None
-        self.schedule = rates.build_schedule(self.recipe, self.optimizer, self.config, self._base_lrs, fresh)
+        self.schedule = rates.build_schedule(self.recipe, self.optimizer, self.config, self.base_lrs, fresh)
         self.built.schedule = adoption.schedule_record(self.recipe.scheduler, self.built)
         self.set_lr(self.step)
 
@@ -266,7 +253,7 @@ class Engine:
     def lr_note(self, config: TrainConfig | None = None) -> str:
         """The learning rate this run uses (or `config` would use), and why."""
         c = config or self.config
-        return rates.lr_note(c, self.target_lrs(c)[0], self._base_lrs[0], self.schedule)
+        return rates.lr_note(c, self.target_lrs(c)[0], self.base_lrs[0], self.schedule)
 
     # --- config changes (changes.py) ------------------------------------------------------
 
