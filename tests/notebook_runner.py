@@ -26,6 +26,11 @@ def without_outputs(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
+# Any x86 CPU runs as one with AVX2 and no more: PyTorch's AVX2 kernels, and oneDNN kept off AVX-512 and AMX,
+# so bfloat16 is emulated by PyTorch as on a CPU without bfloat16 instructions (most laptops).
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def kernel_env() -> dict:
     """This checkout's nbtrain first on the kernel's path; one intra-op thread on a shared box."""
     env = dict(os.environ)
@@ -34,16 +39,21 @@ def kernel_env() -> dict:
     return env
 
 
-def execute(nb: nbformat.NotebookNode, workdir: Path, cell_timeout: int, this_checkout: bool = True):
+def execute(nb: nbformat.NotebookNode, workdir: Path, cell_timeout: int, this_checkout: bool = True,
+            env: dict | None = None):
     """Run every cell; raises nbclient's CellExecutionError (with the cell and traceback) on failure.
 
-    `this_checkout=False` leaves the environment alone (the kernel imports the installed nbtrain).
+    `this_checkout=False` leaves the environment alone (the kernel imports the installed nbtrain);
+    `env` adds variables to the kernel's environment (AVX2_ONLY).
     """
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(workdir)}})
     saved = dict(os.environ)
+    # Built before os.environ is cleared: kernel_env starts from it (built after, the kernel had only PYTHONPATH
+    # and OMP_NUM_THREADS, and no variable of the caller's reached it).
+    kernel = {**(kernel_env() if this_checkout else saved), **(env or {})}
     os.environ.clear()
-    os.environ.update(kernel_env() if this_checkout else saved)  # the kernel process inherits this environment
+    os.environ.update(kernel)  # the kernel process inherits this environment
     try:
         client.execute()
     finally:
