@@ -64,7 +64,8 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         recipe = recipe_for(model, train_data, loss_fn=loss_fn, training_step=training_step, optimizer=optimizer,
                             val_data=val_data, collate_fn=collate_fn, scheduler=scheduler,
                             scheduler_interval=scheduler_interval, metrics=metrics, validation_step=validation_step)
-    config = (config or TrainConfig()).replace(**options) if options else (config or TrainConfig())
+    config = TrainConfig.of(config) or TrainConfig()
+    config = config.replace(**options) if options else config
     config = recipe.adopt_settings(config)
     check_runnable(config)  # in the kernel or its DDP workers, this machine runs it (SLURM checks its partition)
     check_monitor(config, recipe)  # before DDP workers start, too

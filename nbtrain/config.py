@@ -209,6 +209,16 @@ class TrainConfig:
             object.__setattr__(config, "_given", frozenset(given) & frozenset(values))
         return config
 
+    @classmethod
+    def of(cls, config) -> "TrainConfig | None":
+        """A `config=` argument as a TrainConfig: one, a dict of options (every one of them given), or None."""
+        if config is None or isinstance(config, cls):
+            return config
+        if isinstance(config, dict):
+            return cls.from_dict(config)
+        raise ConfigError([Problem("config", config, "a TrainConfig, a dict of options "
+                                   "(e.g. {'max_steps': 5}) or None")])
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

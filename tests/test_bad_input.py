@@ -460,3 +460,23 @@ def test_zz_bad_input_corpus_count(capsys):
         pytest.skip(f"only part of the corpus ran ({line})")
     assert CORPUS_SIZE >= 60
     assert TALLY["passed"] == TALLY["tried"], line
+
+
+def _tiny_fit(config, tool=False):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    data = TensorDataset(torch.randn(32, 4, generator=torch.Generator().manual_seed(1)), torch.arange(32) % 2)
+    if tool:  # a tool takes config= as fit does
+        return nbtrain.profile(model, data, loss_fn=nn.CrossEntropyLoss(), steps=2, config=config)
+    nbtrain.fit(model, data, loss_fn=nn.CrossEntropyLoss(), config=config, accelerator="cpu", shuffle=False)
+    return model.weight.detach().clone()
+
+
+def test_config_may_be_a_dict_of_options_and_anything_else_is_one_error_naming_config():
+    # nbtrain.ab(..., config={"max_steps": 5}) ended in AttributeError: 'dict' object has no attribute 'given'.
+    assert torch.equal(_tiny_fit({"max_steps": 3, "batch_size": 8}), _tiny_fit(TrainConfig(max_steps=3, batch_size=8)))
+    for call in (lambda: _tiny_fit(["max_steps", 3]), lambda: _tiny_fit(["max_steps", 3], tool=True)):
+        with pytest.raises(ConfigError, match=r"config.*a TrainConfig, a dict of options"):
+            call()
+    with pytest.raises(ConfigError, match="max_stpes.*did you mean 'max_steps'"):
+        _tiny_fit({"max_stpes": 3})

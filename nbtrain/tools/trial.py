@@ -59,6 +59,7 @@ def borrow(model=None, train_data=None, *, recipe: Recipe | None = None, config:
         recipe = recipe_for(model, train_data if train_data is not None else live_data, **parts)
     elif recipe is None:
         recipe = _live_recipe_with(live.recipe, train_data, parts)
+    config = TrainConfig.of(config)
     if config is None:
         config = live.config if live is not None else TrainConfig()
     config = recipe.adopt_settings(config.replace(**options) if options else config)
