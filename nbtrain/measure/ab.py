@@ -22,6 +22,7 @@ from ..tools.tool_options import ToolRefusal
 from ..config import TrainConfig
 from ..metrics import MetricsLog
 from ..records import samples_start
+from .load import Load, of_device
 from .steady import block_rates, columns_series, steady_rate
 from .verdict import UNMEASURED, Verdict, paired
 
@@ -36,13 +37,15 @@ class ABResult:
     seconds: float = 0.0
     stopped_by: str = ""     # "interval" | "budget" | "max_pairs"
     block_steps: tuple = ()  # optimizer steps in each of A's and B's blocks
+    load: Load | None = None  # other processes' share of the machine while the blocks ran
 
     @property
     def label(self) -> str:
         return describe_change(self.a, self.b)
 
     def text(self) -> str:
-        return self.verdict.text(self.label) + f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s]"
+        return self.verdict.text(self.label) + f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s" \
+            + (self.load.beside() if self.load else "") + "]"
 
     def __repr__(self) -> str:
         return f"ABResult({self.text()})"
@@ -132,9 +135,12 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
     config_b = b if isinstance(b, TrainConfig) else base.replace(**(b or {}))
     snapshot = trial.Snapshot(engine)
     try:
-        return compare_on(engine, snapshot, config_a, config_b, block_steps=block_steps or _SIZING_STEPS,
-                          block_s=None if block_steps else block_s, min_pairs=min_pairs, max_pairs=max_pairs,
-                          precision_target=precision_target, budget_s=budget_s, clock=clock)
+        with of_device(engine.device) as load:
+            result = compare_on(engine, snapshot, config_a, config_b, block_steps=block_steps or _SIZING_STEPS,
+                                block_s=None if block_steps else block_s, min_pairs=min_pairs,
+                                max_pairs=max_pairs, precision_target=precision_target, budget_s=budget_s,
+                                clock=clock)
+        return dataclasses.replace(result, load=load.last)
     finally:
         snapshot.restore()
 
