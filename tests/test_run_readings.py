@@ -191,11 +191,12 @@ def test_identical_runs_beside_a_bursty_load_get_no_speed_verdict_and_a_real_dif
 def test_an_ab_verdict_line_says_how_busy_the_machine_was_beside_it(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-    burner = _burn(1.0, own=False, report=str(tmp_path / "cpu"))  # another process, spinning throughout
+    burner = _burn(10.0, own=False, report=str(tmp_path / "cpu"))  # another process, spinning throughout
     try:
         result = nbtrain.ab(model, DigitsDataset(), loss_fn=nn.CrossEntropyLoss(), a={"batch_size": 16},
                             b={"batch_size": 32}, block_steps=4, min_pairs=2, max_pairs=2, budget_s=5)
     finally:
+        burner.kill()
         psutil.wait_procs([burner], timeout=10)
     assert isinstance(result.load, Load) and result.load.wall_s == pytest.approx(result.seconds, rel=0.2, abs=0.05)
     assert not result.load.small and result.text().endswith(result.load.beside() + "]")
