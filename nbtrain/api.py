@@ -1,8 +1,11 @@
 """`nbtrain.fit`: train a model with a config, in this process or as DDP workers."""
 from __future__ import annotations
 
+import time
+
 from .config import ConfigError, Problem, TrainConfig, check_runnable
 from .engine.engine import Engine
+from .engine.report import with_call
 from .engine.loggers import check_folder
 from .engine.monitor import check_monitor
 from .metrics import MetricsLog
@@ -53,6 +56,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     come back into `model`. `stop`, a threading.Event, ends the run at the next optimizer step once
     set from any thread (every DDP rank at the same step), keeping what it trained.
     """
+    called = time.perf_counter()  # the call's wall time, all of it, is split in the summary
     parts = {"model": model, "train_data": train_data, "loss_fn": loss_fn, "training_step": training_step,
              "optimizer": optimizer, "val_data": val_data, "collate_fn": collate_fn, "scheduler": scheduler,
              "scheduler_interval": scheduler_interval, "metrics": metrics, "validation_step": validation_step}
@@ -80,11 +84,16 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         # a later call (DDP or not) continues this one. Sharded optimizer state stays with its ranks.
         engine = None if config.strategy == "fsdp" else \
             engine_for(recipe, carry.kernel_config(config, recipe.model, live_engine(recipe.model)))
+        before = time.perf_counter() - called
         result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine)
     else:
         engine = engine_for(recipe, config)
         engine.check_schedule()
+        before = time.perf_counter() - called
         result = engine.run(log=log, stop=stop)
     result.name = name
+    if "time_split" in result.summary:
+        result.summary["call_s"] = time.perf_counter() - called
+        result.summary["time_split"] = with_call(result.summary["time_split"], before, result.summary["call_s"])
     return result
 

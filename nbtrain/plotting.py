@@ -12,6 +12,7 @@ from array import array
 import numpy as np
 
 from .format import number
+from .measure.steady import SteadyRate, of_columns
 from .records import samples_start
 
 MAX_POINTS = 1000  # points a line draws: enough for any figure's width
@@ -213,7 +214,9 @@ def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS, lr_ax=
     twin = loss_ax.get_shared_x_axes().joined(loss_ax, rate_ax)  # samples/s on the loss panel's right side
     _draw_loss(log, loss_ax, title, max_points, crowded=twin)
     steps, rates = throughput_series(log, max_points)
-    rate_ax.plot(steps, rates, color="tab:orange", lw=1.2, marker="o" if len(steps) < 200 else None, ms=2)
+    rate_ax.plot(steps, rates, color="tab:orange", lw=1.2, marker="o" if len(steps) < 200 else None, ms=2,
+                 alpha=0.55, label="each log window")
+    _draw_steady(log, rate_ax)
     rate_ax.set_ylabel("samples/s")
     rate_ax.yaxis.set_major_formatter(thousands)
     if twin:
@@ -238,6 +241,32 @@ def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS, lr_ax=
             ax.axvline(event["step"], color="grey", ls="--", lw=0.8)
         loss_ax.annotate(label, (event["step"], 1), xycoords=("data", "axes fraction"),
                          fontsize=7, rotation=90, va="top", ha="right", color="grey")
+
+
+def steady_of(log) -> SteadyRate:
+    """The run's steady rate as its summary states it: the summary's own, once the run has ended;
+    while it runs, measure.steady's one estimate of the steps so far (the same function the summary uses)."""
+    end = log.last("end")
+    known = (end or {}).get("summary", {}).get("steady")
+    if known:
+        return SteadyRate(**known)
+    return of_columns(log.read("time", "samples"), samples_start(log))
+
+
+def _draw_steady(log, rate_ax) -> None:
+    """The steady rate as a line over the steps after the warm-up, its 95% interval as a band around it: the
+    number the summary reports, on the panel whose window rates swing around it."""
+    steady = steady_of(log)
+    steps = log.read("step")["step"]
+    if not np.isfinite(steady.rate) or steady.warmup_steps >= len(steps):
+        return
+    span = [steps[steady.warmup_steps], steps[-1]]
+    if np.isfinite(steady.low) and np.isfinite(steady.high):
+        rate_ax.fill_between(span, steady.low, steady.high, color="tab:red", alpha=0.18, lw=0)
+    rate_ax.hlines(steady.rate, *span, color="tab:red", lw=1.6, label="steady " + steady.text("").split(";")[0])
+    # above the panel, as the loss panel's: inside, it hid the window rates it sits over
+    rate_ax.legend(fontsize=6.5, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False,
+                   handlelength=1.5, borderaxespad=0.2)
 
 
 def history_axes(figure):

@@ -58,6 +58,9 @@ class Summary(EngineInfo, total=False):
     notes: list[str]
     logged: dict[str, float]     # the user's self.log values at the end
     device_done_s: float         # CUDA: when the device finished the run's last step, on the run's clock
+    time_split: dict[str, float]  # seconds by part (engine.report.TIME_PARTS); nbtrain.fit adds "other"
+    call_s: float                # nbtrain.fit's wall time, which the time split's parts sum to
+    load: dict                   # measure.load.Load.as_dict(): other processes' share of the machine meanwhile
 
 
 class StartEvent(TypedDict):

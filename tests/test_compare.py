@@ -84,6 +84,11 @@ def test_vs_first_states_the_ratio_with_its_interval_or_no_measurable_difference
         runs.append(nbtrain.fit(model, data, loss_fn=nn.MSELoss(), batch_size=batch, max_steps=120,
                                 name=f"b{batch}"))
     cell = nbtrain.compare(*runs).rows[1]["vs first"]
+    if cell.startswith("the machine was"):  # a speed verdict the machine's load could explain is withheld
+        assert re.fullmatch(r"the machine was (busier|full) during b(8|256) \(other processes took [\d.]+ of \d+ "
+                            r"cores.*\): the difference may be the machine's", cell), cell
+        assert nbtrain.runs.compare.versus(*runs).measurable
+        return
     found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)|(?:no measurable difference|too noisy to tell) \(([\d.]+)-([\d.]+)\)", cell)
     assert found, cell
     if found.group(1):  # a measured difference: the interval holds the ratio and excludes 1

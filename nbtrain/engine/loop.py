@@ -31,6 +31,7 @@ import torch
 
 from . import checkpoint, data, fsdp, loggers, report
 from ..config import ConfigError, Problem
+from ..measure import load
 from .changes import check_batches
 from .evaluation import batch_size
 from .memory import PeakMemory
@@ -65,6 +66,7 @@ class Run:
         self._monitor: Monitor | None = None
         self._clock = Clock()
         self._device_done_s: float | None = None  # CUDA: when the device finished the run's last step (run clock)
+        self._closing_validation_s = 0.0
 
     @property
     def stopping(self) -> bool:
@@ -76,6 +78,7 @@ class Run:
 
     def train(self) -> RunResult:
         engine, c = self.engine, self.engine.config
+        self._entered = time.perf_counter()  # the run's start-up counts from here (the summary's time split)
         check_batches(engine, c)
         engine.run_start = {"step": engine.step, "samples": engine.samples, "epochs_done": 0}
         resumed_from = None
@@ -111,6 +114,7 @@ class Run:
         if cuda:
             torch.cuda.synchronize(engine.device)
         self._clock = Clock()
+        self._load = load.of_device(engine.device)  # other processes' share
         self.log.emit(StartEvent(type="start", config=plain(c.to_dict()),
                                  info=StartInfo(**report.info(engine), samples_start=engine.samples,
                                                 step_start=engine.step,
@@ -249,7 +253,8 @@ class Run:
                 engine.set_lr(engine.step)
             if (save_steps and engine.step % save_steps == 0) or \
                     (save_seconds and t5 - engine.saved_at >= save_seconds):
-                engine.save_checkpoint()
+                with self._clock.paused("checkpointing"):
+                    engine.save_checkpoint()
             if val_every and engine.step % val_every == 0:
                 self._validate_now()
             micro = window_samples = 0
@@ -354,7 +359,9 @@ class Run:
                        f"or resume from a checkpoint written before step {bad_step}")
         if self.val_data is not None and engine.epoch_offset and self._validates() \
                 and engine.validated_at != engine.step:
+            closing = time.perf_counter()
             self._validate(closing=True)  # a run ending mid-epoch still reports held-out numbers
+            self._closing_validation_s = time.perf_counter() - closing
         if self._monitor is not None and self._monitor.failure:
             status, message = "failed", self._monitor.failure
         if status == "early_stopped":  # a planned end, not a stop from outside
@@ -383,7 +390,10 @@ class Run:
         if self.log.thinning:  # rows were dropped to bound memory: the count of steps is the log's, not its rows'
             extra["notes"].append(self.log.thinning)
             extra["steps"] = self.log.steps_seen
+        extra["load"] = self._load.reading().as_dict()
         summary = summarize(self.log, extra)
+        summary["time_split"] = report.time_split(self._entered, self._clock, summary["steady"]["warmup_s"],
+                                                  summary["train_time_s"], self._closing_validation_s)
         self.log.emit(EndEvent(type="end", summary=plain(summary), status=status, message=message))
         if logger is not None:
             logger.close()

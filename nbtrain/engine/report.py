@@ -72,3 +72,25 @@ def strategy(engine) -> str:
     if engine.config.strategy == "dp" and engine.device.type == "cuda":
         return "dp"
     return "ddp" if engine.world.distributed else "single process"
+
+
+# The parts of a call's wall time, in the order the summary says them; "other" is what none of them holds.
+TIME_PARTS = ("start-up", "warm-up", "training", "validation", "checkpointing", "other")
+
+
+def time_split(started: float, clock, warmup_s: float, train_s: float, closing_validation_s: float) -> dict:
+    """Where a run's time went, in seconds: start-up (from the run's start until its clock started: a
+    resume's checkpoint, the loader's set-up), warm-up and training (the clock's time, split where its
+    steady rate sets the warm-up apart), validation and checkpointing (paused out of that clock)."""
+    return {"start-up": clock.started - started, "warm-up": warmup_s, "training": max(train_s - warmup_s, 0.0),
+            "validation": clock.apart.get("validation", 0.0) + closing_validation_s,
+            "checkpointing": clock.apart.get("checkpointing", 0.0)}
+
+
+def with_call(split: dict, before_s: float, call_s: float) -> dict:
+    """A run's time split within the call that made it (nbtrain.fit): what the call spent before the run
+    (building the recipe and the engine) is start-up too, and "other" is whatever no part holds, so the
+    parts sum to the call's wall time."""
+    split = dict(split, **{"start-up": split.get("start-up", 0.0) + before_s})
+    split["other"] = call_s - sum(v for k, v in split.items() if k != "other")
+    return split

@@ -45,22 +45,29 @@ def seed_torch(seed: int) -> None:
 
 
 class Clock:
-    """Training wall time, with validation paused out of it."""
+    """Training wall time, with validation (and checkpointing) paused out of it."""
 
     def __init__(self):
         self._start = time.perf_counter()
         self._paused = 0.0
+        self.apart: dict[str, float] = {}  # the seconds paused, by what paused it (the summary's time split)
+
+    @property
+    def started(self) -> float:
+        return self._start
 
     def now(self, t: float | None = None) -> float:
         return (time.perf_counter() if t is None else t) - self._start - self._paused
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self, what: str = "validation"):
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self._paused += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self._paused += spent
+            self.apart[what] = self.apart.get(what, 0.0) + spent
 
 
 def plain(value):

@@ -24,6 +24,7 @@ from ..config import TrainConfig
 from ..format import PrintsAsTable
 from ..metrics import MetricsLog
 from ..records import samples_start
+from .load import Load, of_device
 from .steady import block_rates, columns_series, steady_rate
 from .verdict import UNMEASURED, Verdict, paired
 
@@ -38,6 +39,7 @@ class ABResult(PrintsAsTable):
     seconds: float = 0.0
     stopped_by: str = ""     # "interval" | "budget" | "max_pairs"
     block_steps: tuple = ()  # optimizer steps in each of A's and B's blocks
+    load: Load | None = None  # other processes' share of the machine while the blocks ran
 
     @property
     def label(self) -> str:
@@ -45,7 +47,8 @@ class ABResult(PrintsAsTable):
 
     def table(self) -> str:
         """One line: B against A, its verdict and how it was measured (a head to head's whole table)."""
-        return self.verdict.text(self.label) + f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s]"
+        return self.verdict.text(self.label) + f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s" \
+            + (self.load.beside() if self.load else "") + "]"
 
     text = table  # the name notebooks 02, 06 and 07 print it by
 
@@ -134,9 +137,12 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
         base = trial.plain_config(lent.engine.config)
         config_a = a if isinstance(a, TrainConfig) else base.replace(**(a or {}))
         config_b = b if isinstance(b, TrainConfig) else base.replace(**(b or {}))
-        return compare_on(lent.engine, lent, config_a, config_b, block_steps=block_steps or _SIZING_STEPS,
-                          block_s=None if block_steps else block_s, min_pairs=min_pairs, max_pairs=max_pairs,
-                          precision_target=precision_target, budget_s=budget_s, clock=clock)
+        with of_device(lent.engine.device) as load:
+            result = compare_on(lent.engine, lent, config_a, config_b, block_steps=block_steps or _SIZING_STEPS,
+                                block_s=None if block_steps else block_s, min_pairs=min_pairs,
+                                max_pairs=max_pairs, precision_target=precision_target, budget_s=budget_s,
+                                clock=clock)
+        return dataclasses.replace(result, load=load.last)
 
 
 def compare_on(engine, lent, config_a: TrainConfig, config_b: TrainConfig, *, block_steps=20,

@@ -100,10 +100,12 @@ class FrameProcess:
 def _serve(package_dir: str) -> None:
     """The drawing process: frames for as long as its pipe is open."""
     import types
-    # nbtrain as a bare namespace: its metrics and plotting modules load without nbtrain/__init__.py.
-    package = types.ModuleType("nbtrain")
-    package.__path__ = [package_dir]
-    sys.modules["nbtrain"] = package
+    # nbtrain and nbtrain.measure as bare namespaces: the modules a frame needs (metrics, plotting, the
+    # steady rate) load without the packages' __init__.py, which import torch.
+    for name, path in (("nbtrain", package_dir), ("nbtrain.measure", os.path.join(package_dir, "measure"))):
+        package = types.ModuleType(name)
+        package.__path__ = [path]
+        sys.modules[name] = package
     from nbtrain.plotting import live_frame
     figures = {}
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer

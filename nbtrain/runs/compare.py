@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..measure.load import explains
 from ..measure.steady import WIDE_SPREAD, columns_series
 from ..measure.verdict import Verdict, steady_ratio
 from ..plotting import held_out_series
@@ -125,7 +126,8 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
             noisy.append(f"{label} {100 * steady.spread:.0f}%")
         rows.append({"run": label, "status": run.status, "steps": s["steps"],
                      "samples/s": rate_with_interval(steady.rate, steady.low, steady.high) + (NOISY_MARK if wide else ""),
-                     "vs first": "-" if run is base else versus(base, run).short(),
+                     "vs first": "-" if run is base else busier_machine((labels[0], base), (label, run))
+                     or versus(base, run).short(),
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
                      "peak memory": peak_memory_text(s), "last loss": number(s["last_loss"]),
                      "held-out": held_out_text(s), "changed from first": changes or "-"})
@@ -161,6 +163,20 @@ def versus(first: RunResult, other: RunResult) -> Verdict:
     """
     return steady_ratio(columns_series(first.history, samples_start(first.log)),
                         columns_series(other.history, samples_start(other.log)))
+
+
+def busier_machine(first: tuple[str, RunResult], other: tuple[str, RunResult]) -> str:
+    """"the machine was busier during b (other processes took 0.9 of 2 cores): the difference may be the
+    machine's" where the two (label, run)s' speed verdict is one the machine's load could explain, else ''."""
+    verdict = versus(first[1], other[1])
+    if not verdict.measurable or None in (first[1].load(), other[1].load()):
+        return ""
+    # the slower run, and the least slowdown the interval allows: the load need explain no more than that
+    slower, faster, slowdown = (other, first, 1 / verdict.high) if verdict.ratio < 1 else (first, other, verdict.low)
+    if not explains(slower[1].load(), faster[1].load(), slowdown):
+        return ""
+    busier = "busier" if slower[1].load().other_cores > faster[1].load().other_cores else "full"
+    return f"the machine was {busier} during {slower[0]} ({slower[1].load().text()}): the difference may be the machine's"
 
 
 def _draw(results, labels, target, times):

@@ -1,0 +1,175 @@
+"""How busy the machine was while a reading ran: the CPU other processes took, and the GPU's share used by
+other processes where NVML can tell.
+
+A reading's interval is narrow when all its blocks ran under the same load, so an interval alone cannot
+say that a browser or an indexer slowed the whole run down. What can: the CPU time the whole system spent
+during the reading, minus this process tree's own (the kernel, its DataLoader workers, its drawing
+process), per second of wall time: "other processes took 0.9 of 2 cores". Numbers only: no text beyond
+the phrase a front-end shows beside a rate.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import psutil
+
+SMALL = 0.15      # other processes' cores below this (or this share of the machine) are not worth a word
+EXPLAINS = 0.05   # loads whose free-core ratio reaches within this of a rate ratio can explain it
+
+
+@dataclass(frozen=True)
+class Load:
+    """Other processes' use of the machine during one reading, averaged over its wall time."""
+    other_cores: float          # CPU-seconds of other processes per wall second (1.0: one core's worth)
+    cores: int                  # logical CPUs of the machine
+    wall_s: float
+    gpu_other: float | None = None  # % of the GPU's time other processes kept it busy; None: no GPU or unknown
+    own_cores: float = float("nan")  # CPU-seconds of this process tree per wall second (what the reading used)
+    waited_cores: float = float("nan")  # seconds its threads waited for a free CPU, per wall second (Linux)
+
+    @property
+    def small(self) -> bool:
+        cpu_small = not math.isfinite(self.other_cores) or self.other_cores < max(SMALL, SMALL * self.cores / 4)
+        return cpu_small and not self.waited and (self.gpu_other is None or self.gpu_other < 100 * SMALL)
+
+    @property
+    def waited(self) -> bool:
+        """Its threads waited for a CPU a noticeable share of the time: the machine was full, and how fast
+        a run goes then is the scheduler's to say (threads that wait on each other slow it down by far more)."""
+        return math.isfinite(self.waited_cores) and self.waited_cores >= SMALL
+
+    def free_cores(self, demand: float) -> float:
+        """The cores of the `demand` a reading wants that other processes left it (a tenth of one at least:
+        a fully loaded machine still runs it)."""
+        return max(min(self.cores - self.other_cores, demand), 0.1)
+
+    def text(self) -> str:
+        out = f"other processes took {self.other_cores:.1f} of {self.cores} cores"
+        if self.waited:
+            out += f", and its threads waited {self.waited_cores:.1f} s a second for a free CPU"
+        if self.gpu_other is not None:
+            out += f" and {self.gpu_other:.0f}% of the GPU"
+        return out
+
+    def beside(self) -> str:
+        """What a rate shows beside it: '' on a quiet machine, else '; other processes took ...'."""
+        return "" if self.small else f"; {self.text()}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, known: dict | None) -> "Load | None":
+        """The Load a summary stored (None: a summary from before loads were recorded)."""
+        return cls(**known) if known else None
+
+
+def _busy_system_s() -> float:
+    """CPU-seconds every CPU spent busy since boot (guest time is already in user time on Linux)."""
+    t = psutil.cpu_times()
+    busy = sum(t) - t.idle - getattr(t, "iowait", 0.0)
+    return busy - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+
+def _waited_s(process: psutil.Process) -> float:
+    """Seconds the threads of this process tree spent runnable but waiting for a CPU (the run queue's
+    wait in /proc/<pid>/task/<tid>/schedstat; NaN where the kernel does not keep it)."""
+    total = 0.0
+    for p in [process] + process.children(recursive=True):
+        try:
+            for thread in p.threads():
+                with open(f"/proc/{p.pid}/task/{thread.id}/schedstat") as stat:
+                    total += int(stat.read().split()[1]) / 1e9
+        except (psutil.Error, OSError, IndexError, ValueError):
+            if p is process:
+                return float("nan")
+    return total
+
+
+def _tree_s(process: psutil.Process) -> float:
+    """CPU-seconds of this process, its reaped children and its live descendants."""
+    t = process.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in process.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass  # ended while we looked: its time is in its parent's children_* once reaped
+    return total
+
+
+class Meter:
+    """Reads the machine's load between its start and `reading()`; also a context manager.
+
+        with Meter() as meter:
+            ... the reading ...
+        meter.reading().text()  # 'other processes took 0.9 of 2 cores'
+    """
+
+    def __init__(self, gpu_index: int | None = None):
+        self.gpu_index = gpu_index
+        self._process = psutil.Process()
+        self.start()
+
+    def start(self) -> "Meter":
+        self.started = time.perf_counter()
+        self.gpu_since_us = int(time.time() * 1e6)
+        self.system_s, self.tree_s, self.waited_s = _busy_system_s(), _tree_s(self._process), _waited_s(self._process)
+        return self
+
+    def __enter__(self) -> "Meter":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.last = self.reading()
+
+    def reading(self) -> Load:
+        wall = time.perf_counter() - self.started
+        own = _tree_s(self._process) - self.tree_s
+        other = (_busy_system_s() - self.system_s) - own
+        cores = psutil.cpu_count() or 1
+        # /proc/stat counts in ticks of 10 ms: a short reading's difference can dip below zero or above the machine
+        other_cores = min(max(other / wall, 0.0), cores) if wall > 0 else float("nan")
+        per_wall = (lambda seconds: seconds / wall) if wall > 0 else (lambda seconds: float("nan"))
+        return Load(other_cores, cores, wall, gpu_others(self.gpu_index, self.gpu_since_us), per_wall(own),
+                    per_wall(max(_waited_s(self._process) - self.waited_s, 0.0)))
+
+
+def of_device(device) -> Meter:
+    """A Meter started now for a reading on `device` (a torch.device): a CUDA device's index is asked of NVML."""
+    return Meter(gpu_index=(device.index or 0) if device.type == "cuda" else None)
+
+
+def gpu_others(index: int | None, since_us: int) -> float | None:
+    """The highest GPU utilisation (%) a process outside this tree had since `since_us`, by NVML's
+    per-process samples; None where there is no GPU, no NVML, or the driver keeps no samples."""
+    if index is None:
+        return None
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+    except Exception:  # no pynvml, no driver, or no samples kept: unknown, not zero
+        return None
+    ours = {psutil.Process().pid} | {p.pid for p in psutil.Process().children(recursive=True)}
+    return float(max((s.smUtil for s in samples if s.pid not in ours), default=0))
+
+
+def explains(busier: Load, quieter: Load, slowdown: float) -> bool:
+    """Whether the busier reading's load could explain it being `slowdown` times slower (>= 1) than the
+    quieter one. Where its threads waited for a CPU, the machine was full and any slowdown may be its
+    doing. Otherwise a run gets, of the cores it wants, those other processes leave it, so it can slow by
+    up to the ratio of those (0.9 of 2 cores taken from a run wanting 2: 1.1 left against 2, up to 1.8x).
+    What a run wants is the most either reading used: a run that sleeps on its data wants a fraction of a
+    core, and another process's load explains none of its difference."""
+    if busier.waited:
+        return True
+    if busier.small and quieter.small or not busier.other_cores > quieter.other_cores:
+        return False
+    gpu = busier.gpu_other is not None and busier.gpu_other - (quieter.gpu_other or 0) >= 100 * SMALL
+    demand = max((x for x in (busier.own_cores, quieter.own_cores) if math.isfinite(x)), default=busier.cores)
+    return gpu or quieter.free_cores(demand) / busier.free_cores(demand) >= slowdown * (1 - EXPLAINS)

@@ -1,0 +1,203 @@
+"""A run's numbers say one thing everywhere and account for themselves: the samples/s panel draws the
+summary's steady rate and interval; the summary splits the call's whole wall time into parts that sum to
+it; every reading records how much of the machine other processes took, and a comparison whose
+difference that load could explain gives no speed verdict."""
+import math
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+import torch
+from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.figure import Figure
+from torch import nn
+
+import nbtrain
+from nbtrain.demo import DigitsDataset, digits_recipe
+from nbtrain.measure.load import Load, Meter, explains
+from nbtrain import plotting
+from nbtrain.plotting import draw, history_axes
+from nbtrain.recipe import Recipe
+from nbtrain.runs.compare import compare
+
+
+@pytest.fixture(scope="module")
+def validated_run():
+    """A run that validates and checkpoints, with its call's wall time measured from outside."""
+    recipe = digits_recipe()
+    started = time.perf_counter()
+    result = nbtrain.fit(recipe=recipe, max_steps=40, accelerator="cpu", val_every_n_steps=15, checkpoint_every=20,
+                         checkpoint_dir=tempfile.mkdtemp(), log_every_n_steps=5)
+    return result, time.perf_counter() - started
+
+
+def test_the_samples_per_s_panel_draws_the_summarys_steady_rate_and_interval(validated_run):
+    result, _ = validated_run
+    figure = Figure()
+    loss_ax, rate_ax, lr_ax = history_axes(figure)
+    draw(result.log, loss_ax, rate_ax, lr_ax=lr_ax)
+    steady = result.steady()
+    lines = [c for c in rate_ax.collections if isinstance(c, LineCollection)]
+    assert [seg[0][1] for c in lines for seg in c.get_segments()] == [pytest.approx(steady.rate)]
+    bands = [c for c in rate_ax.collections if isinstance(c, PolyCollection)]
+    (band,) = bands
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert (ys.min(), ys.max()) == (pytest.approx(steady.low), pytest.approx(steady.high))
+    assert steady.text("").split(";")[0] in " ".join(t.get_text() for t in rate_ax.get_legend().get_texts())
+
+
+def test_a_live_frame_measures_the_steps_so_far_as_the_summary_does(validated_run):
+    """Before the run's end, the panel's rate is measure.steady's estimate of the steps so far, the same
+    function the summary calls: the finished log gives the summary's own."""
+    result, _ = validated_run
+    live = nbtrain.MetricsLog()
+    for event in result.log.events:
+        if event["type"] != "end":
+            live.emit(event)
+    assert plotting.steady_of(live) == result.steady() == plotting.steady_of(result.log)
+
+
+def test_the_summary_splits_the_calls_whole_wall_time(validated_run):
+    result, wall = validated_run
+    split, s = result.summary["time_split"], result.summary
+    assert list(split) == ["start-up", "warm-up", "training", "validation", "checkpointing", "other"]
+    assert all(v >= 0 for v in split.values()), split
+    assert split["validation"] > 0 and split["checkpointing"] > 0  # it validated twice and saved twice
+    assert split["warm-up"] + split["training"] == pytest.approx(s["train_time_s"])
+    assert sum(split.values()) == pytest.approx(s["call_s"])
+    # the parts sum to the call's wall time as measured from outside, and "other" holds little of it
+    assert abs(sum(split.values()) - wall) < max(0.05 * wall, 0.1), (split, wall)
+    assert split["other"] < 0.1 * wall, split
+    row = dict(result.rows())["where the time went"]
+    assert row.startswith(f"{nbtrain.format.duration(s['call_s'])} in the call: start-up") and "validation" in row
+
+
+def _burn(seconds: float, own: bool, report: str):
+    """A CPU-bound Python process spinning for `seconds`, writing the CPU time it got to `report`: our child
+    (`own`), or another process's (started through a parent that exits at once, so it is no descendant)."""
+    spin = (f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
+            f"open({report!r}, 'w').write(str(time.process_time()))\n")
+    if own:
+        return psutil.Process(subprocess.Popen([sys.executable, "-c", spin]).pid)
+    return _another(spin)
+
+
+def _another(code: str) -> psutil.Process:
+    """`python -c code` started by a parent that exits at once: a process of the machine's, not ours."""
+    launcher = ("import subprocess, sys\n"
+                f"print(subprocess.Popen([sys.executable, '-c', {code!r}], start_new_session=True,"
+                " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)")
+    return psutil.Process(int(subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True,
+                                             check=True).stdout))
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["our child", "another process"])
+def test_a_reading_counts_another_processes_cpu_as_others_and_its_own_childrens_as_its_own(own, tmp_path):
+    report = tmp_path / "cpu"
+    with Meter() as meter:
+        burner = _burn(1.0, own, str(report))
+        burner.wait(10) if own else psutil.wait_procs([burner], timeout=10)
+    load, burned = meter.last, float(report.read_text())
+    assert load.cores == psutil.cpu_count() and load.wall_s > 1.0 and burned > 0.1
+    # the CPU the spinning process got lands on its owner's side (others' side also holds the machine's
+    # other users: at least the burner's)
+    assert (load.own_cores if own else load.other_cores) * load.wall_s > 0.9 * burned, (load, burned)
+    assert ("other processes took" in load.beside()) == (not load.small)
+
+
+@pytest.mark.parametrize("other_busy, other_own, slowdown, explained", [
+    (0.9, 1.8, 1.3, True),    # 0.9 of 2 cores taken from a run wanting 1.8: 0.9 of what it wants against 1.8
+    (0.9, 1.8, 2.5, False),   # ... cannot explain a 2.5x slowdown
+    (0.9, 0.3, 1.3, False),   # a run wanting 0.3 of a core still had it
+    (0.02, 1.8, 1.3, False),  # a quiet machine both times
+])
+def test_a_load_explains_a_slowdown_only_within_the_cores_it_took(other_busy, other_own, slowdown, explained):
+    quiet, busy = Load(0.05, 2, 5.0, own_cores=other_own), Load(other_busy, 2, 5.0, own_cores=other_own / 2)
+    assert explains(busy, quiet, slowdown) == explained
+    assert not explains(quiet, busy, slowdown)  # the quieter run being slower is no load's doing
+
+
+def test_a_run_whose_threads_waited_for_a_cpu_may_owe_any_slowdown_to_the_machine():
+    """On a full machine two identical runs under the same measured load differed up to 4x (threads that wait
+    on each other for a CPU): a run that waited says so, whatever the other's load."""
+    full, quiet = Load(1.6, 2, 5.0, own_cores=0.4, waited_cores=1.6), Load(1.6, 2, 5.0, own_cores=0.4, waited_cores=0.0)
+    assert explains(full, full, 4.0) and explains(full, quiet, 4.0) and not explains(quiet, quiet, 1.3)
+    assert "waited 1.6 s a second for a free CPU" in full.beside() and quiet.beside() != ""
+
+
+class Sleeper(nn.Module):
+    """A tiny model whose step waits `wait_s` (as on a slow disk): a rate set by the workload, not the CPU."""
+
+    def __init__(self, wait_s: float):
+        super().__init__()
+        self.wait_s, self.net = wait_s, nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        time.sleep(self.wait_s)
+        return self.net(x)
+
+
+def _pair(make, name: str, store) -> tuple:
+    runs = []
+    for side, recipe in zip("ab", make()):
+        runs.append(nbtrain.fit(recipe=recipe, max_steps=25, batch_size=32, accelerator="cpu", log_every_n_steps=5,
+                                name=f"{name}_{side}"))
+    return runs
+
+
+def _bursts(seconds: float, seed: int):
+    """Another process that spins and rests in bursts of 0.2-1.5 s, as a browser and an indexer do."""
+    code = (f"import random, time\nrandom.seed({seed})\nend = time.time() + {seconds}\n"
+            "while time.time() < end:\n"
+            "    burst = time.time() + random.uniform(0.2, 1.5)\n"
+            "    while time.time() < burst: pass\n"
+            "    time.sleep(random.uniform(0.2, 1.5))\n")
+    return _another(code)
+
+
+def _verdict(runs) -> str:
+    return compare(*runs).rows[1]["vs first"]
+
+
+@pytest.mark.slow
+def test_identical_runs_beside_a_bursty_load_get_no_speed_verdict_and_a_real_difference_still_does():
+    torch.manual_seed(0)
+    identical = lambda: [digits_recipe(seed=0), digits_recipe(seed=0)]  # noqa: E731
+    burner = _bursts(120, seed=1)
+    try:
+        bursty = [_verdict(_pair(identical, f"aa{i}", None)) for i in range(8)]
+    finally:
+        burner.kill()
+    assert not [v for v in bursty if "faster" in v or "slower" in v or "x (" in v], bursty
+
+    def slower_b():  # B's step waits 1.3x as long as A's (as on a slower disk): a difference of the workload
+        data = DigitsDataset(train=True)
+        return [Recipe(model=Sleeper(wait_s), train_data=data, loss_fn=nn.CrossEntropyLoss(),
+                       optimizer=lambda p: torch.optim.SGD(p, lr=0.01)) for wait_s in (0.040, 0.052)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread that mostly sleeps: it never waits for a CPU, however busy the machine
+    try:
+        real = [_verdict(_pair(slower_b, f"ab{i}", None)) for i in range(2)]
+    finally:
+        torch.set_num_threads(threads)
+    for v in real:  # a speed verdict, the run's own 1.3x, not the machine's
+        assert "machine" not in v and "x (" in v, real
+        assert 1 / 1.45 < float(v.split("x")[0]) < 1 / 1.15, real
+
+
+def test_an_ab_verdict_line_says_how_busy_the_machine_was_beside_it(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    burner = _burn(10.0, own=False, report=str(tmp_path / "cpu"))  # another process, spinning throughout
+    try:
+        result = nbtrain.ab(model, DigitsDataset(), loss_fn=nn.CrossEntropyLoss(), a={"batch_size": 16},
+                            b={"batch_size": 32}, block_steps=4, min_pairs=2, max_pairs=2, budget_s=5)
+    finally:
+        burner.kill()
+        psutil.wait_procs([burner], timeout=10)
+    assert isinstance(result.load, Load) and result.load.wall_s == pytest.approx(result.seconds, rel=0.2, abs=0.05)
+    assert not result.load.small and result.text().endswith(result.load.beside() + "]")
+    assert "other processes took" in result.text()
