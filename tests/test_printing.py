@@ -1,5 +1,6 @@
 """Every result a tool returns prints as its table: print(), str() and a notebook's display (IPython's own
 formatter) show `table()`, one name across them; the repr stays one short line (a result in a list)."""
+import re
 import html
 import textwrap
 from pathlib import Path
@@ -73,4 +74,5 @@ def test_print_and_the_notebooks_display_show_the_results_table(kind, shell, cap
 def test_a_runs_summary_carries_its_epochs_as_its_table_shows_them():
     result = MADE["RunResult"]()
     assert result.summary["epochs"] == result.summary["epochs_trained"] == 2
-    assert f"steps / epochs      {result.summary['steps']} / {number(result.summary['epochs'])}" in result.table()
+    shown = f"steps / epochs +{result.summary['steps']} / {re.escape(number(result.summary['epochs']))}\n"
+    assert re.search(shown, result.table())  # the label column is as wide as the longest label
