@@ -1,0 +1,193 @@
+"""How fast on N GPUs or nodes: `nbtrain.forecast`, `%%nbtrain --forecast`, the panel's Forecast button.
+
+    f = nbtrain.forecast(model, data, devices=[1, 2, 4, 8], nodes=[1, 2], link_gbps=25, link_latency_us=10)
+    print(f)                         # a range per count, what bounds it, every input labelled
+    f = nbtrain.forecast(model, data, check=True)   # and the 2 ranks this machine runs, against their range
+
+What it measures here, through trials that give the model back (the arithmetic is measure/forecast.py):
+- the compute: the steady rate of one rank at the per-rank batch (the config's); on a CPU with the
+  threads each of 2 ranks gets here, since CPU ranks share this machine's cores;
+- the gradients: the model's own trainable parameters, cut into DDP's buckets;
+- the link between local ranks: 2 ranks started the way every DDP run starts (nbtrain.launch: the
+  zygote's ranks; NCCL on GPUs where there are 2, gloo on the CPU) time all-reduces of the real
+  bucket sizes and of one element (the latency), and the ring model is fitted to them;
+- the link between nodes is given (link_gbps=, link_latency_us=) or "unknown": counts over several
+  nodes then show no range;
+- check=True: the 2-rank run itself (nbtrain.fit, devices=2, the same config), its steady rate shown
+  against the forecast for 2 ranks.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..config import TrainConfig
+from ..measure.ab import steps_lasting, trial_rate
+from ..measure.forecast import Quantity, fit_link, given_link, gradient_buckets, scaling_point
+from ..measure.forecast_result import Check, Forecast
+from . import trial
+from .tool_options import JointProblem, ToolRefusal, declare, option
+
+DEFAULT_DEVICES, DEFAULT_NODES = (1, 2, 4, 8), (1, 2)
+PROBE_S = 2.0          # about this long timing all-reduces, in 10 to 30 rounds over the sizes
+MAX_WORK_S = 0.05      # the work before each timed all-reduce: the step's compute, at most this
+
+
+def time_allreduces(sizes: list, repetitions: int, device: str, work_s: float) -> dict:
+    """On every rank of a launched group: seconds each all-reduce of each size (bytes, float32 elements)
+    takes on rank 0 after about `work_s` of fixed work (matmuls) on every rank, as a DDP step's all-reduce
+    follows its backward: the time includes waiting for the other rank, which is what a step pays where
+    ranks share loaded cores. Rank 0's timings are the answer."""
+    import os
+    import torch.distributed as dist
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    square = torch.randn(96, 96, device=device)
+    count = torch.tensor([_matmuls_lasting(square, work_s, device)], device=device)
+    dist.broadcast(count, 0)  # the same work on every rank: rank 0's count
+    tensors = [torch.ones(max(size // 4, 1), device=device) for size in sizes]
+    out = {4 * t.numel(): [] for t in tensors}
+    dist.barrier()
+    # Sizes in turn within each round, not one block per size: a load that comes and goes on a shared
+    # machine then falls on every size alike instead of tilting the fitted line.
+    for i in range(repetitions + 2):  # the first two rounds: the connection's and the allocator's warm-up
+        for tensor in tensors:
+            for _ in range(int(count.item())):
+                square @ square
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i >= 2:
+                out[4 * tensor.numel()].append(time.perf_counter() - start)
+    return out
+
+
+def _matmuls_lasting(square, seconds: float, device: str) -> int:
+    start, n = time.perf_counter(), 20
+    for _ in range(n):
+        square @ square
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return max(1, round(seconds / max((time.perf_counter() - start) / n, 1e-9)))
+
+
+def probe_sizes(buckets) -> list:
+    """The bucket sizes timed: the smallest, the median and the largest distinct ones, and one element."""
+    distinct = sorted(set(buckets))
+    picked = {distinct[0], distinct[len(distinct) // 2], distinct[-1]} if distinct else set()
+    return sorted(picked | {4})
+
+
+def local_link(buckets, device: str, compute_s: float):
+    """The link between 2 local ranks, measured after `compute_s` of work; None without 2 such devices."""
+    from ..distributed.launch import launch
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        return None
+    backend, sizes, work = "nccl" if device == "cuda" else "gloo", probe_sizes(buckets), min(compute_s, MAX_WORK_S)
+    rounds = int(min(max(PROBE_S / (len(sizes) * (work + 0.002)), 10), 30))
+    timings = launch(time_allreduces, nprocs=2, args=(sizes, rounds, device, work), backend=backend, echo=False)
+    return fit_link(timings, 2, f"between 2 local ranks ({backend}, {device})",
+                    f"{backend} all-reduces timed on 2 ranks started by nbtrain.launch, each after "
+                    f"{1000 * work:.3g} ms of work on both (waits for the other rank included)")
+
+
+def rank_threads() -> int:
+    """Torch threads each of 2 local ranks gets (plan.py shares the cores out)."""
+    from ..distributed import plan
+    return plan.for_function(2).threads_per_rank
+
+
+def _joint(read: dict) -> list:
+    gbps, latency = read["link_gbps"], read["link_latency_us"]
+    if (gbps is None) != (latency is None):
+        return [JointProblem("link_gbps", gbps, "both link_gbps and link_latency_us (the link between nodes: "
+                             "its bandwidth in Gb/s and latency per hop in us), or neither (nodes then unknown)",
+                             (("link_latency_us", latency),))]
+    return []
+
+
+@declare("forecast", "nbtrain.forecast", "scaling forecast: throughput on N devices or nodes as a range (no to "
+         "full overlap of the all-reduce), what bounds it, from the compute and the link measured here", (
+             option("devices", "whole_list", "devices (ranks) per node to forecast", low=1, nullable=True,
+                    allowed="a list of whole numbers >= 1 (devices per node), or None (1,2,4,8)",
+                    flag="forecast_devices"),
+             option("nodes", "whole_list", "nodes to forecast", low=1, nullable=True,
+                    allowed="a list of whole numbers >= 1 (nodes), or None (1,2)", flag="forecast_nodes"),
+             option("link_gbps", "number", "the link between nodes, Gb/s", noun="a number of Gb/s", above=0,
+                    nullable=True, none="unknown: counts over several nodes show no range", flag="link_gbps"),
+             option("link_latency_us", "number", "the link's latency per hop, us", noun="a number of us", low=0,
+                    nullable=True, none="with link_gbps=None", flag="link_latency_us"),
+             option("check", "switch", "also run 2 ranks here and show them against the forecast", flag="check"),
+             option("seconds", "number", "seconds of each measurement", noun="a number of seconds", above=0)),
+         label="Forecast", figsize=(9, 3.2), joint=_joint)
+def forecast(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
+             devices: list | None = None, nodes: list | None = None, link_gbps: float | None = None,
+             link_latency_us: float | None = None, check: bool = False, seconds: float = 4.0, **parts) -> Forecast:
+    """The scaling forecast of the current config; see the module doc. The model and optimizer are put back."""
+    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    config = trial.plain_config(engine.config)
+    if config.world_size > 1:
+        raise ToolRefusal(lambda spell: f"the config runs {config.world_size} ranks; the forecast starts from one "
+                                        "(devices=1, num_nodes=1) and says what more would do")
+    device = engine.device.type
+    trainable = [p for p in engine.model.parameters() if p.requires_grad]
+    buckets = gradient_buckets([p.numel() * p.element_size() for p in trainable])
+    threads = rank_threads() if device == "cpu" else torch.get_num_threads()
+    snapshot = trial.Snapshot(engine)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        measured, steady, _ = trial_rate(engine, config, seconds=seconds)
+    finally:
+        torch.set_num_threads(before)
+        snapshot.restore()
+    if not measured.ok or not steady.rate > 0:
+        raise ToolRefusal(lambda spell: f"one rank's step could not be measured: {measured.error or 'no rate'}")
+    b = config.batch_size
+    where = (f"{threads} thread{'s' * (threads != 1)}: what each of 2 ranks gets here" if device == "cpu"
+             else str(engine.device))
+    compute = Quantity(b / steady.rate, b / steady.high, b / steady.low, "s", "measured",
+                       f"one rank's steady rate at batch {b}, {steady.text()}, {where}")
+    local = local_link(buckets, device, compute.value)
+    between = given_link(link_gbps, link_latency_us) if link_gbps is not None else None
+    counts = [(d, n) for n in sorted(set(nodes or DEFAULT_NODES)) for d in sorted(set(devices or DEFAULT_DEVICES))]
+    points = [scaling_point(d, n, compute, buckets, local, between, batch=b, accumulate=config.accumulate_grad_batches)
+              for d, n in counts]
+    dtype = str(trainable[0].dtype).replace("torch.", "") if trainable else "float32"
+    result = Forecast(str(engine.device), sum(p.numel() for p in trainable), dtype, buckets, compute, steady, b,
+                      config.accumulate_grad_batches, local, between, points, assumptions(device, threads))
+    if check:
+        result.checks.append(run_check(engine, snapshot, config, result, seconds))
+    return result
+
+
+def assumptions(device: str, threads: int) -> list:
+    out = ["DDP overlaps its buckets' all-reduce with backward somewhere between not at all (the low end) "
+           "and fully (the high end)",
+           "the bus bandwidth and latency measured between 2 local ranks hold for more local ranks (a ring's "
+           "traffic per rank is the same; a machine's links may not be)",
+           "one ring through every rank, as fast as its slowest hop (the link between nodes where there are several)"]
+    if device == "cpu":
+        out.append(f"every rank computes as one of 2 ranks on this machine does ({threads} thread"
+                   f"{'s' * (threads != 1)}): more CPU ranks than cores would share them")
+    return out
+
+
+def run_check(engine, snapshot, config: TrainConfig, result: Forecast, seconds: float) -> Check:
+    """The 2-rank run this machine can do, with the forecast's config, as nbtrain.fit runs it."""
+    from ..api import fit
+    checked = config.replace(devices=2)
+    forecast_for = result.forecast_for(2, 1)
+    steps = steps_lasting(result.one_rank.rate, config, seconds)
+    try:
+        run = fit(recipe=engine.recipe, config=checked.replace(max_steps=steps, max_epochs=None),
+                  stop=trial.tool_stop())
+    finally:
+        snapshot.restore()
+    if run.status != "completed":
+        raise ToolRefusal(lambda spell: f"the 2-rank check ended {run.status}")
+    return Check(2, 1, run.steady(), forecast_for, f"nbtrain.fit with devices=2, {steps} steps")
