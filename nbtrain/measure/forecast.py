@@ -134,6 +134,16 @@ def fit_link(timings: dict, ranks: int, name: str, how: str, seed: int = 0) -> L
                 tuple((float(b), float(lat)) for b, lat in fits))
 
 
+def rank_wait(first: list, in_step: list, how: str, seed: int = 0) -> Quantity:
+    """Seconds a step's first all-reduce waits for the slower rank: the mean of one-element all-reduces
+    right after each rank's work, less the median of those with the ranks already in step (the latency)."""
+    first, base = np.asarray(first, dtype=float), float(np.median(in_step))
+    rng = np.random.default_rng(seed)
+    means = [rng.choice(first, len(first)).mean() for _ in range(_RESAMPLES)]
+    low, high = (max(q - base, 0.0) for q in np.quantile(means, [0.025, 0.975]))
+    return Quantity(max(first.mean() - base, 0.0), low, high, "s", "measured", how)
+
+
 def _mb(size: float) -> str:
     return f"{size / 1e6:.3g} MB"
 
@@ -161,8 +171,9 @@ class ScalingPoint:
 
 
 def scaling_point(devices: int, nodes: int, compute: Quantity, buckets, local: Link | None, between: Link | None, *,
-                  batch: int, accumulate: int = 1) -> ScalingPoint:
-    """Throughput and per-rank efficiency on devices x nodes ranks, each a range; see the module doc."""
+                  batch: int, accumulate: int = 1, wait: Quantity | None = None) -> ScalingPoint:
+    """Throughput and per-rank efficiency on devices x nodes ranks, each a range; see the module doc.
+    `wait`: what a step waits for the slower rank before its all-reduce (measured on 2 ranks; None: 0)."""
     n, samples = devices * nodes, batch * accumulate
     t_c = [accumulate * compute.low, accumulate * compute.value, accumulate * compute.high]
     links = ([local] if devices > 1 else []) + ([between] if nodes > 1 else [])
@@ -175,8 +186,11 @@ def scaling_point(devices: int, nodes: int, compute: Quantity, buckets, local: L
         return ScalingPoint(devices, nodes, (samples / t_c[2], samples / t_c[0]), (1.0, 1.0), t_c[1], (0.0, 0.0),
                             0.0, "compute", "one rank: no all-reduce")
     fast, slow = allreduce_interval(buckets, n, links)
+    waits = (wait.low, wait.value, wait.high) if wait is not None else (0.0, 0.0, 0.0)
+    fast, slow = fast + waits[0], slow + waits[2]
     middle = ring_allreduce_s(buckets, n, min(lk.busbw.value for lk in links), max(lk.latency.value for lk in links))
-    latency_only = ring_allreduce_s(buckets, n, math.inf, max(lk.latency.value for lk in links))
+    latency_only = ring_allreduce_s(buckets, n, math.inf, max(lk.latency.value for lk in links)) + waits[1]
+    middle += waits[1]
     throughput = (n * samples / (t_c[2] + slow), n * samples / max(t_c[0], fast))
     efficiency = (t_c[1] / (t_c[1] + slow), t_c[1] / max(t_c[1], fast))
     share = latency_only / middle if middle > 0 else 0.0
@@ -199,8 +213,8 @@ def allreduce_interval(buckets, ranks: int, links) -> tuple[float, float]:
 def _binding(ranks: int, compute: float, allreduce: float, latency_share: float, total: int, count: int,
              link: str) -> tuple[str, str]:
     what = f"the all-reduce of {_mb(total)} of gradients in {count} bucket{'s' * (count != 1)} over the link {link}"
-    term = (f"its latency ({100 * latency_share:.0f}% of it: {count} bucket{'s' * (count != 1)} x "
-            f"{2 * (ranks - 1)} hops)" if latency_share >= 0.5 else
+    term = (f"its latency and the ranks' wait for each other ({100 * latency_share:.0f}% of it: {count} bucket"
+            f"{'s' * (count != 1)} x {2 * (ranks - 1)} hops)" if latency_share >= 0.5 else
             f"its bandwidth ({100 * (1 - latency_share):.0f}% of it)")
     ms = f"{1000 * allreduce:.3g} ms against {1000 * compute:.3g} ms of compute"
     if allreduce >= compute:
@@ -210,7 +224,7 @@ def _binding(ranks: int, compute: float, allreduce: float, latency_share: float,
 
 
 def remedies(point: ScalingPoint, compute: Quantity, buckets, local: Link, between: Link | None, *, batch: int,
-             accumulate: int = 1, steps: tuple = (2, 4)) -> list[Remedy]:
+             accumulate: int = 1, steps: tuple = (2, 4), wait: Quantity | None = None) -> list[Remedy]:
     """What lifts a communication-bound point, in the ceilings' words: accumulation (one all-reduce per
     k batches, the efficiency predicted by the same model) and a larger per-rank batch (predicted with
     the step's compute growing in proportion to the batch: its fixed costs make the real gain larger)."""
@@ -219,14 +233,14 @@ def remedies(point: ScalingPoint, compute: Quantity, buckets, local: Link, betwe
     out = []
     for k in steps:
         more = scaling_point(point.devices, point.nodes, compute, buckets, local, between, batch=batch,
-                             accumulate=accumulate * k)
+                             accumulate=accumulate * k, wait=wait)
         out.append(Remedy("communication", "accumulate_grad_batches",
                           f"accumulate_grad_batches={accumulate * k}: one all-reduce per {accumulate * k} batches "
                           f"(per-rank efficiency {percent_range(more.efficiency)} on {point.ranks} ranks, now "
                           f"{percent_range(point.efficiency)}; the global batch grows with it, so scale the learning rate)"))
     bigger = Quantity(2 * compute.value, 2 * compute.low, 2 * compute.high, compute.unit, "assumed")
     double = scaling_point(point.devices, point.nodes, bigger, buckets, local, between, batch=2 * batch,
-                           accumulate=accumulate)
+                           accumulate=accumulate, wait=wait)
     out.append(Remedy("communication", "batch_size",
                       f"batch_size={2 * batch}: the same all-reduce spread over twice the samples per rank "
                       f"(efficiency {percent_range(double.efficiency)}, predicted with the compute twice as long; "

@@ -53,6 +53,7 @@ class Forecast:
     points: list                  # ScalingPoint, nodes then devices ascending
     assumptions: list = field(default_factory=list)
     checks: list = field(default_factory=list)
+    wait: Quantity | None = None  # a step's wait for the slower rank before its all-reduce (measured on 2 ranks)
 
     def point(self, devices: int, nodes: int = 1) -> ScalingPoint:
         return next(p for p in self.points if p.devices == devices and p.nodes == nodes)
@@ -60,7 +61,7 @@ class Forecast:
     def forecast_for(self, devices: int, nodes: int = 1) -> ScalingPoint:
         """The forecast for any count, listed or not (a check's count)."""
         return scaling_point(devices, nodes, self.compute, self.buckets, self.local, self.between,
-                             batch=self.batch, accumulate=self.accumulate)
+                             batch=self.batch, accumulate=self.accumulate, wait=self.wait)
 
     @property
     def gradient_bytes(self) -> int:
@@ -84,7 +85,7 @@ class Forecast:
         if self.worst() is None:
             return []
         return remedies(self.worst(), self.compute, self.buckets, self.local, self.between, batch=self.batch,
-                        accumulate=self.accumulate)
+                        accumulate=self.accumulate, wait=self.wait)
 
     def input_lines(self) -> list[str]:
         c = self.compute
@@ -96,7 +97,8 @@ class Forecast:
                 f"{self.gradient_bytes / 1e6:.3g} MB in {len(self.buckets)} DDP bucket"
                 f"{'s' * (len(self.buckets) != 1)} [measured: the model's own parameters]",
                 f"  {self.local.text() if self.local is not None else 'link between local ranks: unknown (no 2 local devices)'}",
-                f"  {between}"] + [f"  {a} [assumed]" for a in self.assumptions]
+                f"  {between}"] + ([f"  wait for the slower rank: {self.wait.text(1000, 'ms')} per step "
+                                    f"[{self.wait.how}]"] if self.wait is not None else []) + [f"  {a} [assumed]" for a in self.assumptions]
 
     def table(self) -> str:
         head = (f"nbtrain forecast on {self.device}: batch {self.batch} per rank"

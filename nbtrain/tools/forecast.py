@@ -5,8 +5,9 @@
     f = nbtrain.forecast(model, data, check=True)   # and the 2 ranks this machine runs, against their range
 
 What it measures here, through trials that give the model back (the arithmetic is measure/forecast.py):
-- the compute: the steady rate of one rank at the per-rank batch (the config's); on a CPU with the
-  threads each of 2 ranks gets here, since CPU ranks share this machine's cores;
+- the compute: the steady rate at the per-rank batch (the config's) of one rank on a GPU; on a CPU, of
+  2 ranks at once all-reducing once per 4 micro-batches, since CPU ranks share this machine's cores and
+  memory bandwidth (one rank alone would compute faster than either of 2 does);
 - the gradients: the model's own trainable parameters, cut into DDP's buckets;
 - the link between local ranks: 2 ranks started the way every DDP run starts (nbtrain.launch: the
   zygote's ranks; NCCL on GPUs where there are 2, gloo on the CPU) time all-reduces of the real
@@ -24,21 +25,23 @@ import torch
 
 from ..config import TrainConfig
 from ..measure.ab import steps_lasting, trial_rate
-from ..measure.forecast import Quantity, fit_link, given_link, gradient_buckets, scaling_point
+from ..measure.forecast import Quantity, fit_link, given_link, gradient_buckets, rank_wait, scaling_point
 from ..measure.forecast_result import Check, Forecast
 from . import trial
 from .tool_options import JointProblem, ToolRefusal, declare, option
 
 DEFAULT_DEVICES, DEFAULT_NODES = (1, 2, 4, 8), (1, 2)
+COMPUTE_ACCUMULATE = 4  # CPU: micro-batches per all-reduce while 2 ranks measure their compute
+MIN_CHECK_STEPS = 20
 PROBE_S = 2.0          # about this long timing all-reduces, in 10 to 30 rounds over the sizes
 MAX_WORK_S = 0.05      # the work before each timed all-reduce: the step's compute, at most this
 
 
 def time_allreduces(sizes: list, repetitions: int, device: str, work_s: float) -> dict:
-    """On every rank of a launched group: seconds each all-reduce of each size (bytes, float32 elements)
-    takes on rank 0 after about `work_s` of fixed work (matmuls) on every rank, as a DDP step's all-reduce
-    follows its backward: the time includes waiting for the other rank, which is what a step pays where
-    ranks share loaded cores. Rank 0's timings are the answer."""
+    """On every rank of a launched group, `repetitions` rounds of: about `work_s` of fixed work (matmuls), as a
+    step's backward; a one-element all-reduce, which waits for the slower rank as a step's first bucket does
+    ("wait"); then an all-reduce of each size in bytes (float32 elements), the ranks now in step. Rank 0's
+    seconds are the answer: {"wait": [...], "sizes": {bytes: [...]}}."""
     import os
     import torch.distributed as dist
     if device == "cuda":
@@ -46,15 +49,14 @@ def time_allreduces(sizes: list, repetitions: int, device: str, work_s: float) -
     square = torch.randn(96, 96, device=device)
     count = torch.tensor([_matmuls_lasting(square, work_s, device)], device=device)
     dist.broadcast(count, 0)  # the same work on every rank: rank 0's count
+    one = torch.ones(1, device=device)
     tensors = [torch.ones(max(size // 4, 1), device=device) for size in sizes]
-    out = {4 * t.numel(): [] for t in tensors}
+    out = {"wait": [], "sizes": {4 * t.numel(): [] for t in tensors}}
     dist.barrier()
-    # Sizes in turn within each round, not one block per size: a load that comes and goes on a shared
-    # machine then falls on every size alike instead of tilting the fitted line.
     for i in range(repetitions + 2):  # the first two rounds: the connection's and the allocator's warm-up
-        for tensor in tensors:
-            for _ in range(int(count.item())):
-                square @ square
+        for _ in range(int(count.item())):
+            square @ square
+        for tensor in [one] + tensors:
             if device == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -62,7 +64,8 @@ def time_allreduces(sizes: list, repetitions: int, device: str, work_s: float) -
             if device == "cuda":
                 torch.cuda.synchronize()
             if i >= 2:
-                out[4 * tensor.numel()].append(time.perf_counter() - start)
+                timed = out["wait"] if tensor is one else out["sizes"][4 * tensor.numel()]
+                timed.append(time.perf_counter() - start)
     return out
 
 
@@ -83,16 +86,19 @@ def probe_sizes(buckets) -> list:
 
 
 def local_link(buckets, device: str, compute_s: float):
-    """The link between 2 local ranks, measured after `compute_s` of work; None without 2 such devices."""
+    """(the link between 2 local ranks, how long a step's first all-reduce waits for the other rank after
+    `compute_s` of work), measured; (None, None) without 2 such devices."""
     from ..distributed.launch import launch
     if device == "cuda" and torch.cuda.device_count() < 2:
-        return None
+        return None, None
     backend, sizes, work = "nccl" if device == "cuda" else "gloo", probe_sizes(buckets), min(compute_s, MAX_WORK_S)
     rounds = int(min(max(PROBE_S / (len(sizes) * (work + 0.002)), 10), 30))
     timings = launch(time_allreduces, nprocs=2, args=(sizes, rounds, device, work), backend=backend, echo=False)
-    return fit_link(timings, 2, f"between 2 local ranks ({backend}, {device})",
-                    f"{backend} all-reduces timed on 2 ranks started by nbtrain.launch, each after "
-                    f"{1000 * work:.3g} ms of work on both (waits for the other rank included)")
+    how = f"{backend} all-reduces timed on 2 ranks started by nbtrain.launch"
+    link = fit_link(timings["sizes"], 2, f"between 2 local ranks ({backend}, {device})", how)
+    wait = rank_wait(timings["wait"], timings["sizes"][4], f"{how}: a one-element all-reduce after {1000 * work:.3g} "
+                     f"ms of work on both, less one with the ranks in step")
+    return link, wait
 
 
 def rank_threads() -> int:
@@ -122,7 +128,8 @@ def _joint(read: dict) -> list:
              option("link_latency_us", "number", "the link's latency per hop, us", noun="a number of us", low=0,
                     nullable=True, none="with link_gbps=None", flag="link_latency_us"),
              option("check", "switch", "also run 2 ranks here and show them against the forecast", flag="check"),
-             option("seconds", "number", "seconds of each measurement", noun="a number of seconds", above=0)),
+             option("seconds", "number", "seconds of each measurement", noun="a number of seconds", above=0,
+                    flag="seconds", metavar="S")),
          label="Forecast", figsize=(9, 3.2), joint=_joint)
 def forecast(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None,
              devices: list | None = None, nodes: list | None = None, link_gbps: float | None = None,
@@ -136,9 +143,29 @@ def forecast(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     device = engine.device.type
     trainable = [p for p in engine.model.parameters() if p.requires_grad]
     buckets = gradient_buckets([p.numel() * p.element_size() for p in trainable])
-    threads = rank_threads() if device == "cpu" else torch.get_num_threads()
     snapshot = trial.Snapshot(engine)
-    before = torch.get_num_threads()
+    compute, one_rank = measure_compute(engine, snapshot, config, seconds)
+    b = config.batch_size
+    local, wait = local_link(buckets, device, compute.value)
+    between = given_link(link_gbps, link_latency_us) if link_gbps is not None else None
+    counts = [(d, n) for n in sorted(set(nodes or DEFAULT_NODES)) for d in sorted(set(devices or DEFAULT_DEVICES))]
+    points = [scaling_point(d, n, compute, buckets, local, between, batch=b, accumulate=config.accumulate_grad_batches,
+                            wait=wait) for d, n in counts]
+    dtype = str(trainable[0].dtype).replace("torch.", "") if trainable else "float32"
+    result = Forecast(str(engine.device), sum(p.numel() for p in trainable), dtype, buckets, compute, one_rank, b,
+                      config.accumulate_grad_batches, local, between, points, assumptions(device), wait=wait)
+    if check:
+        result.checks.append(run_check(engine, snapshot, config, result, seconds))
+    return result
+
+
+def measure_compute(engine, snapshot, config: TrainConfig, seconds: float):
+    """(seconds of one micro-batch step per rank, one rank's steady rate). On a GPU, one rank alone is one
+    device's compute. CPU ranks share this machine's cores and memory bandwidth, so there the compute is
+    read from 2 ranks training at once, all-reducing once per COMPUTE_ACCUMULATE micro-batches (that one
+    all-reduce counted as compute: a step at most t_ar / COMPUTE_ACCUMULATE slower)."""
+    cpu = engine.device.type == "cpu"
+    threads, before = (rank_threads() if cpu else torch.get_num_threads()), torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         measured, steady, _ = trial_rate(engine, config, seconds=seconds)
@@ -148,46 +175,48 @@ def forecast(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     if not measured.ok or not steady.rate > 0:
         raise ToolRefusal(lambda spell: f"one rank's step could not be measured: {measured.error or 'no rate'}")
     b = config.batch_size
-    where = (f"{threads} thread{'s' * (threads != 1)}: what each of 2 ranks gets here" if device == "cpu"
-             else str(engine.device))
-    compute = Quantity(b / steady.rate, b / steady.high, b / steady.low, "s", "measured",
-                       f"one rank's steady rate at batch {b}, {steady.text()}, {where}")
-    local = local_link(buckets, device, compute.value)
-    between = given_link(link_gbps, link_latency_us) if link_gbps is not None else None
-    counts = [(d, n) for n in sorted(set(nodes or DEFAULT_NODES)) for d in sorted(set(devices or DEFAULT_DEVICES))]
-    points = [scaling_point(d, n, compute, buckets, local, between, batch=b, accumulate=config.accumulate_grad_batches)
-              for d, n in counts]
-    dtype = str(trainable[0].dtype).replace("torch.", "") if trainable else "float32"
-    result = Forecast(str(engine.device), sum(p.numel() for p in trainable), dtype, buckets, compute, steady, b,
-                      config.accumulate_grad_batches, local, between, points, assumptions(device, threads))
-    if check:
-        result.checks.append(run_check(engine, snapshot, config, result, seconds))
-    return result
+    if not cpu:
+        return Quantity(b / steady.rate, b / steady.high, b / steady.low, "s", "measured",
+                        f"one rank's steady rate at batch {b}, {steady.text()}, on {engine.device}"), steady
+    k = config.accumulate_grad_batches * COMPUTE_ACCUMULATE
+    both = two_ranks(engine, snapshot, config.replace(accumulate_grad_batches=k), steady.rate, seconds, low=8)
+    per_rank = 2 / both.rate * b  # seconds per micro-batch on each rank
+    how = (f"2 ranks training at once ({threads} thread{'s' * (threads != 1)} each, as the plan shares this "
+           f"machine's cores), accumulate_grad_batches={k}: {both.text()}")
+    return Quantity(per_rank, 2 * b / both.high, 2 * b / both.low, "s", "measured", how), steady
 
 
-def assumptions(device: str, threads: int) -> list:
-    out = ["DDP overlaps its buckets' all-reduce with backward somewhere between not at all (the low end) "
-           "and fully (the high end)",
-           "the bus bandwidth and latency measured between 2 local ranks hold for more local ranks (a ring's "
-           "traffic per rank is the same; a machine's links may not be)",
-           "one ring through every rank, as fast as its slowest hop (the link between nodes where there are several)"]
-    if device == "cpu":
-        out.append(f"every rank computes as one of 2 ranks on this machine does ({threads} thread"
-                   f"{'s' * (threads != 1)}): more CPU ranks than cores would share them")
-    return out
-
-
-def run_check(engine, snapshot, config: TrainConfig, result: Forecast, seconds: float) -> Check:
-    """The 2-rank run this machine can do, with the forecast's config, as nbtrain.fit runs it."""
+def two_ranks(engine, snapshot, config: TrainConfig, rate: float, seconds: float, low: int = MIN_CHECK_STEPS):
+    """The steady rate of `config` on 2 local ranks (nbtrain.fit), about `seconds` long at `rate` samples/s
+    of one rank; the model is put back."""
     from ..api import fit
     checked = config.replace(devices=2)
-    forecast_for = result.forecast_for(2, 1)
-    steps = steps_lasting(result.one_rank.rate, config, seconds)
+    steps = steps_lasting(rate, checked, seconds, low=low)
     try:
         run = fit(recipe=engine.recipe, config=checked.replace(max_steps=steps, max_epochs=None),
                   stop=trial.tool_stop())
     finally:
         snapshot.restore()
     if run.status != "completed":
-        raise ToolRefusal(lambda spell: f"the 2-rank check ended {run.status}")
-    return Check(2, 1, run.steady(), forecast_for, f"nbtrain.fit with devices=2, {steps} steps")
+        raise ToolRefusal(lambda spell: f"the 2-rank run ended {run.status}")
+    return run.steady()
+
+
+def assumptions(device: str) -> list:
+    out = ["DDP overlaps its buckets' all-reduce with backward somewhere between not at all (the low end) "
+           "and fully (the high end)",
+           "the bus bandwidth and latency measured between 2 local ranks hold for more local ranks (a ring's "
+           "traffic per rank is the same; a machine's links may not be)",
+           "one ring through every rank, as fast as its slowest hop (the link between nodes where there are several)",
+           "the wait for the slower rank measured on 2 ranks holds for more (more ranks wait for the slowest of "
+           "more, so there it is a lower bound)"]
+    if device == "cpu":
+        out.append("every rank computes as one of 2 ranks on this machine does: more CPU ranks than cores would "
+                   "share them")
+    return out
+
+
+def run_check(engine, snapshot, config: TrainConfig, result: Forecast, seconds: float) -> Check:
+    """The 2-rank run this machine can do, with the forecast's config, as nbtrain.fit runs it."""
+    steady = two_ranks(engine, snapshot, config, result.one_rank.rate, seconds)
+    return Check(2, 1, steady, result.forecast_for(2, 1), f"nbtrain.fit with devices=2, {steady.steady_steps} steady steps")
