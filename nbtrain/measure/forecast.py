@@ -144,6 +144,14 @@ def rank_wait(first: list, in_step: list, how: str, seed: int = 0) -> Quantity:
     return Quantity(max(first.mean() - base, 0.0), low, high, "s", "measured", how)
 
 
+def mean_quantity(values, scale: float, how: str, seed: int = 0) -> Quantity:
+    """The mean of `values` times `scale`, in seconds, with its 95% bootstrap interval (measured)."""
+    values = np.asarray(values, dtype=float) * scale
+    rng = np.random.default_rng(seed)
+    low, high = np.quantile([rng.choice(values, len(values)).mean() for _ in range(_RESAMPLES)], [0.025, 0.975])
+    return Quantity(float(values.mean()), float(low), float(high), "s", "measured", how)
+
+
 def _mb(size: float) -> str:
     return f"{size / 1e6:.3g} MB"
 
@@ -171,9 +179,11 @@ class ScalingPoint:
 
 
 def scaling_point(devices: int, nodes: int, compute: Quantity, buckets, local: Link | None, between: Link | None, *,
-                  batch: int, accumulate: int = 1, wait: Quantity | None = None) -> ScalingPoint:
+                  batch: int, accumulate: int = 1, wait: Quantity | None = None,
+                  copies: Quantity | None = None) -> ScalingPoint:
     """Throughput and per-rank efficiency on devices x nodes ranks, each a range; see the module doc.
-    `wait`: what a step waits for the slower rank before its all-reduce (measured on 2 ranks; None: 0)."""
+    `wait`: what a step waits for the slower rank before its all-reduce (measured on 2 ranks; None: 0);
+    `copies`: DDP's copies of the gradients into their buckets and back, per step (None: 0)."""
     n, samples = devices * nodes, batch * accumulate
     t_c = [accumulate * compute.low, accumulate * compute.value, accumulate * compute.high]
     links = ([local] if devices > 1 else []) + ([between] if nodes > 1 else [])
@@ -186,10 +196,11 @@ def scaling_point(devices: int, nodes: int, compute: Quantity, buckets, local: L
         return ScalingPoint(devices, nodes, (samples / t_c[2], samples / t_c[0]), (1.0, 1.0), t_c[1], (0.0, 0.0),
                             0.0, "compute", "one rank: no all-reduce")
     fast, slow = allreduce_interval(buckets, n, links)
-    waits = (wait.low, wait.value, wait.high) if wait is not None else (0.0, 0.0, 0.0)
+    waits = tuple(sum(getattr(q, end) for q in (wait, copies) if q is not None) for end in ("low", "value", "high"))
     fast, slow = fast + waits[0], slow + waits[2]
     middle = ring_allreduce_s(buckets, n, min(lk.busbw.value for lk in links), max(lk.latency.value for lk in links))
-    latency_only = ring_allreduce_s(buckets, n, math.inf, max(lk.latency.value for lk in links)) + waits[1]
+    latency_only = ring_allreduce_s(buckets, n, math.inf, max(lk.latency.value for lk in links)) + (
+        wait.value if wait is not None else 0.0)
     middle += waits[1]
     throughput = (n * samples / (t_c[2] + slow), n * samples / max(t_c[0], fast))
     efficiency = (t_c[1] / (t_c[1] + slow), t_c[1] / max(t_c[1], fast))
@@ -224,7 +235,8 @@ def _binding(ranks: int, compute: float, allreduce: float, latency_share: float,
 
 
 def remedies(point: ScalingPoint, compute: Quantity, buckets, local: Link, between: Link | None, *, batch: int,
-             accumulate: int = 1, steps: tuple = (2, 4), wait: Quantity | None = None) -> list[Remedy]:
+             accumulate: int = 1, steps: tuple = (2, 4), wait: Quantity | None = None,
+             copies: Quantity | None = None) -> list[Remedy]:
     """What lifts a communication-bound point, in the ceilings' words: accumulation (one all-reduce per
     k batches, the efficiency predicted by the same model) and a larger per-rank batch (predicted with
     the step's compute growing in proportion to the batch: its fixed costs make the real gain larger)."""
@@ -233,14 +245,14 @@ def remedies(point: ScalingPoint, compute: Quantity, buckets, local: Link, betwe
     out = []
     for k in steps:
         more = scaling_point(point.devices, point.nodes, compute, buckets, local, between, batch=batch,
-                             accumulate=accumulate * k, wait=wait)
+                             accumulate=accumulate * k, wait=wait, copies=copies)
         out.append(Remedy("communication", "accumulate_grad_batches",
                           f"accumulate_grad_batches={accumulate * k}: one all-reduce per {accumulate * k} batches "
                           f"(per-rank efficiency {percent_range(more.efficiency)} on {point.ranks} ranks, now "
                           f"{percent_range(point.efficiency)}; the global batch grows with it, so scale the learning rate)"))
     bigger = Quantity(2 * compute.value, 2 * compute.low, 2 * compute.high, compute.unit, "assumed")
     double = scaling_point(point.devices, point.nodes, bigger, buckets, local, between, batch=2 * batch,
-                           accumulate=accumulate, wait=wait)
+                           accumulate=accumulate, wait=wait, copies=copies)
     out.append(Remedy("communication", "batch_size",
                       f"batch_size={2 * batch}: the same all-reduce spread over twice the samples per rank "
                       f"(efficiency {percent_range(double.efficiency)}, predicted with the compute twice as long; "

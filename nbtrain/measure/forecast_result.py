@@ -53,7 +53,8 @@ class Forecast:
     points: list                  # ScalingPoint, nodes then devices ascending
     assumptions: list = field(default_factory=list)
     checks: list = field(default_factory=list)
-    wait: Quantity | None = None  # a step's wait for the slower rank before its all-reduce (measured on 2 ranks)
+    wait: Quantity | None = None    # a step's wait for the slower rank before its all-reduce (measured on 2 ranks)
+    copies: Quantity | None = None  # DDP's copies of the gradients into their buckets and back, per step
 
     def point(self, devices: int, nodes: int = 1) -> ScalingPoint:
         return next(p for p in self.points if p.devices == devices and p.nodes == nodes)
@@ -61,7 +62,8 @@ class Forecast:
     def forecast_for(self, devices: int, nodes: int = 1) -> ScalingPoint:
         """The forecast for any count, listed or not (a check's count)."""
         return scaling_point(devices, nodes, self.compute, self.buckets, self.local, self.between,
-                             batch=self.batch, accumulate=self.accumulate, wait=self.wait)
+                             batch=self.batch, accumulate=self.accumulate, wait=self.wait,
+                             copies=self.copies)
 
     @property
     def gradient_bytes(self) -> int:
@@ -85,20 +87,23 @@ class Forecast:
         if self.worst() is None:
             return []
         return remedies(self.worst(), self.compute, self.buckets, self.local, self.between, batch=self.batch,
-                        accumulate=self.accumulate, wait=self.wait)
+                        accumulate=self.accumulate, wait=self.wait,
+                             copies=self.copies)
 
     def input_lines(self) -> list[str]:
         c = self.compute
         between = (self.between.text() if self.between is not None else
                    "link between nodes: unknown (neither measured nor given: link_gbps=, link_latency_us=); "
                    "counts over several nodes show no range")
-        return [f"  compute: {c.text(1000, 'ms')} per step of {self.batch} samples [{c.source}: {c.how}]",
-                f"  gradients: {self.parameters:,} parameters x {self.gradient_dtype} = "
-                f"{self.gradient_bytes / 1e6:.3g} MB in {len(self.buckets)} DDP bucket"
-                f"{'s' * (len(self.buckets) != 1)} [measured: the model's own parameters]",
-                f"  {self.local.text() if self.local is not None else 'link between local ranks: unknown (no 2 local devices)'}",
-                f"  {between}"] + ([f"  wait for the slower rank: {self.wait.text(1000, 'ms')} per step "
-                                    f"[{self.wait.how}]"] if self.wait is not None else []) + [f"  {a} [assumed]" for a in self.assumptions]
+        local = self.local.text() if self.local is not None else "link between local ranks: unknown (no 2 local devices)"
+        lines = [f"  compute: {c.text(1000, 'ms')} per step of {self.batch} samples [{c.source}: {c.how}]",
+                 f"  gradients: {self.parameters:,} parameters x {self.gradient_dtype} = "
+                 f"{self.gradient_bytes / 1e6:.3g} MB in {len(self.buckets)} DDP bucket"
+                 f"{'s' * (len(self.buckets) != 1)} [measured: the model's own parameters]", f"  {local}", f"  {between}"]
+        for name, q in (("wait for the slower rank", self.wait), ("DDP's bucket copies", self.copies)):
+            if q is not None:
+                lines.append(f"  {name}: {q.text(1000, 'ms')} per step [{q.how}]")
+        return lines + [f"  {a} [assumed]" for a in self.assumptions]
 
     def table(self) -> str:
         head = (f"nbtrain forecast on {self.device}: batch {self.batch} per rank"

@@ -25,7 +25,8 @@ import torch
 
 from ..config import TrainConfig
 from ..measure.ab import steps_lasting, trial_rate
-from ..measure.forecast import Quantity, fit_link, given_link, gradient_buckets, rank_wait, scaling_point
+from ..measure.forecast import (Quantity, fit_link, given_link, gradient_buckets, mean_quantity, rank_wait,
+                                scaling_point)
 from ..measure.forecast_result import Check, Forecast
 from . import trial
 from .tool_options import JointProblem, ToolRefusal, declare, option
@@ -51,7 +52,8 @@ def time_allreduces(sizes: list, repetitions: int, device: str, work_s: float) -
     dist.broadcast(count, 0)  # the same work on every rank: rank 0's count
     one = torch.ones(1, device=device)
     tensors = [torch.ones(max(size // 4, 1), device=device) for size in sizes]
-    out = {"wait": [], "sizes": {4 * t.numel(): [] for t in tensors}}
+    out = {"wait": [], "sizes": {4 * t.numel(): [] for t in tensors}, "copy": [], "copy_bytes": 4 * tensors[-1].numel()}
+    bucket = torch.empty_like(tensors[-1])
     dist.barrier()
     for i in range(repetitions + 2):  # the first two rounds: the connection's and the allocator's warm-up
         for _ in range(int(count.item())):
@@ -66,6 +68,14 @@ def time_allreduces(sizes: list, repetitions: int, device: str, work_s: float) -
             if i >= 2:
                 timed = out["wait"] if tensor is one else out["sizes"][4 * tensor.numel()]
                 timed.append(time.perf_counter() - start)
+        start = time.perf_counter()  # what DDP does around each bucket's all-reduce: copy in, average, copy out
+        bucket.copy_(tensors[-1])
+        bucket.div_(2)
+        tensors[-1].copy_(bucket)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i >= 2:
+            out["copy"].append(time.perf_counter() - start)
     return out
 
 
@@ -87,10 +97,11 @@ def probe_sizes(buckets) -> list:
 
 def local_link(buckets, device: str, compute_s: float):
     """(the link between 2 local ranks, how long a step's first all-reduce waits for the other rank after
-    `compute_s` of work), measured; (None, None) without 2 such devices."""
+    `compute_s` of work, DDP's copies around the all-reduce of the model's gradients), measured; Nones
+    without 2 such devices."""
     from ..distributed.launch import launch
     if device == "cuda" and torch.cuda.device_count() < 2:
-        return None, None
+        return None, None, None
     backend, sizes, work = "nccl" if device == "cuda" else "gloo", probe_sizes(buckets), min(compute_s, MAX_WORK_S)
     rounds = int(min(max(PROBE_S / (len(sizes) * (work + 0.002)), 10), 30))
     timings = launch(time_allreduces, nprocs=2, args=(sizes, rounds, device, work), backend=backend, echo=False)
@@ -98,7 +109,10 @@ def local_link(buckets, device: str, compute_s: float):
     link = fit_link(timings["sizes"], 2, f"between 2 local ranks ({backend}, {device})", how)
     wait = rank_wait(timings["wait"], timings["sizes"][4], f"{how}: a one-element all-reduce after {1000 * work:.3g} "
                      f"ms of work on both, less one with the ranks in step")
-    return link, wait
+    per_byte = [t / timings["copy_bytes"] for t in timings["copy"]]
+    copies = mean_quantity(per_byte, sum(buckets), f"{how}: each gradient copied into its bucket, averaged and copied "
+                           f"back (DDP's gradient_as_bucket_view=False), {timings['copy_bytes'] / 1e6:.3g} MB timed")
+    return link, wait, copies
 
 
 def rank_threads() -> int:
@@ -146,14 +160,15 @@ def forecast(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     snapshot = trial.Snapshot(engine)
     compute, one_rank = measure_compute(engine, snapshot, config, seconds)
     b = config.batch_size
-    local, wait = local_link(buckets, device, compute.value)
+    local, wait, copies = local_link(buckets, device, compute.value)
     between = given_link(link_gbps, link_latency_us) if link_gbps is not None else None
     counts = [(d, n) for n in sorted(set(nodes or DEFAULT_NODES)) for d in sorted(set(devices or DEFAULT_DEVICES))]
     points = [scaling_point(d, n, compute, buckets, local, between, batch=b, accumulate=config.accumulate_grad_batches,
-                            wait=wait) for d, n in counts]
+                            wait=wait, copies=copies) for d, n in counts]
     dtype = str(trainable[0].dtype).replace("torch.", "") if trainable else "float32"
     result = Forecast(str(engine.device), sum(p.numel() for p in trainable), dtype, buckets, compute, one_rank, b,
-                      config.accumulate_grad_batches, local, between, points, assumptions(device), wait=wait)
+                      config.accumulate_grad_batches, local, between, points, assumptions(device), wait=wait,
+                      copies=copies)
     if check:
         result.checks.append(run_check(engine, snapshot, config, result, seconds))
     return result
