@@ -13,8 +13,8 @@ import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.measure.forecast import (MIB, Quantity, fit_link, gradient_buckets, ring_allreduce_s,
                                       scaling_point)
-from nbtrain.measure.forecast_result import Forecast
-from nbtrain.measure.steady import NOTHING
+from nbtrain.measure.forecast_result import Check, Forecast
+from nbtrain.measure.steady import NOTHING, SteadyRate
 from nbtrain.tools.registry import ToolOptionError
 from nbtrain.tools.simulated_machine import Fabric, Landscape
 
@@ -90,8 +90,15 @@ def test_a_model_whose_all_reduce_outlasts_its_compute_is_named_communication_bo
 @pytest.mark.slow
 def test_the_plot_draws_each_node_counts_range_as_a_band_in_the_space_it_is_given(tmp_path):
     f = simulated_forecast(25_600_000, 0.1)
+    measured = SteadyRate(4600, 4400, 4800, 0.05, 3, 1.0, 50, 12.0)  # 16 x 32 samples in about 0.11 s
+    f.checks.append(Check(8, 2, measured, f.point(8, 2), "simulated"))
+    assert f.checks[0].inside and "measured here (check=True):\n  8 x 2: 4,600 samples/s" in f.table()
     figure = f.plot(tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 10_000 and len(figure.axes) == 3  # the given one, split
+    rate_ax, efficiency_ax = figure.axes[1:]
+    assert len(rate_ax.collections) >= 2 and len(rate_ax.containers) == 1 == len(efficiency_ax.containers)
+    dot = efficiency_ax.containers[0].lines[0].get_ydata()[0]  # the measured point as a per-rank efficiency
+    assert dot == pytest.approx(100 * 4600 / (16 * 32 / 0.1))
 
 
 def test_counts_over_nodes_without_a_link_are_unknown_and_say_which_option_gives_it():

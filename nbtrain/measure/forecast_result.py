@@ -150,14 +150,16 @@ class Forecast:
                 ax.fill_between(ranks, lows, highs, color=color, alpha=0.25, label=label, step=None)
                 ax.plot(ranks, lows, color=color, lw=0.8)
                 ax.plot(ranks, highs, color=color, lw=0.8)
-        one = self.batch * self.accumulate / (self.accumulate * self.compute.value)
-        for c in self.checks:
-            s, n = c.steady, c.devices * c.nodes
+        c = self.compute  # one rank's samples/s, its interval with it: a dot's efficiency carries both
+        one = [self.batch / t for t in (c.value, c.high, c.low)]
+        for check in self.checks:
+            s, n = check.steady, check.devices * check.nodes
+            label = f"measured {check.devices} x {check.nodes}"
             rate_ax.errorbar([n], [s.rate], yerr=[[s.rate - s.low], [s.high - s.rate]], fmt="o", color="black",
-                             capsize=3, label=f"measured {c.devices} x {c.nodes}")
-            eff = [100 * v / (n * one) for v in (s.rate, s.low, s.high)]
+                             capsize=3, label=label)
+            eff = [100 * s.rate / (n * one[0]), 100 * s.low / (n * one[2]), 100 * s.high / (n * one[1])]
             eff_ax.errorbar([n], [eff[0]], yerr=[[eff[0] - eff[1]], [eff[2] - eff[0]]], fmt="o", color="black",
-                            capsize=3, label=f"measured {c.devices} x {c.nodes}")
+                            capsize=3, label=label)
         for ax in (rate_ax, eff_ax):
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted({p.ranks for p in self.points}), [str(r) for r in sorted({p.ranks for p in self.points})])

@@ -10,8 +10,10 @@ What it measures here, through trials that give the model back (the arithmetic i
   memory bandwidth (one rank alone would compute faster than either of 2 does);
 - the gradients: the model's own trainable parameters, cut into DDP's buckets;
 - the link between local ranks: 2 ranks started the way every DDP run starts (nbtrain.launch: the
-  zygote's ranks; NCCL on GPUs where there are 2, gloo on the CPU) time all-reduces of the real
-  bucket sizes and of one element (the latency), and the ring model is fitted to them;
+  zygote's ranks; NCCL on GPUs where there are 2, gloo on the CPU), in rounds of: the step's compute
+  worth of work, a one-element all-reduce (what a step waits for the slower rank), all-reduces of the
+  real bucket sizes and of one element with the ranks in step (the ring model is fitted to them), and
+  DDP's copies of a bucket in and out;
 - the link between nodes is given (link_gbps=, link_latency_us=) or "unknown": counts over several
   nodes then show no range;
 - check=True: the 2-rank run itself (nbtrain.fit, devices=2, the same config), its steady rate shown
