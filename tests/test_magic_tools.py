@@ -265,7 +265,7 @@ JUDGED_BY_THE_TOOL = {"%%nbtrain --find-batch-size --max-batch 99999", "%%nbtrai
 
 @pytest.mark.parametrize("line, expected", [
     ("%%nbtrain --profile --find-lr", "%%nbtrain: --profile and --find-lr: one tool per cell; allowed: one of "
-                                      "--profile, --ceilings, --find-batch-size"),
+                                      "--profile, --ceilings, --forecast, --find-batch-size"),
     ("%%nbtrain --trace t.json", "%%nbtrain: --trace t.json applies to --profile; allowed: add one of those flags"),
     ("%%nbtrain --find-workers --keep-best", "--keep-best applies to --checklist"),
     ("%%nbtrain --find-leaks --steps 2", "%%nbtrain: --steps 2: allowed: a whole number >= 4 (steps to watch)"),
