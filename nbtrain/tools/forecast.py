@@ -27,8 +27,8 @@ import torch
 
 from ..config import TrainConfig
 from ..measure.ab import steps_lasting, trial_rate
-from ..measure.forecast import (Quantity, fit_link, given_link, gradient_buckets, mean_quantity, rank_wait,
-                                scaling_point)
+from ..measure.forecast import (Quantity, fit_link, given_link, gradient_buckets, less_its_allreduce, mean_quantity,
+                                rank_wait, scaling_point)
 from ..measure.forecast_result import Check, Forecast
 from . import trial
 from .tool_options import JointProblem, ToolRefusal, declare, option
@@ -160,29 +160,37 @@ def forecast(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     trainable = [p for p in engine.model.parameters() if p.requires_grad]
     buckets = gradient_buckets([p.numel() * p.element_size() for p in trainable])
     snapshot = trial.Snapshot(engine)
-    compute, one_rank = measure_compute(engine, snapshot, config, seconds)
-    b = config.batch_size
-    local, wait, copies = local_link(buckets, device, compute.value)
+    one_rank = one_rank_rate(engine, snapshot, config, seconds)
+    read = measure_compute(engine, snapshot, config, one_rank, seconds)
+    local, wait, copies = local_link(buckets, device, read.value)
     between = given_link(link_gbps, link_latency_us) if link_gbps is not None else None
-    counts = [(d, n) for n in sorted(set(nodes or DEFAULT_NODES)) for d in sorted(set(devices or DEFAULT_DEVICES))]
-    points = [scaling_point(d, n, compute, buckets, local, between, batch=b, accumulate=config.accumulate_grad_batches,
-                            wait=wait, copies=copies) for d, n in counts]
     dtype = str(trainable[0].dtype).replace("torch.", "") if trainable else "float32"
-    result = Forecast(str(engine.device), sum(p.numel() for p in trainable), dtype, buckets, compute, one_rank, b,
-                      config.accumulate_grad_batches, local, between, points, assumptions(device), wait=wait,
-                      copies=copies)
-    if check:
-        result.checks.append(run_check(engine, snapshot, config, result, seconds))
+    counts = [(d, n) for n in sorted(set(nodes or DEFAULT_NODES)) for d in sorted(set(devices or DEFAULT_DEVICES))]
+
+    def forecast_from(reading: Quantity) -> Forecast:
+        compute, b, k = reading, config.batch_size, config.accumulate_grad_batches
+        if device == "cpu" and local is not None:  # read from 2 ranks that all-reduced once per step
+            step = scaling_point(2, 1, reading, buckets, local, None, batch=b, wait=wait, copies=copies)
+            compute = less_its_allreduce(reading, k * COMPUTE_ACCUMULATE, step.allreduce_s)
+        points = [scaling_point(d, n, compute, buckets, local, between, batch=b, accumulate=k, wait=wait,
+                                copies=copies) for d, n in counts]
+        return Forecast(str(engine.device), sum(p.numel() for p in trainable), dtype, buckets, compute, one_rank, b,
+                        k, local, between, points, assumptions(device), wait=wait, copies=copies)
+
+    if not check:
+        return forecast_from(read)
+    steady = two_ranks(engine, snapshot, config, one_rank.rate, seconds)
+    if device == "cpu":  # the load of a shared machine moves: the compute read again after the check, both kept
+        read = spanning(read, measure_compute(engine, snapshot, config, one_rank, seconds))
+    result = forecast_from(read)
+    result.checks.append(Check(2, 1, steady, result.forecast_for(2, 1),
+                               f"nbtrain.fit with devices=2, {steady.steady_steps} steady steps"))
     return result
 
 
-def measure_compute(engine, snapshot, config: TrainConfig, seconds: float):
-    """(seconds of one micro-batch step per rank, one rank's steady rate). On a GPU, one rank alone is one
-    device's compute. CPU ranks share this machine's cores and memory bandwidth, so there the compute is
-    read from 2 ranks training at once, all-reducing once per COMPUTE_ACCUMULATE micro-batches (that one
-    all-reduce counted as compute: a step at most t_ar / COMPUTE_ACCUMULATE slower)."""
-    cpu = engine.device.type == "cpu"
-    threads, before = (rank_threads() if cpu else torch.get_num_threads()), torch.get_num_threads()
+def one_rank_rate(engine, snapshot, config: TrainConfig, seconds: float):
+    """One rank's steady rate in the kernel (on a CPU with the threads each of 2 ranks gets)."""
+    threads, before = (rank_threads() if engine.device.type == "cpu" else torch.get_num_threads()), torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         measured, steady, _ = trial_rate(engine, config, seconds=seconds)
@@ -191,16 +199,29 @@ def measure_compute(engine, snapshot, config: TrainConfig, seconds: float):
         snapshot.restore()
     if not measured.ok or not steady.rate > 0:
         raise ToolRefusal(lambda spell: f"one rank's step could not be measured: {measured.error or 'no rate'}")
+    return steady
+
+
+def spanning(before: Quantity, after: Quantity) -> Quantity:
+    """Two readings of the compute, before and after the check, as one that spans both."""
+    return Quantity((before.value + after.value) / 2, min(before.low, after.low), max(before.high, after.high),
+                    before.unit, before.source, f"read before and after the check: {before.how}; then {after.how}")
+
+
+def measure_compute(engine, snapshot, config: TrainConfig, one_rank, seconds: float) -> Quantity:
+    """Seconds of one micro-batch step per rank. On a GPU, one rank alone is one device's compute. CPU ranks
+    share this machine's cores and memory bandwidth, so there the compute is read from 2 ranks training at
+    once, all-reducing once per COMPUTE_ACCUMULATE micro-batches (the forecast takes that one all-reduce
+    out once it is measured: measure/forecast.less_its_allreduce)."""
     b = config.batch_size
-    if not cpu:
-        return Quantity(b / steady.rate, b / steady.high, b / steady.low, "s", "measured",
-                        f"one rank's steady rate at batch {b}, {steady.text()}, on {engine.device}"), steady
-    k = config.accumulate_grad_batches * COMPUTE_ACCUMULATE
-    both = two_ranks(engine, snapshot, config.replace(accumulate_grad_batches=k), steady.rate, seconds, low=8)
-    per_rank = 2 / both.rate * b  # seconds per micro-batch on each rank
+    if engine.device.type != "cpu":
+        return Quantity(b / one_rank.rate, b / one_rank.high, b / one_rank.low, "s", "measured",
+                        f"one rank's steady rate at batch {b}, {one_rank.text()}, on {engine.device}")
+    k, threads = config.accumulate_grad_batches * COMPUTE_ACCUMULATE, rank_threads()
+    both = two_ranks(engine, snapshot, config.replace(accumulate_grad_batches=k), one_rank.rate, seconds, low=8)
     how = (f"2 ranks training at once ({threads} thread{'s' * (threads != 1)} each, as the plan shares this "
            f"machine's cores), accumulate_grad_batches={k}: {both.text()}")
-    return Quantity(per_rank, 2 * b / both.high, 2 * b / both.low, "s", "measured", how), steady
+    return Quantity(2 * b / both.rate, 2 * b / both.high, 2 * b / both.low, "s", "measured", how)
 
 
 def two_ranks(engine, snapshot, config: TrainConfig, rate: float, seconds: float, low: int = MIN_CHECK_STEPS):
@@ -231,9 +252,3 @@ def assumptions(device: str) -> list:
         out.append("every rank computes as one of 2 ranks on this machine does: more CPU ranks than cores would "
                    "share them")
     return out
-
-
-def run_check(engine, snapshot, config: TrainConfig, result: Forecast, seconds: float) -> Check:
-    """The 2-rank run this machine can do, with the forecast's config, as nbtrain.fit runs it."""
-    steady = two_ranks(engine, snapshot, config, result.one_rank.rate, seconds)
-    return Check(2, 1, steady, result.forecast_for(2, 1), f"nbtrain.fit with devices=2, {steady.steady_steps} steady steps")
