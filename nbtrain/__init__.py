@@ -12,13 +12,14 @@ from .tools.checklist import checklist
 from .tools.diagnose import profile
 from .measure.ab import ab
 from .tools.ceilings import ceilings
+from .tools.forecast import forecast
 from .distributed.launch import launch  # the function; its module's helpers: `from nbtrain.distributed.launch import ...`
 from .engine.split import split
 from . import slurm  # nbtrain.slurm.submit / attach / export
 from .tools import leaks, tune  # nbtrain.tune.find_workers, nbtrain.leaks.find_graph_leaks
 
 __version__ = "0.1.0"
-__all__ = ["fit", "ab", "ceilings", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
+__all__ = ["fit", "ab", "ceilings", "forecast", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
            "RunResult", "cache", "checklist", "profile", "launch", "split"]
 
 

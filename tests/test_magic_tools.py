@@ -225,7 +225,7 @@ train_data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64,
 # at the first step. (--ceilings measures its loader for 5 s first: its test above names the parts on success.)
 TINY = {"profile": "--steps 2", "find_batch_size": "--max-batch 32", "find_workers": "--workers 0 --seconds 0.1",
         "find_lr": "--steps 5", "find_leaks": "--steps 4", "find_sync": "",
-        "checklist": "--budget 2 --items batch_size"}
+        "checklist": "--budget 2 --items batch_size", "forecast": "--forecast-devices 1,2 --forecast-nodes 1 --seconds 0.5"}
 
 
 def test_every_tool_but_ceilings_is_tried_with_a_part_from_an_earlier_cell():
@@ -265,7 +265,7 @@ JUDGED_BY_THE_TOOL = {"%%nbtrain --find-batch-size --max-batch 99999", "%%nbtrai
 
 @pytest.mark.parametrize("line, expected", [
     ("%%nbtrain --profile --find-lr", "%%nbtrain: --profile and --find-lr: one tool per cell; allowed: one of "
-                                      "--profile, --ceilings, --find-batch-size"),
+                                      "--profile, --ceilings, --forecast, --find-batch-size"),
     ("%%nbtrain --trace t.json", "%%nbtrain: --trace t.json applies to --profile; allowed: add one of those flags"),
     ("%%nbtrain --find-workers --keep-best", "--keep-best applies to --checklist"),
     ("%%nbtrain --find-leaks --steps 2", "%%nbtrain: --steps 2: allowed: a whole number >= 4 (steps to watch)"),
@@ -283,6 +283,10 @@ JUDGED_BY_THE_TOOL = {"%%nbtrain --find-batch-size --max-batch 99999", "%%nbtrai
                                                       "with 0 < start_lr < end_lr"),
     ("%%nbtrain --profile --devices 2", "%%nbtrain: --profile with --devices 2 --num-nodes 1: the tools measure in "
                                         "this kernel, one process; allowed: --devices 1"),
+    ("%%nbtrain --forecast --forecast-devices 0,2", "%%nbtrain: --forecast-devices 0,2: allowed: a list of whole "
+                                                    "numbers >= 1 (devices per node), or None (1,2,4,8)"),
+    ("%%nbtrain --forecast --link-gbps 25", "%%nbtrain: --link-gbps 25.0, --link-latency-us None: allowed: both "
+                                            "link_gbps and link_latency_us"),
     ("%%nbtrain --profile --batch-size -3", "%%nbtrain: invalid training configuration: --batch-size=-3: a whole "
                                             "number from 1"),
     ("%nbtrain_checklist --budget 0", "%nbtrain_checklist: --budget 0: allowed: a number of seconds > 0"),

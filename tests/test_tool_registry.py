@@ -41,7 +41,8 @@ def usage_error(shell, capsys, cell) -> str:
 
 
 def test_the_public_tools_are_the_registered_ones_with_their_signatures_kept():
-    public = {"profile": nbtrain.profile, "ceilings": nbtrain.ceilings, "find_batch_size": nbtrain.tune.find_batch_size,
+    public = {"profile": nbtrain.profile, "ceilings": nbtrain.ceilings, "forecast": nbtrain.forecast,
+              "find_batch_size": nbtrain.tune.find_batch_size,
               "find_workers": nbtrain.tune.find_workers, "find_lr": nbtrain.tune.find_lr,
               "find_leaks": nbtrain.leaks.find_graph_leaks, "find_sync": nbtrain.leaks.find_sync_points,
               "checklist": nbtrain.checklist, "cache": nbtrain.cache}

@@ -145,7 +145,7 @@ class ToolButtons:
 
 
 def _headline(tool: str, result) -> str:
-    if tool in ("profile", "ceilings"):
+    if tool in ("profile", "ceilings", "forecast"):
         return result.verdict
     if tool == "find_batch_size":
         return f"{result.summary()}; {result.speed_text()}"

@@ -31,12 +31,28 @@ import numpy as np
 from ..config import TrainConfig
 from ..measure.ceilings import Ceilings
 from ..measure.device_rates import Busy, HostSplit, Rate, StepCount
+from ..measure.forecast import ring_allreduce_s
 from ..measure.race import Block
 from ..measure.steady import SteadyRate
 from ..measure.verdict import Verdict
 from .checklist_items import Tried
 
 _LOW = ("bf16-mixed", "16-mixed", "bf16-true", "16-true")
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A simulated link between ranks: an all-reduce on it takes the ring model's time (measure/forecast.py)
+    times noise, as the forecast's probe times real ones. The defaults: NVLink between one server's GPUs."""
+    gbps: float = 1000.0             # bus bandwidth, Gb/s
+    latency_us: float = 10.0         # per hop
+    noise: float = 0.05
+
+    def allreduce_timings(self, sizes, ranks: int = 2, repetitions: int = 10, seed: int = 0) -> dict:
+        """{bytes: [seconds, ...]}: `repetitions` timed all-reduces of each size on `ranks` ranks."""
+        rng = np.random.default_rng(seed)
+        true = {int(s): ring_allreduce_s([s], ranks, self.gbps * 1e9 / 8, self.latency_us * 1e-6) for s in sizes}
+        return {s: (t * np.exp(rng.normal(0, self.noise, repetitions))).tolist() for s, t in true.items()}
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,7 @@ class Landscape:
     burst_p: float = 0.03            # chance of a block slowed by a burst of other load
     burst: float = 0.6               # the rate a burst leaves
     has_conv: bool = True
+    fabric: Fabric = Fabric()        # between the machine's own devices
 
 
 def _low(c: TrainConfig) -> bool:

@@ -157,6 +157,45 @@ plt.show()
 # links making the all-reduce cheap and overlapped with backward — that is why DDP scales where
 # DataParallel does not.
 #
+# ## Before asking for more: a forecast, then the run that checks it
+#
+# How fast would 4 or 8 processes be, or 2 machines? `nbtrain.forecast` answers from what this machine
+# measures, as a range for each count, and names what bounds it. It reads the compute of one step at
+# the per-process batch (on a CPU, of 2 processes at once: they share the cores), the bytes of gradients
+# DDP averages every step (the model's parameters, in DDP's buckets), and the link between 2 local
+# processes, timed on all-reduces of those very bucket sizes. A ring all-reduce of S bytes on N processes
+# takes `2(N-1)/N * S / bandwidth + 2(N-1) * latency`; DDP overlaps it with backward somewhere between not
+# at all (the low end of each range) and fully (the high end). The link between machines is not
+# measured here, so it is given: 10 Gb/s at 50 us. `check=True` then runs the 2 processes this machine
+# has, with the same config, and shows the measured rate against its range. The CNN above, 64 samples
+# per process:
+
+# %%
+forecast = nbtrain.forecast(make_cnn(), image_data, loss_fn=loss_fn, optimizer=optimizer,
+                            config=nbtrain.TrainConfig(accelerator="cpu", batch_size=64), devices=[1, 2, 4, 8],
+                            nodes=[1, 2], link_gbps=10, link_latency_us=50, check=True, seconds=3)
+print(forecast)
+forecast.plot()
+plt.show()
+
+# %% [markdown]
+# Every input says where it came from: measured here, given, or assumed. The 2-process run is the
+# forecast's own test; in words, from the numbers above:
+
+# %%
+check, two, eight = forecast.checks[0], forecast.point(2, 1), forecast.point(8, 2)
+print(f"2 processes: forecast {two.throughput[0]:,.0f}-{two.throughput[1]:,.0f} samples/s, measured "
+      f"{check.steady.rate:,.0f} (95% interval {check.steady.low:,.0f}-{check.steady.high:,.0f}): "
+      f"{'inside' if check.inside else 'outside'} the forecast")
+print(f"16 processes on 2 machines: per-process efficiency {100 * eight.efficiency[0]:.0f}-"
+      f"{100 * eight.efficiency[1]:.0f}%, bound by {eight.why}")
+
+# %% [markdown]
+# A model with more arithmetic per parameter keeps more of each added process; one whose all-reduce
+# outlasts its compute gains little from more processes whatever the link, and the remedies under the
+# table (gradient accumulation: one all-reduce per several batches; a larger batch per process) say by
+# how much each would help, predicted by the same model.
+#
 # ## When the model does not fit one device: FSDP
 #
 # DDP keeps a whole copy of the model in every process: its weights, their gradients and the optimizer's
@@ -277,4 +316,6 @@ assert "per rank 0: " in fsdp_run.table() and len(fsdp_run.summary["peak_mem_mb_
 assert shard_type == "DTensor" and held == [whole // 2, whole - whole // 2]  # each rank held half the model
 assert state_mb < 1.0                                                   # ... invisible in a process's RSS
 assert fsdp_vs_ddp.high < 1.0, fsdp_vs_ddp.text()                       # on this tiny model FSDP is slower
+assert check.inside, forecast.table()                                   # the 2-process run lies in its forecast
+assert eight.efficiency[0] < two.efficiency[0]                          # 16 processes over the network keep less
 print("all checks passed")
