@@ -151,7 +151,12 @@ def forecast(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
              devices: list | None = None, nodes: list | None = None, link_gbps: float | None = None,
              link_latency_us: float | None = None, check: bool = False, seconds: float = 4.0, **parts) -> Forecast:
     """The scaling forecast of the current config; see the module doc. The model and optimizer are put back."""
-    engine = trial.resolve(model, train_data, recipe=recipe, config=config, **parts)
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        return _forecast(lent, devices, nodes, link_gbps, link_latency_us, check, seconds)
+
+
+def _forecast(lent, devices, nodes, link_gbps, link_latency_us, check: bool, seconds: float) -> Forecast:
+    engine, snapshot = lent.engine, lent  # the trial's own engine; snapshot.reset() puts it back
     config = trial.plain_config(engine.config)
     if config.world_size > 1:
         raise ToolRefusal(lambda spell: f"the config runs {config.world_size} ranks; the forecast starts from one "
@@ -159,7 +164,6 @@ def forecast(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     device = engine.device.type
     trainable = [p for p in engine.model.parameters() if p.requires_grad]
     buckets = gradient_buckets([p.numel() * p.element_size() for p in trainable])
-    snapshot = trial.Snapshot(engine)
     one_rank = one_rank_rate(engine, snapshot, config, seconds)
     read = measure_compute(engine, snapshot, config, one_rank, seconds)
     local, wait, copies = local_link(buckets, device, read.value)
@@ -196,7 +200,7 @@ def one_rank_rate(engine, snapshot, config: TrainConfig, seconds: float):
         measured, steady, _ = trial_rate(engine, config, seconds=seconds)
     finally:
         torch.set_num_threads(before)
-        snapshot.restore()
+        snapshot.reset()
     if not measured.ok or not steady.rate > 0:
         raise ToolRefusal(lambda spell: f"one rank's step could not be measured: {measured.error or 'no rate'}")
     return steady
@@ -225,16 +229,14 @@ def measure_compute(engine, snapshot, config: TrainConfig, one_rank, seconds: fl
 
 
 def two_ranks(engine, snapshot, config: TrainConfig, rate: float, seconds: float, low: int = MIN_CHECK_STEPS):
-    """The steady rate of `config` on 2 local ranks (nbtrain.fit), about `seconds` long at `rate` samples/s
+    """The steady rate of `config` on 2 local ranks (trial.run_apart), about `seconds` long at `rate` samples/s
     of one rank; the model is put back."""
-    from ..api import fit
     checked = config.replace(devices=2)
     steps = steps_lasting(rate, checked, seconds, low=low)
     try:
-        run = fit(recipe=engine.recipe, config=checked.replace(max_steps=steps, max_epochs=None),
-                  stop=trial.tool_stop())
+        run = trial.run_apart(snapshot, checked, steps)
     finally:
-        snapshot.restore()
+        snapshot.reset()
     if run.status != "completed":
         raise ToolRefusal(lambda spell: f"the 2-rank run ended {run.status}")
     return run.steady()

@@ -91,6 +91,18 @@ def live_engine_of(model):
     return engine if engine is not None and not engine.running else None
 
 
+def run_apart(lent: Trial, config: TrainConfig, steps: int):
+    """`steps` steps of `config` as DDP in processes of their own, from the borrowed model's weights (the
+    trial's `reset()` puts them back). Through the launcher itself, not nbtrain.fit: fit continues the live
+    engine across calls (distributed/carry.py), and a trial never reaches it."""
+    from ..config import check_runnable
+    from ..distributed.launch import fit_distributed
+    recipe = lent.recipe or lent.engine.recipe
+    config = recipe.adopt_settings(config.replace(max_steps=steps, max_epochs=None))
+    check_runnable(config)
+    return fit_distributed(recipe, config, stop=tool_stop())  # a panel's Stop ends the ranks too
+
+
 def keep(trial: Trial, config: TrainConfig) -> None:
     """Leave the live model on `config` (a walk's keep_best), through the call a user's change goes through:
     the live engine of the trial's recipe (made and attached where the model has none yet) takes it."""

@@ -159,10 +159,8 @@ class EngineBench:
 
     def apart(self, label: str, config, steps: int) -> Tried:
         """`config` run by fit in processes of its own (DDP), `steps` steps."""
-        from ..api import fit
         try:
-            result = fit(recipe=self.lent.recipe, config=config.replace(max_steps=steps, max_epochs=None),
-                         stop=trial.tool_stop())  # a panel's Stop ends the workers' run too
+            result = trial.run_apart(self.lent, config, steps)
         except Exception as error:  # noqa: BLE001 - a candidate the walk chose is a row, never the walk's end
             return Tried(label, config, None, trial.failed(error))
         finally:
