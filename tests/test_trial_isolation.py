@@ -74,7 +74,12 @@ TINY = {
     "find_leaks": dict(steps=4),
     "find_sync": dict(steps=1),
     "checklist": dict(budget_s=1.0, trial_s=0.1, items=("batch_size",), clock=lambda: 0.0),
+    # Its compute and its check are read on 2 ranks launched apart (trial.run_apart): the live engine must not
+    # follow them as a DDP call's does (distributed/carry.py).
+    "forecast": dict(seconds=0.2, devices=[1, 2], nodes=[1], check=True),
 }
+# Every launch of ranks costs seconds: the forecast over the data nbtrain batches and a user's own sampler.
+FORECAST_KINDS = ("dataset", "own_sampler")
 TOOL_NAMES = sorted(TOOLS) + ["ab"]
 
 
@@ -173,8 +178,8 @@ def _slow(tool, kind):
         and kind not in ("dataset", "held")
 
 
-CASES = [pytest.param(tool, kind, marks=[pytest.mark.slow] if _slow(tool, kind) else [])
-         for tool in TOOL_NAMES for kind in KINDS]
+CASES = [pytest.param(tool, kind, marks=[pytest.mark.slow] if _slow(tool, kind) or tool == "forecast" else [])
+         for tool in TOOL_NAMES for kind in KINDS if tool != "forecast" or kind in FORECAST_KINDS]
 
 
 @pytest.mark.parametrize("tool, kind", CASES)
