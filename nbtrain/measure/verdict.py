@@ -46,7 +46,7 @@ class Verdict:
 
     def above(self, threshold: float) -> bool:
         """B is faster than A by more than `threshold` (0.03 = 3%), beyond doubt at 95%."""
-        return math.isfinite(self.low) and self.low > 1.0 + threshold
+        return not self.one_config and math.isfinite(self.low) and self.low > 1.0 + threshold
 
     @property
     def too_noisy(self) -> bool:
