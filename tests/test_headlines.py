@@ -55,7 +55,7 @@ def test_ab_of_two_configs_names_each_side_as_changes_from_the_live_config():
 
 # --- the ceilings' verdict: a ceiling is named only where it explains the rate --------------------------------
 
-from nbtrain.measure.bottleneck import EXPLAINS, memory_undercuts, share_of  # noqa: E402
+from nbtrain.measure.bottleneck import CEILINGS, EXPLAINS, memory_undercuts, share_of  # noqa: E402
 from nbtrain.measure.device_rates import HostSplit, Rate, StepCount  # noqa: E402
 from nbtrain.measure.steady import SteadyRate  # noqa: E402
 from nbtrain.tools.simulated_machine import Landscape, SimulatedMachine  # noqa: E402
@@ -151,3 +151,37 @@ def test_readings_the_load_moved_say_too_noisy_and_name_no_ceiling(spread, peaks
 def test_two_readings_of_one_config_on_a_quiet_simulated_machine_give_one_verdict(land):
     first, second = (SimulatedMachine(land, seed=s).bottleneck(land.start, 0.5) for s in (1, 2))
     assert (first.state, first.binding) == (second.state, second.binding), (land.name, first.kind, second.kind)
+
+
+# --- the walk's headline: its choice against the start, head to head ---------------------------------------
+
+from nbtrain.tools.checklist import run_walk  # noqa: E402
+
+from landscapes import budget_s  # noqa: E402
+
+
+@pytest.mark.parametrize("land", LANDSCAPES, ids=lambda land: land.name)
+def test_the_walks_headline_is_its_final_head_to_head_on_every_landscape(land, tmp_path):
+    machine = SimulatedMachine(land, seed=0)
+    walk = run_walk(machine, budget_s=budget_s(land), clock=machine.clock)
+    assert walk.elapsed_s <= walk.budget_s
+    table = walk.table()
+    raced = [line.split()[:2] for line in table.splitlines()[2:] if line.startswith("  ") and " skipped " not in line]
+    names = [words[1] if words[0] in ("-", *CEILINGS) else words[0] for words in raced]
+    assert len(names) == len(set(names)), table  # an item raced twice (precision ...) is one row
+    if not walk.moved:
+        assert walk.headline().endswith("nothing kept, the starting config is the best found"), table
+        return
+    h = walk.head_to_head
+    assert h is not None and walk.overall() is h.verdict, table
+    # the last race the machine ran: the start beside the walk's choice, and nothing else
+    assert set(machine.blocks[-2:]) == {walk.start_config, walk.best_config} == {h.config, walk.start.config}
+    assert walk.final == pytest.approx(walk.baseline * h.verdict.ratio)
+    assert walk.headline() == (f"{walk.baseline:,.0f} -> {walk.final:,.0f} samples/s, the walk's choice against the "
+                               f"start head to head: {h.verdict.short()}")
+    assert table.splitlines()[0].startswith(f"nbtrain checklist walk on {walk.device}: {walk.headline()}; ")
+    result_row = next(line for line in table.splitlines() if line.split()[:1] == ["result"])
+    assert h.verdict.short() in result_row and "head to head in one race" in result_row, table
+    figure = walk.plot(tmp_path / "walk.png")  # the waterfall's last bar: the head-to-head, its interval on it
+    last = figure.axes[0].texts[-1].get_text()
+    assert last.startswith(f"{walk.final:,.0f}\n") and h.verdict.interval_text() in last, last
