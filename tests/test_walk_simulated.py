@@ -158,8 +158,7 @@ def test_a_race_too_noisy_to_tell_gets_a_second_look_while_the_budget_lasts():
     # The first CPU benchmark after the walk followed the bottleneck ended at 28 s of 120 with every race
     # "too noisy to tell" (the box's load moved by 90%); a passing load decides one race, rarely two.
     noisy = dataclasses.replace(LANDSCAPES[5], name="noisy", noise=0.12, drift=0.06)
-    # (seed 7: where the second look settles it within what the final head-to-head leaves of the budget)
-    walk = run_walk(m := SimulatedMachine(noisy, seed=7), budget_s=60, clock=m.clock)
+    walk = run_walk(m := SimulatedMachine(noisy, seed=0), budget_s=60, clock=m.clock)
     rows = [(i.name, i.kept, i.note.startswith("too noisy to tell")) for i in walk.items]
     first = rows.index(("batch_size", False, True))
     assert ("batch_size", True, False) in rows[first + 1:], walk.table()

@@ -74,9 +74,10 @@ class Walk:
         self.start_up_s = 0.5  # what a config's first block takes beyond the others; re-estimated
         self.reading_s = _READING_S
         self.race_base = float("nan")  # the current config's samples/s in the item's race (nan: not raced)
+        self.held_back = lambda: 0.0  # seconds the items leave for the final head-to-head (walk_headline.py)
 
     def left(self) -> float:
-        return self.budget_s - (self.clock() - self.t0)
+        return self.budget_s - (self.clock() - self.t0) - self.held_back()
 
     def block_cost_s(self) -> float:
         return self.block_s + self.block_overhead_s
@@ -324,10 +325,10 @@ def run_walk(bench, *, budget_s: float, trial_s: float | None = None, min_gain: 
     start = current = walk.start
     final, final_start, final_note = None, float("nan"), ""
     try:
-        reserve = min(head_to_head_reserve(walk), max(walk.left() - 2 * _ROUNDS[0] * walk.block_cost_s(), 0.0))
-        walk.budget_s -= reserve  # the items leave room for the headline's own measurement
+        # The items leave room for the headline's own measurement, at the block and start-up costs seen so far.
+        walk.held_back = lambda: head_to_head_reserve(walk)
         path = walk_items(walk, [REGISTRY[name] for name in ITEMS if name in items], skipped, results, lr_checks)
-        walk.budget_s += reserve
+        walk.held_back = lambda: 0.0
         current = walk.current
         final, final_start, final_note = head_to_head(walk, start, current)
         walk.current = start
