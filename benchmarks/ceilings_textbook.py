@@ -27,7 +27,7 @@ from checklist_recipes import compute_bound_recipe, tiny_ops_recipe  # noqa: E40
 import nbtrain  # noqa: E402
 from nbtrain import Recipe, TrainConfig  # noqa: E402
 
-from .common import machine  # noqa: E402
+from .common import machine, measured  # noqa: E402
 from .verdicts import RandomLoad  # noqa: E402
 
 
@@ -98,9 +98,7 @@ def main(argv=None) -> dict:
             out[f"{name} ({label}): right"] = (f"{seen['right']} of {n}" + (f" ({rest})" if rest else ""),
                                                f"{n} of {n}, or too noisy")
             out[f"{name} ({label}): wrong ceiling"] = (f"{seen['wrong']} of {n}", f"0 of {n}")
-    for measure, (value, wanted) in out.items():
-        print(f"{measure}: {value} (target {wanted})")
-    return out
+    return measured(out)
 
 
 if __name__ == "__main__":

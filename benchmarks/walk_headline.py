@@ -23,7 +23,7 @@ from checklist_recipes import compute_bound_recipe, data_bound_recipe  # noqa: E
 import nbtrain  # noqa: E402
 from nbtrain import Recipe, TrainConfig  # noqa: E402
 
-from .common import machine  # noqa: E402
+from .common import machine, measured  # noqa: E402
 
 
 def cnn_recipe() -> Recipe:
@@ -72,9 +72,7 @@ def main(argv=None) -> dict:
     for name in args.only or WORKLOADS:
         agree = sum(one_run(name, args.budget_s, args.ab_s) for _ in range(args.repeats))
         out[f"{name}: headline and ab overlap"] = (f"{agree} of {args.repeats}", f"{args.repeats} of {args.repeats}")
-    for measure, (value, wanted) in out.items():
-        print(f"{measure}: {value} (target {wanted})")
-    return out
+    return measured(out)
 
 
 if __name__ == "__main__":
