@@ -38,3 +38,10 @@ def spread(values) -> str:
     """The median with the range it came from, e.g. '1.02 (0.99-1.06, 5 runs)': one run proves nothing."""
     values = sorted(values)
     return f"{median(values):.3f} ({values[0]:.3f}-{values[-1]:.3f}, {len(values)} runs)"
+
+
+def measured(out: dict) -> dict:
+    """Print a benchmark's {measure: (value, target)} one a line, and return it (its main's result)."""
+    for measure, (value, wanted) in out.items():
+        print(f"{measure}: {value} (target {wanted})")
+    return out

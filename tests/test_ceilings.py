@@ -30,10 +30,21 @@ def every_ceiling_has_an_interval(c):
     assert c.table().count("95% interval") >= 4
 
 
+def right_or_too_noisy(c, ceiling: str) -> bool:
+    """The textbook case reads its ceiling, or (on a machine others load) says too noisy: never another one."""
+    b = c.bottleneck()
+    assert b.state == "noisy" or (b.binds and b.binding == ceiling), c.table()
+    if b.state == "noisy":
+        assert c.verdict.startswith("too noisy to tell: ") and "-bound" not in c.verdict, c.verdict
+    return b.binds
+
+
 @pytest.mark.slow
 def test_many_tiny_operations_are_bound_by_the_host_and_a_larger_batch_comes_first():
     c = nbtrain.ceilings(tiny_ops_recipe(), config=TrainConfig(batch_size=8))
     b = bottleneck(c)
+    if not right_or_too_noisy(c, "host"):
+        return
     assert b.binding == "host" and c.kind == "host-bound" and b.order[0] == "host", c.table()
     # the fixed per-step cost is most of the step (how much more than the per-sample part, a busy machine's
     # noise decides: at batch 8 that part is next to nothing); compute and memory are far away
@@ -50,6 +61,8 @@ def test_many_tiny_operations_are_bound_by_the_host_and_a_larger_batch_comes_fir
 def test_a_large_matmul_is_compute_bound_and_precision_or_fusion_comes_first():
     c = nbtrain.ceilings(compute_bound_recipe(n=1024, width=1024), config=TrainConfig(batch_size=512))
     b = c.bottleneck()
+    if not right_or_too_noisy(c, "compute"):
+        return
     assert b.binding == "compute" and b.order[0] == "compute", c.table()
     assert c.split.device_s.value > 3 * c.split.host_s.value, c.table()  # the per-sample part dominates
     assert b.measurable and b.ratios["memory"] > 1, c.table()  # more FLOPs per byte than the machine's balance
@@ -66,6 +79,8 @@ def test_a_large_matmul_is_compute_bound_and_precision_or_fusion_comes_first():
 def test_a_slow_loader_is_data_bound_and_its_remedies_come_first():
     c = nbtrain.ceilings(data_bound_recipe(), config=TrainConfig(batch_size=32))
     b = c.bottleneck()
+    if not right_or_too_noisy(c, "data"):
+        return
     assert b.binding == "data" and c.kind == "data-bound", c.table()
     assert c.loader.rate < c.model.rate and c.ratio.low > 1 and b.margin == c.ratio
     assert [r.item for r in b.remedies[:2]] == ["preload_data", "num_workers"] and groups(b)[0] == "data"

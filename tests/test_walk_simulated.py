@@ -42,16 +42,17 @@ def test_the_h200_walk_follows_the_bottleneck_from_the_host_to_the_loader_and_as
     assert r["quality"] >= 0.9 and r["time"] <= 1 / 3
     table = walk.table()
     assert "bound by" in table and "path: host-bound -> data-bound" in table
-    lines = [line.split()[:2] for line in table.splitlines()[3:3 + len(walk.items)]]
-    assert lines == [[i.bottleneck, i.name] for i in walk.items], table  # rows in the order walked
+    rows = walk.rows()  # one row an item, in the order first walked; its other races said in it
+    lines = [line.split()[:2] for line in table.splitlines()[3:3 + len(rows)]]
+    assert lines == [[i.bottleneck, i.name] for i in rows], table
     figure = walk.plot(tmp_path / "walk.png")  # and the waterfall's bars, each with its bottleneck
     ticks = [t.get_text() for t in figure.axes[0].get_xticklabels()]
-    assert ticks[1:3] == ["batch_size\n(host-bound)", "preload_data\n(data-bound)"] and ticks[-1] == "result", ticks
+    assert ticks[1:3] == ["batch_size\n(host-bound)", "preload_data\n(data-bound)"] and ticks[-1] == "result\n(head to head)", ticks
     ax, renderer = figure.axes[0], FigureCanvasAgg(figure).get_renderer()  # (saved and closed: drawn again)
     figure.draw_without_rendering()
     top = ax.get_window_extent(renderer).y1
     labels = [text for text in ax.texts if text.get_text()]
-    assert len(labels) == len(walk.items) + 2  # start, each item, result: each label ends inside the axes
+    assert len(labels) == len(rows) + 2  # start, each item, result: each label ends inside the axes
     assert all(label.get_window_extent(renderer).y1 <= top for label in labels), [t.get_text() for t in labels]
     boxes = [label.get_window_extent(renderer) for label in labels]
     assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in labels]  # nor each other

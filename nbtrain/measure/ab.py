@@ -40,15 +40,37 @@ class ABResult(PrintsAsTable):
     stopped_by: str = ""     # "interval" | "budget" | "max_pairs"
     block_steps: tuple = ()  # optimizer steps in each of A's and B's blocks
     load: Load | None = None  # other processes' share of the machine while the blocks ran
+    live: TrainConfig | None = None  # the live config a and b were resolved from, when they were
+    inherited: dict = field(default_factory=dict)  # options b gives at the live value that a left to it
 
     @property
     def label(self) -> str:
         return describe_change(self.a, self.b)
 
+    @property
+    def same(self) -> bool:
+        """a and b resolved to one config: what it measures is an A/A check, never a speed difference."""
+        return not self.b.changed_from(self.a)
+
+    def sides(self) -> str:
+        """What each side is, as changes from the live config ('A: the live config with batch_size=128')."""
+        if self.live is None:
+            return ""
+        if self.same:
+            return f"a and b are both {describe_side(self.live, self.a)}"
+        return f"A: {describe_side(self.live, self.a)}; B: {describe_side(self.live, self.b)}"
+
     def table(self) -> str:
         """One line: B against A, its verdict and how it was measured (a head to head's whole table)."""
-        return self.verdict.text(self.label) + f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s" \
+        tail = f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s" \
             + (self.load.beside() if self.load else "") + "]"
+        if not self.same:
+            sides = self.sides()
+            return self.verdict.text(self.label) + (f" ({sides})" if sides else "") + tail
+        inherits = ", ".join(f"{name}={value}" for name, value in self.inherited.items())
+        hint = (f"; a inherits {inherits} from the live config: give it in a to measure another value"
+                if inherits else "")
+        return self.verdict.text(self.sides() or "a and b are one config") + hint + tail
 
     text = table  # the name notebooks 02, 06 and 07 print it by
 
@@ -63,6 +85,22 @@ def describe_change(a: TrainConfig, b: TrainConfig) -> str:
     """What B changes from A, as option=value words ('precision=bf16-mixed, batch_size=256')."""
     changes = b.changed_from(a)
     return ", ".join(f"{name}={new}" for name, (_, new) in changes.items()) or "the same config"
+
+
+def describe_side(live: TrainConfig, config: TrainConfig) -> str:
+    """One side of a comparison as changes from the live config: 'the live config with batch_size=128'."""
+    changes = describe_change(live, config)
+    return "the live config" if changes == "the same config" else f"the live config with {changes}"
+
+
+def inherited_options(live: TrainConfig, a, b) -> dict:
+    """Options b gives at the live config's value that a leaves to the live config: a inherits them, so
+    they change nothing between the sides (after fit(precision='bf16-mixed'), b={'precision':
+    'bf16-mixed'} against a={} compares bf16 with bf16)."""
+    if not isinstance(b, dict) or isinstance(a, TrainConfig):
+        return {}
+    return {name: value for name, value in b.items()
+            if name not in (a or {}) and getattr(live, name, None) == value}
 
 
 def trial_rate(engine, config: TrainConfig, *, steps: int | None = None, seconds: float | None = None,
@@ -142,7 +180,7 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
                                 block_s=None if block_steps else block_s, min_pairs=min_pairs,
                                 max_pairs=max_pairs, precision_target=precision_target, budget_s=budget_s,
                                 clock=clock)
-        return dataclasses.replace(result, load=load.last)
+        return dataclasses.replace(result, load=load.last, live=base, inherited=inherited_options(base, a, b))
 
 
 def compare_on(engine, lent, config_a: TrainConfig, config_b: TrainConfig, *, block_steps=20,
@@ -154,6 +192,10 @@ def compare_on(engine, lent, config_a: TrainConfig, config_b: TrainConfig, *, bl
     not counted (loader start-up, compile, caches; a caller that has just measured both may skip
     it); with `block_s`, those blocks' rates also size each config's blocks to about `block_s`
     seconds. The budget is read on `clock`.
+
+    A and B that are one config are still measured, as an A/A check: its verdict is never faster or
+    slower (what its pairs differ by is this machine's noise between blocks, shown as that), and a user
+    who meant two configs is told what each side resolved to (ABResult.text).
     """
     steps = dict(zip((0, 1), block_steps if isinstance(block_steps, (tuple, list)) else (block_steps,) * 2))
     configs = (config_a, config_b)
@@ -177,7 +219,8 @@ def compare_on(engine, lent, config_a: TrainConfig, config_b: TrainConfig, *, bl
                     rate = block_rate(engine, configs[i], steps[i], sides[i])
                     lent.reset()
                     (result.rates_a if i == 0 else result.rates_b).append(rate)
-                result.verdict = paired(result.rates_a, result.rates_b)
+                result.verdict = dataclasses.replace(paired(result.rates_a, result.rates_b),
+                                                     one_config=result.same)
                 pairs, v = len(result.rates_a), result.verdict
                 if pairs >= min_pairs and math.isfinite(v.low) and v.high / v.low <= 1 + 2 * precision_target:
                     result.stopped_by = "interval"

@@ -12,12 +12,21 @@ The four ceilings, each in samples/s at the config's batch:
 - compute: the step's FLOPs at the peak FLOP/s measured on the spot;
 - memory: the bytes the step moves at the bandwidth measured on the spot.
 
-How the binding one is chosen: the data ceiling binds when the loader is slower than the model
-alone. Otherwise the model binds, and its fixed (host) part is weighed against its per-sample
-(device) part: on CUDA by the GPU's busy fraction when it was measured, elsewhere by the two-batch
-fit. A device-bound step is compute- or memory-bound as its ideal compute time exceeds its ideal
-memory time (a roofline). Remedies come by ceiling, the binding one first, then the others from the
-lowest rate up; within a ceiling in the order its numbers favour.
+How the nearest one is chosen: the data ceiling when the loader is slower than the model alone.
+Otherwise the model's, and its fixed (host) part is weighed against its per-sample (device) part: on
+CUDA by the GPU's busy fraction when it was measured, elsewhere by the two-batch fit. On the device,
+compute, unless memory measurably undercuts it: the memory ceiling counts every operation's bytes as
+if none stayed in a cache, an upper bound on the bytes and so a lower bound on the speed it allows.
+
+Whether it binds (`state`): a ceiling is named binding only where it explains the measured rate: the
+model alone reaches at least EXPLAINS of it within the 95% interval (its limit alone accounts for at
+least half the step's time). Where the nearest does not, none of the four is named ("the step reaches
+37% of the compute ceiling"): a ceiling 4x above the rate explains nothing about it. Readings the
+machine's load moved say "too noisy" instead, by the rule `ab` uses (verdict.TOO_WIDE): the model's
+own interval wider than that, the deciding ratio's interval wider than that and holding 1, or the
+device's peak read before and after the model apart by more than that.
+Remedies come by ceiling, the nearest one first, then the others from the lowest rate up; within a
+ceiling in the order its numbers favour.
 """
 from __future__ import annotations
 
@@ -28,9 +37,12 @@ import torch
 
 from ..format import ratio as ratio_text
 from ..hardware import usable_cores
-from .verdict import MIN_EFFECT, Verdict
+from .verdict import MIN_EFFECT, TOO_WIDE, Verdict
 
 CEILINGS = ("data", "host", "compute", "memory")
+EXPLAINS = 0.5  # a ceiling that allows at most twice the measured rate accounts for at least half the step
+LOOK_AT = ("a profile of the step (nbtrain.diagnose): its time goes where none of the four counts (element-wise "
+           "operations' overheads, allocation, synchronisation, Python between operations)")
 
 
 @dataclass(frozen=True)
@@ -49,10 +61,19 @@ class Bottleneck:
     order: tuple                 # the ceilings, binding first, then from the lowest rate up
     remedies: tuple              # Remedy, in the order to try them
     method: str                  # how host and device were told apart
+    state: str = "binds"         # binds | none (the nearest explains too little of the rate) | noisy
+    share: Verdict | None = None  # the model alone's rate over the named ceiling, with its 95% interval
+    noise: str = ""              # why the readings are too noisy to tell, where they are
+
+    @property
+    def binds(self) -> bool:
+        return self.state == "binds"
 
     @property
     def kind(self) -> str:
-        return f"{self.binding}-bound"
+        if self.state == "noisy":
+            return "too noisy to tell"
+        return f"{self.binding}-bound" if self.binds else f"none binds (nearest: {self.binding})"
 
     @property
     def measurable(self) -> bool:
@@ -84,6 +105,38 @@ def host_over_device(c) -> tuple[Verdict, str]:
             f"step time at batch {c.split.batch} and {c.split.small}: intercept (host) over slope (device)")
 
 
+def share_of(c, name: str) -> Verdict:
+    """The model alone's rate over ceiling `name`, with its 95% interval (1: the ceiling is the rate)."""
+    r, ceiling = c.model, c.ceiling(name)
+    over = lambda a, b: a / b if b > 0 else math.nan  # noqa: E731
+    return Verdict(over(r.rate, ceiling.value), over(r.low, ceiling.high), over(r.high, ceiling.low), 0, paired=False)
+
+
+def memory_undercuts(c) -> bool:
+    """The memory ceiling lies below the compute ceiling beyond doubt, and the model alone does not beat it
+    (a step faster than its bytes allow moved fewer than were counted: caches): the only way memory is named."""
+    return (_inverse(c.compute_over_memory()).low > 1 + MIN_EFFECT
+            and not share_of(c, "memory").low > 1 + MIN_EFFECT)
+
+
+def judged(c, binding: str, margin: Verdict) -> tuple[str, str, Verdict, str]:
+    """(state, ceiling, share, noise): whether `binding` explains the rate, else the nearest ceiling."""
+    share = share_of(c, binding) if binding != "data" else Verdict(1.0, 1.0, 1.0, 0, paired=False)
+    undecided = math.isfinite(margin.low) and margin.low <= 1 <= margin.high and margin.high / margin.low > TOO_WIDE
+    # The loader slower than the model beyond doubt binds whatever the model's own spread (their ratio's interval
+    # holds both spreads); every other verdict also needs readings the load did not move.
+    loader_binds = binding == "data" and margin.low > 1 + MIN_EFFECT
+    noise = ("" if loader_binds else c.noise()) or (f"the ratio that chose the {binding} ceiling reads {margin.low:.2f}-{margin.high:.2f} "
+                          f"(95% interval)" if undecided else "")  # Verdict.too_noisy's rule, an unbounded top too
+    if noise:
+        return "noisy", binding, share, noise
+    if binding == "data" or share.high >= EXPLAINS:  # the loader slower than the model: the rate is the loader's
+        return "binds", binding, share, ""
+    eligible = ["host", "compute"] + (["memory"] if memory_undercuts(c) else [])
+    nearest = max(eligible, key=lambda k: share_of(c, k).ratio if math.isfinite(share_of(c, k).ratio) else -1)
+    return "none", nearest, share_of(c, nearest), ""
+
+
 def bottleneck(c) -> Bottleneck:
     """The verdict of a `Ceilings` (nbtrain.ceilings) as data: see the module doc."""
     rates = c.rates()
@@ -93,9 +146,9 @@ def bottleneck(c) -> Bottleneck:
     elif host.ratio > 1:  # (NaN where host and device could not be told apart: the device's ceilings decide)
         binding, margin = "host", host
     else:
-        compute_over_memory = c.compute_over_memory()
-        binding = "compute" if compute_over_memory.ratio >= 1 else "memory"
-        margin = compute_over_memory if binding == "compute" else _inverse(compute_over_memory)
+        binding = "memory" if memory_undercuts(c) else "compute"
+        margin = c.compute_over_memory() if binding == "compute" else _inverse(c.compute_over_memory())
+    state, binding, share, noise = judged(c, binding, margin)
     rest = sorted((k for k in CEILINGS if k != binding), key=lambda k: rates[k])
     order = (binding, *rest)
     base = rates[binding]
@@ -106,7 +159,7 @@ def bottleneck(c) -> Bottleneck:
             if remedy.item not in seen:
                 seen.add(remedy.item)
                 remedies.append(remedy)
-    return Bottleneck(binding, margin, rates, ratios, order, tuple(remedies), method)
+    return Bottleneck(binding, margin, rates, ratios, order, tuple(remedies), method, state, share, noise)
 
 
 def precision_baseline(device_type: str) -> str:

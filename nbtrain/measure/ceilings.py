@@ -35,12 +35,12 @@ from ..format import PrintsAsTable
 from ..engine.data import refusal, to_device
 from ..engine.toggles import to_channels_last
 from . import device_rates
-from .bottleneck import CEILINGS, Bottleneck, bottleneck
+from .bottleneck import CEILINGS, LOOK_AT, Bottleneck, bottleneck
 from .device_rates import Busy, HostSplit, Rate, StepCount
 from .steady import SteadyRate, block_rates, steady_rate, warmup_length
 from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
 from .ab import diverged_refusal
-from .verdict import Verdict, unpaired
+from .verdict import TOO_WIDE, Verdict, unpaired
 
 
 
@@ -66,6 +66,7 @@ class Ceilings(PrintsAsTable):
     source: str = "the DataLoader"
     cores: int = 0              # CPU cores the loader's workers may use (0: this process's, hardware.usable_cores)
     hold_refused: str | None = None  # why the held-data rule would not hold this data (None: it would, or does)
+    peak_readings: tuple = ()  # the peak read before and after the model (empty: read once, or known before)
 
     @property
     def device_type(self) -> str:
@@ -119,6 +120,19 @@ class Ceilings(PrintsAsTable):
     def kind(self) -> str:
         return self.bottleneck().kind
 
+    def noise(self) -> str:
+        """Why these readings are too noisy to name a ceiling ('' where they are not), by ab's rule: an
+        interval wider than verdict.TOO_WIDE, or one machine rate read twice apart by more than that."""
+        m = self.model
+        if m.low > 0 and m.high / m.low > TOO_WIDE:
+            return f"the model alone read {m.low:,.0f}-{m.high:,.0f} samples/s (95% interval)"
+        if len(self.peak_readings) == 2 and min(p.value for p in self.peak_readings) > 0:
+            before, after = (p.value for p in self.peak_readings)
+            if max(before, after) / min(before, after) > TOO_WIDE:
+                return (f"the matmul peak read {si(before)}FLOP/s before the model and {si(after)}FLOP/s after "
+                        f"it: the machine's load changed while it was read")
+        return ""
+
     def utilisation(self, samples_per_s: float | None = None) -> float:
         """Model FLOPs utilisation at `samples_per_s` (default: the model-alone rate), between 0 and 1."""
         rate = self.model.rate if samples_per_s is None else samples_per_s
@@ -131,7 +145,8 @@ class Ceilings(PrintsAsTable):
         rate = self.ceiling(b.binding)
         what = {"data": "the loader can deliver", "host": "the host's fixed cost per step allows",
                 "compute": "the device's peak FLOP/s allows", "memory": "the memory bandwidth allows"}[b.binding]
-        return f"{what} {_rate(rate.value)} samples/s, the model alone trains at {self.model.rate:,.0f}"
+        reaches = "" if b.binding == "data" else f", {_percent(b.share)} of it"
+        return f"{what} {_rate(rate.value)} samples/s, the model alone trains at {self.model.rate:,.0f}{reaches}"
 
     def margin(self) -> str:
         """By how much the binding ceiling binds, with its 95% interval."""
@@ -154,6 +169,12 @@ class Ceilings(PrintsAsTable):
 
     @property
     def verdict(self) -> str:
+        b = self.bottleneck()
+        if b.state == "noisy":
+            return f"too noisy to tell: {b.noise}; read the ceilings again on a quieter machine"
+        if b.state == "none":
+            return (f"the step reaches {_percent(b.share)} of the {b.binding} ceiling, the nearest: none of the four "
+                    f"explains it; look at {LOOK_AT}")
         return f"{self.kind}: {self.evidence()} ({self.margin()})"
 
     def lines(self, training_rate: float | None = None) -> list[str]:
@@ -244,6 +265,13 @@ def _times(ratio: float) -> str:
     return "unboundedly" if math.isinf(ratio) else f"{ratio:.1f}x"
 
 
+def _percent(share: Verdict) -> str:
+    """'37% (95% interval 33-41%)': how much of a ceiling the model alone reaches."""
+    if not math.isfinite(share.low):
+        return f"{100 * share.ratio:.0f}%"
+    return f"{100 * share.ratio:.0f}% (95% interval {100 * share.low:.0f}-{100 * share.high:.0f}%)"
+
+
 def _rate(value: float) -> str:
     return "unbounded" if math.isinf(value) else f"{value:,.0f}"
 
@@ -290,7 +318,7 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     known = {} if known is None else known
     config = trial.plain_config(engine.config)
     snapshot = trial.Snapshot(engine)
-    device, busy, low_peak = engine.device, None, None
+    device, busy, low_peak, peak_readings = engine.device, None, None, ()
     try:
         engine.reconfigure(config)
         loader_series, batch = loader_alone(engine, steps, seconds)
@@ -318,8 +346,9 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
         full_series, small_series = model_alone(engine, batch, small, steps, seconds)
         if device.type == "cuda":
             busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
-        if dtype not in known:
-            peak = max(peak, device_rates.peak_flops(device, dtype, rates_s), key=lambda p: p.value)
+        if dtype not in known:  # read again after the model: apart, the machine's load changed meanwhile
+            peak_readings = (peak, device_rates.peak_flops(device, dtype, rates_s))
+            peak = max(peak_readings, key=lambda p: p.value)
         if dtype == torch.float32:
             low_peak = known.get(torch.bfloat16) or device_rates.peak_flops(device, torch.bfloat16, rates_s)
             known[torch.bfloat16] = low_peak
@@ -334,4 +363,4 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     has_convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in engine.model.modules())
     return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
                     n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
-                    source, hold_refused=hold_refused)
+                    source, hold_refused=hold_refused, peak_readings=peak_readings)

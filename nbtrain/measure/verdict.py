@@ -31,10 +31,13 @@ class Verdict:
     high: float
     pairs: int
     paired: bool = True
+    # One config measured against itself (an A/A check): whatever its blocks' ratio, it is this machine's
+    # noise between blocks, never a speed difference, so it is not measurable and never faster or slower.
+    one_config: bool = False
 
     @property
     def measurable(self) -> bool:
-        return (math.isfinite(self.low) and math.isfinite(self.high) and not (self.low <= 1.0 <= self.high)
+        return not self.one_config and (math.isfinite(self.low) and math.isfinite(self.high) and not (self.low <= 1.0 <= self.high)
                 and abs(math.log(self.ratio)) > math.log1p(MIN_EFFECT))
 
     @property
@@ -43,7 +46,7 @@ class Verdict:
 
     def above(self, threshold: float) -> bool:
         """B is faster than A by more than `threshold` (0.03 = 3%), beyond doubt at 95%."""
-        return math.isfinite(self.low) and self.low > 1.0 + threshold
+        return not self.one_config and math.isfinite(self.low) and self.low > 1.0 + threshold
 
     @property
     def too_noisy(self) -> bool:
@@ -52,6 +55,13 @@ class Verdict:
         return (not self.measurable and math.isfinite(self.low) and math.isfinite(self.high)
                 and self.high / self.low > TOO_WIDE)
 
+    def noise_text(self) -> str:
+        """What an A/A check's blocks show: how far apart one config's paired blocks read on this machine."""
+        if not math.isfinite(self.low):
+            return "too few pairs to show the machine's noise"
+        return (f"its paired blocks read {self.low:.2f}-{self.high:.2f} of each other (95% interval), "
+                f"this machine's noise between blocks")
+
     def interval_text(self) -> str:
         return f"{self.low:.2f}-{self.high:.2f}" if math.isfinite(self.low) else "too few measurements"
 
@@ -59,6 +69,8 @@ class Verdict:
         head = f"{name}: " if name else ""
         if not math.isfinite(self.ratio):
             return head + "not measured"
+        if self.one_config:
+            return head + f"A/A check, one config against itself: no speed verdict; {self.noise_text()}"
         if not math.isfinite(self.low):
             return head + f"{ratio_text(self.ratio)}, too few measurements to tell"
         if self.too_noisy:
@@ -74,6 +86,8 @@ class Verdict:
         """For a table cell: '1.31x (1.24-1.38)' or 'no measurable difference'."""
         if not math.isfinite(self.ratio):
             return "-"
+        if self.one_config:
+            return f"A/A check: {self.noise_text()}"
         if not math.isfinite(self.low):
             return f"{ratio_text(self.ratio)}, too few steps to tell"
         if self.too_noisy:

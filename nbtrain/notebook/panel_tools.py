@@ -20,7 +20,6 @@ import ipywidgets as widgets
 
 from .. import api
 from ..config import TrainConfig
-from ..format import ratio as ratio_text
 from ..tools import trial
 from ..tools.registry import NO_VALUE, TOOLS, Tool, ToolOptionError, ToolRefusal
 from .tools import figure_png
@@ -151,7 +150,4 @@ def _headline(tool: str, result) -> str:
         return f"{result.summary()}; {result.speed_text()}"
     if tool == "find_workers":
         return f"fastest: {result.label(result.best)}; {result.verdict()}"
-    total = result.overall()
-    interval = f", 95% interval {total.interval_text()}" if total.pairs else ", nothing kept"
-    return (f"{result.baseline:,.0f} -> {result.final:,.0f} samples/s ({ratio_text(result.final / result.baseline)}"
-            f"{interval}); best config: {result.changes() or 'the starting one'}")
+    return f"{result.headline()}; best config: {result.changes() or 'the starting one'}"

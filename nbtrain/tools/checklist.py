@@ -42,6 +42,7 @@ from .checklist_result import ChecklistResult, ItemResult  # noqa: F401
 from ..measure.race import Entrant, race
 from .tool_options import ToolRefusal, declare, option
 from .tune import MEMORY_BUDGET, samples_per_rank
+from .walk_headline import head_to_head, head_to_head_reserve
 from .walk_bench import EngineBench
 
 _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
@@ -72,9 +73,11 @@ class Walk:
         self.seen: set = set()  # configs measured once already (their start-up paid)
         self.start_up_s = 0.5  # what a config's first block takes beyond the others; re-estimated
         self.reading_s = _READING_S
+        self.race_base = float("nan")  # the current config's samples/s in the item's race (nan: not raced)
+        self.held_back = lambda: 0.0  # seconds the items leave for the final head-to-head (walk_headline.py)
 
     def left(self) -> float:
-        return self.budget_s - (self.clock() - self.t0)
+        return self.budget_s - (self.clock() - self.t0) - self.held_back()
 
     def block_cost_s(self) -> float:
         return self.block_s + self.block_overhead_s
@@ -119,6 +122,7 @@ class Walk:
                              f"out of time after {result.rounds} round{'s' if result.rounds > 1 else ''}"
                              if out_of_time and not e.note else "")) for e in entrants]
         self.last_race = result
+        self.race_base = result.base_rate  # the current config beside the candidates, in this race
         return tried
 
     def measure(self, config) -> Tried | None:
@@ -220,6 +224,7 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
 def _try(walk: Walk, item, binding: str | None, skipped: dict, results: list, lr_checks: list) -> bool:
     """Race one item's candidates against the current config; True when one was kept."""
     current = walk.current
+    walk.race_base = float("nan")
     try:
         outcome = item.candidates(walk, current)
         if isinstance(outcome, list) and outcome and not isinstance(outcome[0], Tried):
@@ -273,8 +278,12 @@ def _decide(walk: Walk, item, tried: list) -> ItemResult:
     paired_enough = verdict.paired and verdict.pairs >= _ROUNDS[0]  # screens and two pairs only ever drop
     keep = item.keep_regardless or (verdict.above(walk.min_gain) and (paired_enough or best.apart))
     note = "" if keep or best.apart else _why_undecided(walk, best)
-    return ItemResult(item.name, tried, rate, rate * verdict.ratio if keep else rate, keep,
-                      best.label if keep else "", verdict, best.label, note=note, apart=best.apart)
+    # Rates measured in this race (or trial), never carried over from earlier ones: the current config's beside
+    # the candidates, and the kept candidate's own; no product of earlier ratios.
+    before = walk.race_base if math.isfinite(walk.race_base) else rate
+    return ItemResult(item.name, tried, before, best.samples_per_s if keep else before, keep,
+                      best.label if keep else "", verdict, best.label, note=note, apart=best.apart,
+                      current_rate=walk.race_base)
 
 
 def _spread(rates) -> float:
@@ -314,9 +323,14 @@ def run_walk(bench, *, budget_s: float, trial_s: float | None = None, min_gain: 
                                         f"(e.g. {spell('budget_s', 30)})")
     skipped, results, lr_checks, finished = {}, [], [], False
     start = current = walk.start
+    final, final_start, final_note = None, float("nan"), ""
     try:
+        # The items leave room for the headline's own measurement, at the block and start-up costs seen so far.
+        walk.held_back = lambda: head_to_head_reserve(walk)
         path = walk_items(walk, [REGISTRY[name] for name in ITEMS if name in items], skipped, results, lr_checks)
+        walk.held_back = lambda: 0.0
         current = walk.current
+        final, final_start, final_note = head_to_head(walk, start, current)
         walk.current = start
         if not walk.start_rates:  # no item raced: the start is measured on its own
             walk.rate = float("nan")
@@ -328,6 +342,8 @@ def run_walk(bench, *, budget_s: float, trial_s: float | None = None, min_gain: 
         raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
                                         f"config; allow more (e.g. {spell('budget_s', 30)})")
     base = Tried("steady rate", start, float(np.median(walk.start_rates)), blocks=walk.start_rates)
+    if final is not None:  # the start as the headline measured it, beside the walk's choice
+        base = Tried("beside the walk's choice", start, final_start, blocks=walk.last_race.base_rates)
     lr_note = ""
     if current.scale_lr != "none":
         lr_note = (f"{current.scale_lr} rule: x{current.lr_factor():.3g} for global batch {current.global_batch_size} "
@@ -340,7 +356,8 @@ def run_walk(bench, *, budget_s: float, trial_s: float | None = None, min_gain: 
     return ChecklistResult(start_config=start, best_config=current, baseline=base.samples_per_s, items=results,
                            skipped=list(skipped.items()), budget_s=float(budget_s), elapsed_s=clock() - t0,
                            trials=walk.trials, device=bench.device, lr_note=lr_note, kept_on_engine=keep_best,
-                           blocks=walk.blocks, start=base, rounds=walk.rounds, path=path)
+                           blocks=walk.blocks, start=base, rounds=walk.rounds, path=path, head_to_head=final,
+                           head_to_head_note=final_note)
 
 
 @declare("checklist", "nbtrain.checklist", "the automated checklist walk along the bottleneck: each item kept only "

@@ -2,11 +2,12 @@
 walk (ChecklistResult) with its table and waterfall."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from ..config import TrainConfig
-from ..format import PrintsAsTable, ratio as ratio_text
+from ..format import PrintsAsTable
 from ..measure.verdict import UNMEASURED, Verdict
 from .checklist_items import Tried
 
@@ -24,6 +25,8 @@ class ItemResult:
     note: str = ""                  # why no verdict (e.g. no candidate ran), or why it stayed too noisy to tell
     apart: bool = False             # the verdict compares runs measured apart (DDP), not paired blocks
     bottleneck: str = ""            # the binding ceiling when it was tried ("" where none was read)
+    current_rate: float = float("nan")  # the current config's samples/s beside the candidates, in the same race
+    earlier: list = field(default_factory=list)  # the same item's earlier races, at configs the walk left since
 
     @property
     def speedup(self) -> float:
@@ -68,44 +71,83 @@ class ChecklistResult(PrintsAsTable):
     start: Tried | None = None    # the starting config, from its blocks in the first race
     rounds: int = 0               # race rounds, all items together
     path: list = field(default_factory=list)  # (config, Bottleneck or None) each time the ceilings were read
+    head_to_head: Tried | None = None  # the walk's choice raced against the start at the end: the headline
+    head_to_head_note: str = ""   # why the choice was not measured against the start, where it was not
+
+    @property
+    def moved(self) -> bool:
+        """The walk chose another config than the start."""
+        return self.best_config != self.start_config
 
     @property
     def final(self) -> float:
-        kept = [i for i in self.items if i.kept]
-        return kept[-1].after if kept else self.baseline
+        """The walk's choice's samples/s as the head-to-head measured it against the start (nan: not measured)."""
+        if not self.moved:
+            return self.baseline
+        v = self.overall()
+        return self.baseline * v.ratio if math.isfinite(v.ratio) else float("nan")
 
     def overall(self) -> Verdict:
-        """The kept items' speed-ups multiplied, with their intervals combined (on the log scale)."""
-        kept = [i for i in self.items if i.kept]
-        if not kept:
+        """The walk's choice over the start, measured head to head in one race at the end (never the kept items'
+        ratios multiplied: each was measured from another config, under another load)."""
+        if not self.moved:
             return Verdict(1.0, 1.0, 1.0, 0)
-        ratio = self.final / self.baseline
-        halves = [(math.log(i.verdict.high) - math.log(i.verdict.low)) / 2 for i in kept]
-        half = math.sqrt(sum(h * h for h in halves)) if all(math.isfinite(h) for h in halves) else float("nan")
-        return Verdict(ratio, ratio * math.exp(-half), ratio * math.exp(half), min(i.verdict.pairs for i in kept))
+        return self.head_to_head.verdict if self.head_to_head is not None else UNMEASURED
+
+    def headline(self) -> str:
+        """The walk's result in one line: the head-to-head's rates and verdict, or why there is none."""
+        if not self.moved:
+            return f"{self.baseline:,.0f} samples/s: nothing kept, the starting config is the best found"
+        if self.head_to_head is None:
+            return f"{self.head_to_head_note}; no speed-up is claimed"
+        return (f"{self.baseline:,.0f} -> {self.final:,.0f} samples/s, the walk's choice against the start "
+                f"head to head: {self.overall().short()}")
+
+    def rows(self) -> list:
+        """One ItemResult per item, in the order first walked: the race it was kept in, else its last one; its
+        other races (at configs the walk left since) in `earlier`."""
+        by_name: dict = {}
+        for item in self.items:
+            by_name.setdefault(item.name, []).append(item)
+        out = []
+        for races in by_name.values():
+            shown = next((i for i in reversed(races) if i.kept), races[-1])
+            out.append(dataclasses.replace(shown, earlier=[i for i in races if i is not shown]))
+        return out
 
     def changes(self) -> dict:
         return {k: v for k, (_, v) in self.best_config.changed_from(self.start_config).items()}
 
     def table(self) -> str:
-        total = self.overall()
-        w = max([len("start")] + [len(i.name) for i in self.items] + [len(n) for n, _ in self.skipped])  # names fit
-        v = max([42] + [len(i.verdict_text()) for i in self.items])  # and verdicts
-        interval = f", 95% interval {total.interval_text()}" if math.isfinite(total.low) and total.pairs else ""
-        lines = [f"nbtrain checklist walk on {self.device}: {self.baseline:,.0f} -> {self.final:,.0f} samples/s "
-                 f"({ratio_text(self.final / self.baseline)}{interval}), {self.blocks} blocks in {self.rounds} rounds"
-                 + (f" and {self.trials} separate trials" if self.trials else "")
+        rows = self.rows()
+        result = self.overall().short() if self.moved and self.head_to_head is not None else \
+            "nothing kept" if not self.moved else "not measured"
+        w = max([len("result")] + [len(i.name) for i in rows] + [len(n) for n, _ in self.skipped])  # names fit
+        v = max([42, len(result)] + [len(i.verdict_text()) for i in rows])  # and verdicts
+        lines = [f"nbtrain checklist walk on {self.device}: {self.headline()}; {self.blocks} blocks in {self.rounds} "
+                 f"rounds" + (f" and {self.trials} separate trials" if self.trials else "")
                  + f" in {self.elapsed_s:.1f} s of a {self.budget_s:.0f} s budget",
                  f"  {'bound by':<9} {'item':<{w}} {'head to head vs current (95% interval)':<{v}} {'kept':<4}  "
-                 f"candidates (median samples/s of their blocks)",
+                 f"median samples/s of their blocks, each row's in its own race (the machine's load differs "
+                 f"from race to race: compare within a row)",
                  f"  {'':<9} {'start':<{w}} {(self.start.text() if self.start else ''):<{v}} {'':<4}  "
                  f"{_describe(self.start_config)}"]
-        for item in self.items:
-            tried = "; ".join(t.text() for t in item.tried)
+        for item in rows:
+            tried = "; ".join([f"current {item.current_rate:,.0f}"] * math.isfinite(item.current_rate)
+                              + [t.text() for t in item.tried])
+            again = "".join(f" [raced before, from the config the walk had then: {i.verdict_text(why=False)}]"
+                            for i in item.earlier)
             lines.append(f"  {item.bottleneck or '-':<9} {item.name:<{w}} {item.verdict_text():<{v}} "
-                         f"{'yes' if item.kept else 'no':<4}  {tried}" + (f" -> {item.chosen}" if item.kept else ""))
+                         f"{'yes' if item.kept else 'no':<4}  {tried}" + (f" -> {item.chosen}" if item.kept else "")
+                         + again)
         for name, reason in self.skipped:
             lines.append(f"  {'':<9} {name:<{w}} {'skipped':<{v}} {'':<4}  {reason}")
+        if self.moved:
+            h = self.head_to_head
+            raced = (f"start {self.baseline:,.0f}; the walk's choice {self.final:,.0f}" if h is not None
+                     else self.head_to_head_note)
+            lines.append(f"  {'':<9} {'result':<{w}} {result:<{v}} {'':<4}  the walk's choice against the start, "
+                         f"head to head in one race: {raced}")
         changes = self.changes()
         lines.append("best config: " + (", ".join(f"{k}={v!r}" for k, v in changes.items()) or "the starting one"))
         if self.path:
@@ -117,7 +159,7 @@ class ChecklistResult(PrintsAsTable):
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"ChecklistResult({ratio_text(self.final / self.baseline)}: {self.changes()})"
+        return f"ChecklistResult({self.overall().short() if self.moved else 'nothing kept'}: {self.changes()})"
 
     def plot(self, path=None, ax=None):
         """Waterfall: the starting throughput, each item's measured change in the order walked, the result."""

@@ -92,6 +92,8 @@ class Landscape:
     burst: float = 0.6               # the rate a burst leaves
     has_conv: bool = True
     fabric: Fabric = Fabric()        # between the machine's own devices
+    unexplained_s: float = 0.0       # device seconds per sample none of the four ceilings counts (element-wise
+    #                                  operations' overheads, allocation): the step falls short of every ceiling
 
 
 def _low(c: TrainConfig) -> bool:
@@ -110,7 +112,7 @@ def parts(land: Landscape, c: TrainConfig) -> dict:
     mm_peak = land.peak_bf16 if low else land.peak_tf32 if c.matmul_precision in ("high", "medium") else land.peak_fp32
     compute = b * land.flops * (land.conv_share / conv_peak + (1 - land.conv_share) / mm_peak)
     memory = b * land.traffic * (0.55 if low else 1) * (0.7 if c.compile != "none" else 1) / land.bandwidth
-    device = max(compute, memory)
+    device = max(compute, memory) + b * land.unexplained_s
     held = bool(c.preload_data) and land.holdable
     loader = 0.0
     if held:
@@ -231,8 +233,11 @@ class SimulatedMachine:
         self.running &= set(keep)  # as walk_bench: only the configs the walk goes on with keep their workers
 
     def bottleneck(self, config, seconds: float):
-        """The four ceilings as nbtrain.ceilings would read them here (each within a few percent), judged by the
-        real measure/bottleneck.py."""
+        """The four ceilings as nbtrain.ceilings would read them here, judged by the real measure/bottleneck.py."""
+        return self.ceilings(config, seconds).bottleneck()
+
+    def ceilings(self, config, seconds: float) -> Ceilings:
+        """The four ceilings as nbtrain.ceilings would read them here (each within a few percent)."""
         self._spend(config, 4 * seconds + 0.3 + (0.0 if self.read else 2.5))  # the device's peaks: the first time only
         self.read = True
         land, p, b = self.land, parts(self.land, config), config.batch_size
@@ -262,7 +267,7 @@ class SimulatedMachine:
         return Ceilings(config, self.device_type, loader, model, Verdict(ratio, ratio * 0.9, ratio * 1.1, 0, paired=False),
                         StepCount(b * land.flops, traffic, land.model_ops, land.optimizer_ops), b, rate(peak),
                         rate(land.bandwidth), split, busy, None if low else rate(land.peak_bf16), land.has_conv,
-                        p["held"], cores=land.cores).bottleneck()
+                        p["held"], cores=land.cores)
 
     def apart(self, label, config, steps):
         return Tried(label, config, None, "one simulated device")

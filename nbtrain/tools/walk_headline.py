@@ -1,0 +1,30 @@
+"""The checklist walk's headline: its choice measured against the start, head to head, at the end.
+
+A walk keeps items one after another, each raced from the config kept before it, under the load of its
+own moment; their ratios multiplied are no measurement of the whole (a walk's product read 7.17x where
+`ab` of the same two configs measured 1.59x). So the walk ends with one more race, by the machinery its
+items use (measure/race.py), of its choice against the start: that verdict, with its interval, is the
+walk's headline (ChecklistResult.headline, the table's last row, the waterfall's last bar).
+"""
+from __future__ import annotations
+
+FINAL_ROUNDS = 3  # rounds the budget keeps for the final head-to-head: the fewest a race keeps a config on
+
+
+def head_to_head(walk, start, chosen) -> tuple:
+    """(the chosen config as raced against the start: a Tried with its verdict, the start's samples/s beside it,
+    why it was not measured): a race from the start config on the walk's bench and clock."""
+    if chosen == start:
+        return None, float("nan"), ""
+    walk.current = start
+    tried = walk.race([("the walk's choice", chosen)])
+    if not tried or tried[0].samples_per_s is None:
+        why = tried[0].note if tried else f"no time left ({max(walk.left(), 0):.1f} s)"
+        return None, float("nan"), f"the walk's choice was not measured against the start head to head: {why}"
+    return tried[0], walk.race_base, ""
+
+
+def head_to_head_reserve(walk) -> float:
+    """Seconds kept back from the items for the final head-to-head: FINAL_ROUNDS rounds of two blocks and the
+    start-up of both configs (their workers, stopped when a race left them)."""
+    return FINAL_ROUNDS * 2 * walk.block_cost_s() + 2 * walk.start_up_s
