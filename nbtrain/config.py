@@ -95,7 +95,7 @@ class TrainConfig:
     base_batch_size: int | None = setting(None, "whole", "the global batch the base learning rate was tuned for "
                                           "(scale_lr)", low=1, nullable=True)
     warmup_steps: int = setting(0, "whole", "linear warm-up: step s (from 0) trains at (s+1)/warmup_steps of its rate "
-                                "(the scaled rate, or the schedule's), from 1/warmup_steps of it to all of it", low=0)
+                                "(the scaled rate, or the schedule's), rising from a small fraction to all of it", low=0)
     gradient_clip_val: float | None = setting(None, "number", "clip the gradient norm to this value", above=0,
                                               nullable=True)
     seed: int | None = setting(0, "whole", "random seed (None: not seeded)", low=0, cap=2**63 - 1, nullable=True)

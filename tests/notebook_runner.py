@@ -75,13 +75,15 @@ def text_of(cell) -> str:
 WIDGET = "application/vnd.jupyter.widget-view+json"
 # What a stored output and a fresh one may differ by without the code having changed: the numbers measured,
 # which way a head to head went (faster, slower, no measurable difference, too noisy to tell), whether this
-# execution's timing was too noisy to trust (said in words, a mark or a footnote), the warm-up found, a
+# execution's timing was too noisy to trust (said in words, a mark or a footnote), how busy the machine was, the warm-up found, a
 # duration's unit, where the run store lies, column widths. What stays is the code's own text: its labels,
 # tables, what each verdict is about, and the words around it.
 _MEASURED = [
     (re.compile(r"[\d.]+x (faster|slower)|no measurable difference|not measurably|too (noisy|few \w+) to tell"),
      "VERDICT"),
     (re.compile(r"; spread \d+% between blocks: too noisy to trust"), ""),
+    # How busy the machine was (measure/load.py): said beside a rate only where other processes took a share.
+    (re.compile(r"; other processes took [^;\]\n]*?cores(, and its threads waited [^;\]\n]*?CPU)?"), ""),
     (re.compile(r"^\* too noisy to trust.*$", re.M), ""),
     (re.compile(r"(?<=\))\*|(?<=\)) noisy\b"), ""),
     (re.compile(r"warm-up \d+ steps?, [\d.,]+ (ms|s)|no warm-up"), "WARM-UP"),

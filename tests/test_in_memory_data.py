@@ -214,7 +214,7 @@ def test_the_checklist_item_measures_holding_the_data_and_states_its_memory():
     # second look: a loaded machine's blocks can vary that much)
     first, *second_look = walk.items
     assert len(second_look) <= 1 and all(item.name == "preload_data" for item in walk.items), walk.table()
-    assert not second_look or first.verdict_text().startswith("too noisy to tell"), walk.table()
+    assert not second_look or "too noisy to tell" in first.verdict_text(), walk.table()
     for item in walk.items:
         assert len(item.tried) == 1, walk.table()
         assert item.tried[0].label.startswith("preload_data=True (0.4 MB held on cpu)"), walk.table()

@@ -259,7 +259,7 @@ def refusal(dataset, config: TrainConfig, collate_fn=None, own_loader=None) -> s
     if why or _rows_of_tensors(dataset):
         return why
     with _rng_kept():
-        return _samples_refused(dataset)
+        return _samples_refused(dataset)[0]
 
 
 def _not_ours(dataset, config: TrainConfig, collate_fn, own_loader) -> tuple[str | None, bool]:
@@ -314,10 +314,10 @@ def _collate_all(dataset, free: int):
     object per sample outlives its chunk (a list of every sample costs tens of times the data itself).
     Collating chunk by chunk gives the same values as one collate of all (each leaf is stacked row by row).
     """
-    refused = _samples_refused(dataset)  # before reading them all: an augmentation is refused at once
+    refused, leaves = _samples_refused(dataset)  # before reading them all: an augmentation is refused at once
     if refused:
         return None, refused
-    samples, leaves = len(dataset), _leaves(default_collate([dataset[0]]))
+    samples = len(dataset)
     chunk = min(samples, _CHUNK)
     # What holding allocates: the held tensors, and one chunk in flight (its samples' objects and its collate).
     size = sum(x.nbytes for x in leaves) * (samples + chunk) + _SAMPLE_OBJECT_BYTES * chunk
@@ -339,15 +339,15 @@ def _collate_all(dataset, free: int):
     return held, None
 
 
-def _samples_refused(dataset) -> str | None:
-    """Why one read of these samples cannot be held as one batch (rule 2), or None."""
+def _samples_refused(dataset) -> tuple[str | None, list]:
+    """(why one read of these samples cannot be held as one batch (rule 2) or None, the first sample's leaves)."""
     if not len(dataset):
-        return "the data set is empty"
-    leaves = _leaves(default_collate([dataset[0]]))
+        return "the data set is empty", []
+    leaves = _leaves(default_collate([dataset[0]]))  # read once: a data set may count (or pay for) its reads
     if not all(isinstance(x, torch.Tensor) for x in leaves):
         kinds = sorted({type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)})
-        return f"its samples hold {', '.join(kinds)}, not only tensors and numbers"
-    return _changed_on_rereading(dataset)
+        return f"its samples hold {', '.join(kinds)}, not only tensors and numbers", leaves
+    return _changed_on_rereading(dataset), leaves
 
 
 def _changed_on_rereading(dataset) -> str | None:

@@ -30,6 +30,7 @@ model here, a simulated machine in the tests (measure/simulated.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -275,6 +276,8 @@ def _decide(walk: Walk, item, tried: list) -> ItemResult:
             "no time left to measure the current config beside it"
         return ItemResult(item.name, tried, rate, rate, False, "", note=note)
     verdict = best.verdict
+    if not best.config.changed_from(walk.current):  # one config against itself: an A/A race, never a gain
+        verdict = dataclasses.replace(verdict, one_config=True)
     paired_enough = verdict.paired and verdict.pairs >= _ROUNDS[0]  # screens and two pairs only ever drop
     keep = item.keep_regardless or (verdict.above(walk.min_gain) and (paired_enough or best.apart))
     note = "" if keep or best.apart else _why_undecided(walk, best)

@@ -177,6 +177,8 @@ plt.show()
 # %%
 for name, c in cases.items():
     verdict = c.bottleneck()
+    if verdict.kind == "too noisy to tell":  # the machine's load moved the readings: the nearest ceiling is shown
+        print(f"{name}: too noisy to tell on this machine just now ({c.noise()}); nearest: {verdict.binding}")
     print(f"{name}: {verdict.kind}; ceilings over it: "
           + ", ".join(f"{k} {v:,.1f}x" for k, v in verdict.ratios.items() if k != verdict.binding)
           + f"; try in turn: {', '.join(r.item for r in verdict.remedies[:4])}")
@@ -331,8 +333,12 @@ else:
 # %%
 items = {item.name: item for item in walk.items}
 assert before.kind == "data-bound", before.verdict
-assert [c.kind for c in cases.values()] == ["host-bound", "compute-bound", "data-bound"], [c.verdict for c in cases.values()]
-assert [c.bottleneck().remedies[0].ceiling for c in cases.values()] == ["host", "compute", "data"]
+# Each case reads its own ceiling, or "too noisy to tell" where the machine's load moved the readings (never
+# another ceiling); the remedies follow the nearest ceiling either way.
+expected = ["host", "compute", "data"]
+assert all(c.kind in (f"{e}-bound", "too noisy to tell") for c, e in zip(cases.values(), expected)), \
+    [c.verdict for c in cases.values()]
+assert [c.bottleneck().remedies[0].ceiling for c in cases.values()] == expected
 assert cases["48 tiny layers, batch 8"].bottleneck().remedies[0].item == "batch_size"
 assert all(c.ceiling(k).low <= c.ceiling(k).value <= c.ceiling(k).high for c in cases.values()
            for k in ("data", "host", "compute", "memory"))
