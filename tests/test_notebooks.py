@@ -54,8 +54,9 @@ def test_stored_notebook_reads_well_on_github(name):
     # Figures at >= 120 dpi (sharp on HiDPI screens) and the tools' tables with their own plots: a few
     # hundred KB is still quick to render on GitHub.
     # a few 120-dpi figures and their tables; a rebuild moves the size by a few KB (notebook 10, three tools
-    # with their tables and plots: the breakdown twice, the four ceilings of three models, the walk, ~330 KB)
-    assert path.stat().st_size < 350_000, f"{name} is {path.stat().st_size:,} bytes; keep outputs small"
+    # with their tables and plots: the breakdown twice, the four ceilings of three models, the walk with its
+    # final head to head and one row per item, ~350 KB)
+    assert path.stat().st_size < 400_000, f"{name} is {path.stat().st_size:,} bytes; keep outputs small"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), "starts with a title"
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(o.output_type != "error" for c in code for o in c.outputs), f"{name} was stored with an error"
