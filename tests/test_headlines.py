@@ -178,7 +178,7 @@ def test_the_walks_headline_is_its_final_head_to_head_on_every_landscape(land, t
     assert set(machine.blocks[-2:]) == {walk.start_config, walk.best_config} == {h.config, walk.start.config}
     assert walk.final == pytest.approx(walk.baseline * h.verdict.ratio)
     assert walk.headline() == (f"{walk.baseline:,.0f} -> {walk.final:,.0f} samples/s, the walk's choice against the "
-                               f"start head to head: {h.verdict.short()}")
+                               f"start head to head: {h.verdict.text()}")  # with its "95% interval", as every figure
     assert table.splitlines()[0].startswith(f"nbtrain checklist walk on {walk.device}: {walk.headline()}; ")
     result_row = next(line for line in table.splitlines() if line.split()[:1] == ["result"])
     assert h.verdict.short() in result_row and "head to head in one race" in result_row, table

@@ -101,7 +101,7 @@ class ChecklistResult(PrintsAsTable):
         if self.head_to_head is None:
             return f"{self.head_to_head_note}; no speed-up is claimed"
         return (f"{self.baseline:,.0f} -> {self.final:,.0f} samples/s, the walk's choice against the start "
-                f"head to head: {self.overall().short()}")
+                f"head to head: {self.overall().text()}")
 
     def rows(self) -> list:
         """One ItemResult per item, in the order first walked: the race it was kept in, else its last one; its
