@@ -94,8 +94,9 @@ class TrainConfig:
     scale_lr: str = setting("none", "choice", "scale the rate with global batch / base_batch_size", choices=LR_RULES)
     base_batch_size: int | None = setting(None, "whole", "the global batch the base learning rate was tuned for "
                                           "(scale_lr)", low=1, nullable=True)
-    warmup_steps: int = setting(0, "whole", "linear warm-up: step s (from 0) trains at (s+1)/warmup_steps of its rate "
-                                "(the scaled rate, or the schedule's), rising from a small fraction to all of it", low=0)
+    warmup_steps: int = setting(0, "whole", "linear warm-up over W steps (this value): step s (from 0) trains at (s+1)/W "
+                                "of its rate (the scaled rate, or the schedule's), from 1/W at the first step to all "
+                                "of it at step W", low=0)
     gradient_clip_val: float | None = setting(None, "number", "clip the gradient norm to this value", above=0,
                                               nullable=True)
     seed: int | None = setting(0, "whole", "random seed (None: not seeded)", low=0, cap=2**63 - 1, nullable=True)

@@ -79,8 +79,10 @@ WIDGET = "application/vnd.jupyter.widget-view+json"
 # duration's unit, where the run store lies, column widths. What stays is the code's own text: its labels,
 # tables, what each verdict is about, and the words around it.
 _MEASURED = [
-    (re.compile(r"[\d.]+x (faster|slower)|no measurable difference|not measurably|too (noisy|few \w+) to tell"),
-     "VERDICT"),
+    # A comparison withheld because the machine was busier in one run is a verdict too (runs/compare.py).
+    (re.compile(r"the machine was (busier|full) during .*?: the difference may be the machine's"), "VERDICT (N-N)"),
+    (re.compile(r"[\d.]+x (faster|slower)|[\d.]+x(?= \([\d.]+-)|no measurable difference|not measurably"
+                r"|too (noisy|few \w+) to tell"), "VERDICT"),
     (re.compile(r"; spread \d+% between blocks: too noisy to trust"), ""),
     # How busy the machine was (measure/load.py): said beside a rate only where other processes took a share.
     (re.compile(r"; other processes took [^;\]\n]*?cores(, and its threads waited [^;\]\n]*?CPU)?"), ""),

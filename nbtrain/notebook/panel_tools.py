@@ -55,7 +55,8 @@ class ToolButtons:
         self.buttons = {}
         self.fields: dict = {}            # option keyword -> its field
         for name, tool in PANEL_TOOLS.items():
-            button = widgets.Button(description=tool.label, layout=widgets.Layout(width="auto"))
+            # Each button as wide as its label: a row of more tools wraps instead of cutting labels off.
+            button = widgets.Button(description=tool.label, layout=widgets.Layout(width="auto", flex="0 0 auto"))
             button.add_class(f"nbtrain-tool-{name.replace('_', '-')}")
             button.on_click(lambda _b, t=name: self.panel.run_tool(t))
             self.buttons[name] = button
@@ -67,7 +68,8 @@ class ToolButtons:
         self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="760px"))
         self.image.add_class("nbtrain-tool-plot")
         self.widget = widgets.VBox([
-            widgets.HBox([widgets.HTML("<b>checklist tools</b>&nbsp;")] + list(self.buttons.values())),
+            widgets.HBox([widgets.HTML("<b>checklist tools</b>&nbsp;")] + list(self.buttons.values()),
+                         layout=widgets.Layout(flex_flow="row wrap")),
             widgets.HBox(list(self.fields.values())), self.text, self.image])
         self.widget.add_class("nbtrain-tools")
 
