@@ -88,6 +88,7 @@ _MEASURED = [
     (re.compile(r"; other processes took [^;\]\n]*?cores(, and its threads waited [^;\]\n]*?CPU)?"), ""),
     (re.compile(r"^\* too noisy to trust.*$", re.M), ""),
     (re.compile(r"(?<=\))\*|(?<=\)) noisy\b"), ""),
+    (re.compile(r", warm-up [\d.,]+ (ms|s)\b"), ""),  # in the call's time split only where a warm-up was found
     (re.compile(r"warm-up \d+ steps?, [\d.,]+ (ms|s)|no warm-up"), "WARM-UP"),
     (re.compile(r"\S*runs\.sqlite"), "runs.sqlite"),
     (re.compile(r"\d+ min \d+ s|[\d.,]+ (ms|s)\b"), "N s"),
