@@ -92,8 +92,9 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         before = time.perf_counter() - called
         result = engine.run(log=log, stop=stop)
     result.name = name
-    if "time_split" in result.summary:
-        result.summary["call_s"] = time.perf_counter() - called
-        result.summary["time_split"] = with_call(result.summary["time_split"], before, result.summary["call_s"])
+    if result.summary.time_split is not None:
+        call_s = time.perf_counter() - called
+        result.summary = result.summary.replace(call_s=call_s,
+                                                time_split=with_call(result.summary.time_split, before, call_s))
     return result
 

@@ -65,9 +65,9 @@ def rate_with_interval(rate, low=None, high=None, wide: bool = False) -> str:
     return text + (" noisy" if wide else "")
 
 
-def held_out(summary: dict) -> str:
-    """'97.2% (loss 0.1023)' or 'loss 0.1023', from a run summary; '-' without held-out data."""
-    acc, loss = summary.get("val_acc"), summary.get("val_loss")
+def held_out(summary) -> str:
+    """'97.2% (loss 0.1023)' or 'loss 0.1023', from a run's records.Summary; '-' without held-out data."""
+    acc, loss = summary.val_acc, summary.val_loss
     if acc is not None:
         return f"{100 * acc:.1f}% (loss {number(loss)})"
     return "-" if loss is None else f"loss {number(loss)}"

@@ -13,7 +13,7 @@ import numpy as np
 
 from .format import number
 from .measure.steady import SteadyRate, of_columns
-from .records import samples_start
+from .records import Summary, samples_start
 
 MAX_POINTS = 1000  # points a line draws: enough for any figure's width
 
@@ -247,9 +247,9 @@ def steady_of(log) -> SteadyRate:
     """The run's steady rate as its summary states it: the summary's own, once the run has ended;
     while it runs, measure.steady's one estimate of the steps so far (the same function the summary uses)."""
     end = log.last("end")
-    known = (end or {}).get("summary", {}).get("steady")
-    if known:
-        return SteadyRate(**known)
+    known = Summary.from_dict(end["summary"]).steady if end is not None else None
+    if known is not None:
+        return known
     return of_columns(log.read("time", "samples"), samples_start(log))
 
 

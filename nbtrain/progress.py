@@ -8,6 +8,7 @@ import time
 import warnings
 
 from .measure.steady import WindowRate
+from .records import StartInfo, Summary
 
 
 class Progress:
@@ -28,7 +29,7 @@ class Progress:
         if kind == "start":
             from tqdm.auto import tqdm  # imported here: only a run that shows a bar pays for it
             self.close()
-            self.bar = tqdm(total=event["info"]["planned_steps"], unit="step", desc=self.description,
+            self.bar = tqdm(total=StartInfo.from_dict(event["info"]).planned_steps, unit="step", desc=self.description,
                             dynamic_ncols=True, **self.options)
             self.rate.start(event["info"])
             if not _in_a_notebook(self.bar):
@@ -44,9 +45,9 @@ class Progress:
                                  refresh=False)
         elif kind == "end":
             if self.bar is not None:
-                summary = event.get("summary", {})
-                self.bar.set_postfix(loss=f"{summary.get('last_loss', float('nan')):.4f}",
-                                     samples_s=f"{summary.get('samples_per_s', float('nan')):,.0f}", refresh=False)
+                summary = Summary.from_dict(event.get("summary", {}))
+                self.bar.set_postfix(loss=f"{summary.last_loss:.4f}", samples_s=f"{summary.samples_per_s:,.0f}",
+                                     refresh=False)
             self.close()
         self.cost_s += time.perf_counter() - started
 

@@ -1,72 +1,169 @@
 """A run's records, their layout written once: the events a run emits, what its start says, its summary.
 
-They travel as plain JSON dicts (a DDP rank writes its events to a file and the kernel replays them;
-the run store keeps them as JSON), so each record here is a TypedDict: the dict is the format, and a
-store written before these names existed opens as it did. Producers build them with these names and
-readers read them through the functions below, so a key is spelled in one place.
+Events travel as plain JSON dicts (a DDP rank writes them to a file and the kernel replays them; the run
+store keeps them), so an event is a TypedDict: the dict is the format. What a run says of itself (its
+engine's info, its start, its summary) is a typed, frozen record, a dataclass with a JSON round trip
+(`to_dict`/`from_dict`, `to_json`/`from_json`), as distributed/plan.LaunchPlan is. Its defaults read the
+stores of older versions: a name they lack reads as its default (None: not recorded), and a name a newer
+version wrote is left out. A record also reads as the dict it was before (`summary["samples_per_s"]`):
+a declared name always reads, and `in`, `get` and iteration see the values that were recorded.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, TypedDict
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, TypedDict
+
+from .measure.load import Load
+from .measure.steady import SteadyRate
 
 
-class EngineInfo(TypedDict, total=False):
-    """What the engine says about a run at its start and again in its summary."""
-    device: str           # "cpu", "cuda:0", ...
-    strategy: str         # "single process" | "ddp" | "dp" | "fsdp"
-    world_size: int
-    global_batch: int
-    lr: float             # the first param group's target learning rate
-    lr_note: str          # how that rate was chosen, in words
-    precision: str
-    scaler: bool          # a GradScaler is on
-    pin_memory: bool
-    seed: int
+class Record(Mapping):
+    """A frozen dataclass's JSON round trip, and its read as a mapping of what it recorded."""
+    NESTED: ClassVar[dict[str, type]] = {}  # a field held as a record (a dataclass) of its own, read from its dict
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able values (nested records as dicts, tuples as lists)."""
+        return {name: _plain(value) for name, value in vars(self).items()}
+
+    def to_json(self) -> str:
+        """JSON text; a value JSON cannot hold (a NumPy number a user logged) as its text."""
+        return json.dumps(self.to_dict(), default=str)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]):
+        declared = {f.name: f for f in dataclasses.fields(cls)}
+        return cls(**{name: _read(declared[name], cls.NESTED.get(name), value)
+                      for name, value in values.items() if name in declared})
+
+    @classmethod
+    def from_json(cls, text: str):
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    # --- read as a mapping: every declared name reads; `in`, `get` and iteration see what was recorded ---
+
+    def __getitem__(self, name: str):
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self):
+        return (name for name, value in vars(self).items() if value is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, name) -> bool:
+        return getattr(self, name, None) is not None if name in self.__dataclass_fields__ else False
+
+    def get(self, name: str, default=None):
+        value = getattr(self, name, None) if name in self.__dataclass_fields__ else None
+        return default if value is None else value
 
 
-class StartInfo(EngineInfo, total=False):
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _read(declared: dataclasses.Field, nested: type | None, value):
+    """A stored value as its field holds it: a nested record from its dict, a list as the field's tuple, a
+    number that engine.support.plain wrote as text ('inf') as the float it was."""
+    if value is None:
+        return None
+    if nested is not None and isinstance(value, Mapping):
+        known = {f.name for f in dataclasses.fields(nested)}
+        return nested(**{k: v for k, v in value.items() if k in known})
+    if isinstance(value, list) and str(declared.type).startswith("tuple"):
+        return tuple(value)
+    if isinstance(value, str) and value in ("inf", "-inf", "nan") and "float" in str(declared.type):
+        return float(value)
+    return value
+
+
+@dataclass(frozen=True)
+class EngineInfo(Record):
+    """What the engine says about a run at its start and again in its summary (None: not recorded, as in a
+    store written before the name existed)."""
+    device: str | None = None          # "cpu", "cuda:0", ...
+    strategy: str | None = None        # "single process" | "ddp" | "dp" | "fsdp"
+    world_size: int = 1
+    global_batch: int | None = None
+    lr: float | None = None            # the first param group's target learning rate
+    lr_note: str | None = None         # how that rate was chosen, in words
+    precision: str | None = None
+    scaler: bool | None = None         # a GradScaler is on
+    pin_memory: bool | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class StartInfo(EngineInfo):
     """The "start" event's info: the engine's, and where this run begins."""
-    samples_start: int    # samples trained before this run (a run continues its engine's count)
-    step_start: int
-    planned_steps: int    # what this run trains if nothing stops it
-    resumed_from: str     # the checkpoint a resumed run loaded
+    samples_start: int = 0             # samples trained before this run (a run continues its engine's count)
+    step_start: int = 0
+    planned_steps: int | None = None   # what this run trains if nothing stops it
+    resumed_from: str | None = None    # the checkpoint a resumed run loaded
 
 
-class Summary(EngineInfo, total=False):
+@dataclass(frozen=True)
+class Summary(EngineInfo):
     """RunResult.summary: numbers measured on the run's history (runs/result.summarize) and the engine's."""
-    steps: int                   # step rows in the log (a thinned log: every step it saw)
-    run_steps: int               # steps this run trained; absent where a DDP run ended before its ranks reported
-    samples: int
-    train_time_s: float
-    samples_per_s: float         # the steady rate, the headline every view shows
-    steady: dict                 # measure.steady.SteadyRate.as_dict(); absent from older stores
-    overall_samples_per_s: float
-    first_loss: float
-    last_loss: float
-    val_loss: float | None
-    val_acc: float | None
-    val_metrics: dict[str, float]
-    phase_fraction: dict[str, float]
-    phase_ms_per_step: dict[str, float]
-    epochs_trained: float
-    epochs: float                # the same, under the name the table shows ("steps / epochs")
-    time_per_epoch_s: float
-    status: str
-    peak_mem_mb: float | None
-    peak_mem_mb_per_rank: list[float | None]   # a DDP run's, one per rank
-    mem_kind: str
-    notes: list[str]
-    logged: dict[str, float]     # the user's self.log values at the end
-    device_done_s: float         # CUDA: when the device finished the run's last step, on the run's clock
-    time_split: dict[str, float]  # seconds by part (engine.report.TIME_PARTS); nbtrain.fit adds "other"
-    call_s: float                # nbtrain.fit's wall time, which the time split's parts sum to
-    load: dict                   # measure.load.Load.as_dict(): other processes' share of the machine meanwhile
+    NESTED: ClassVar[dict[str, type]] = {"steady": SteadyRate, "load": Load}
+    steps: int = 0                     # step rows in the log (a thinned log: every step it saw)
+    run_steps: int | None = None       # steps this run trained; None where a DDP run ended before its ranks reported
+    samples: int = 0
+    train_time_s: float = 0.0
+    samples_per_s: float = math.nan         # the steady rate, the headline every view shows
+    steady: SteadyRate | None = None   # its interval and warm-up; None in stores from before it was measured
+    overall_samples_per_s: float = math.nan
+    first_loss: float = math.nan
+    last_loss: float = math.nan
+    val_loss: float | None = None
+    val_acc: float | None = None
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    phase_fraction: dict[str, float] = field(default_factory=dict)
+    phase_ms_per_step: dict[str, float] = field(default_factory=dict)
+    epochs_trained: float | None = None
+    epochs: float | None = None        # the same, under the name the table shows ("steps / epochs")
+    time_per_epoch_s: float = math.nan
+    status: str | None = None
+    peak_mem_mb: float | None = None
+    peak_mem_mb_per_rank: tuple[float | None, ...] | None = None  # a DDP run's, one per rank
+    mem_kind: str | None = None
+    notes: tuple[str, ...] = ()
+    logged: dict[str, float] = field(default_factory=dict)  # the user's self.log values at the end
+    device_done_s: float | None = None  # CUDA: when the device finished the run's last step, on the run's clock
+    time_split: dict[str, float] | None = None  # seconds by part (engine.report.TIME_PARTS); nbtrain.fit adds "other"
+    call_s: float | None = None        # nbtrain.fit's wall time, which the time split's parts sum to
+    load: Load | None = None           # other processes' share of the machine meanwhile
+    compile_s: float | None = None     # a compiled run's compile time, apart from its steps (engine/report.py)
+
+    @property
+    def trained_steps(self) -> int:
+        """The steps this run trained; where the summary was rebuilt from the kernel's log (a DDP run stopped
+        before its ranks reported), the steps that log holds."""
+        return self.steps if self.run_steps is None else self.run_steps
+
+    def with_notes(self, notes) -> "Summary":
+        return self.replace(notes=(*self.notes, *notes))
 
 
 class StartEvent(TypedDict):
     type: Literal["start"]
     config: dict[str, Any]       # TrainConfig.to_dict()
-    info: StartInfo
+    info: dict[str, Any]         # StartInfo.to_dict()
 
 
 class StepsEvent(TypedDict, total=False):
@@ -99,7 +196,7 @@ class LoggedEvent(TypedDict):
 
 class EndEvent(TypedDict, total=False):
     type: Literal["end"]
-    summary: Summary
+    summary: dict[str, Any]      # Summary.to_dict()
     status: str
     message: str                 # absent from some older stores
 
@@ -109,17 +206,11 @@ class _Log(Protocol):
 
 
 def start_info(log: _Log) -> StartInfo:
-    """The run's start info; empty for a log with no "start" event (one that never started)."""
+    """The run's start info; every default for a log with no "start" event (one that never started)."""
     start = log.last("start")
-    return start["info"] if start else StartInfo()
+    return StartInfo.from_dict(start["info"]) if start else StartInfo()
 
 
 def samples_start(log: _Log) -> int:
     """Samples trained before this run's first step: the x-axis of its rates starts here."""
-    return start_info(log).get("samples_start", 0)
-
-
-def run_steps(summary: Summary) -> int:
-    """The steps this run trained; where the summary was rebuilt from the kernel's log (a DDP run stopped
-    before its ranks reported), the steps that log holds."""
-    return summary.get("run_steps", summary.get("steps"))
+    return start_info(log).samples_start

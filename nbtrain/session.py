@@ -13,7 +13,7 @@ from .api import fit
 from .config import TrainConfig
 from .metrics import MetricsLog
 from .recipe import Recipe
-from .records import run_steps, start_info
+from .records import start_info
 from .runs.result import RunResult
 from .runs.store import RunStore
 
@@ -44,9 +44,9 @@ class Session:
 def ending(result: RunResult) -> str:
     """How a run that did not complete ended, and what the model holds: one statement about it. An
     in-kernel run's model holds its steps so far; a DDP run that did not complete loaded nothing back."""
-    planned = start_info(result.log).get("planned_steps", "?")
+    planned = start_info(result.log).planned_steps or "?"
     model = "" if result.extras.get("weights_loaded") is False else " and the model keeps its training so far"
-    steps = run_steps(result.summary)
+    steps = result.summary.trained_steps
     return (f"{result.status} after {steps} of {planned} planned steps: {result.message}. "
             f"The partial history is kept{model}.")
 

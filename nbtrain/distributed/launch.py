@@ -88,7 +88,7 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
                 notes += carry.bring_back(engine, run.load_engine_state())
         result = gathered_result(config, log, run.load_result(), status)
         if notes:
-            result.summary.setdefault("notes", []).extend(notes)
+            result.summary = result.summary.with_notes(notes)
         # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
         # back only from a run that completed).
         result.extras["weights_loaded"] = state is not None

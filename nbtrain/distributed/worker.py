@@ -18,7 +18,6 @@ Either way a watchdog thread ends the process when the plan's owner (the kernel)
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import shutil
 import sys
@@ -131,8 +130,8 @@ def _train(run: RunDir, local_main: bool) -> None:
         return
     # Every rank's own peak, so a sharded run shows what each process needed.
     peaks = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(peaks, result.summary["peak_mem_mb"])
-    result.summary["peak_mem_mb_per_rank"] = peaks
+    torch_dist.all_gather_object(peaks, result.summary.peak_mem_mb)
+    result.summary = result.summary.replace(peak_mem_mb_per_rank=tuple(peaks))
     # A sharded model's full weights are gathered from every rank (a collective); the first
     # rank of each node hands them to its kernel.
     one_node = int(os.environ.get("LOCAL_WORLD_SIZE", -1)) == torch_dist.get_world_size()
@@ -143,7 +142,7 @@ def _train(run: RunDir, local_main: bool) -> None:
         if back is not None:
             run.save_engine_state(back)
         run.save_model(state)
-        run.save_result(result.status, result.message, json.loads(json.dumps(result.summary)))
+        run.save_result(result.status, result.message, result.summary.to_dict())
         writer.close()
 
 

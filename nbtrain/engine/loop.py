@@ -120,7 +120,7 @@ class Run:
                                                 step_start=engine.step,
                                                 planned_steps=report.planned_steps(c, engine.loader)
                                                 - (from_step - start_step),
-                                                **({"resumed_from": str(resumed_from)} if resumed_from else {}))))
+                                                resumed_from=str(resumed_from) if resumed_from else None).to_dict()))
         status = "completed"
         try:
             with stop_on_sigint(engine):
@@ -392,9 +392,9 @@ class Run:
             extra["steps"] = self.log.steps_seen
         extra["load"] = self._load.reading().as_dict()
         summary = summarize(self.log, extra)
-        summary["time_split"] = report.time_split(self._entered, self._clock, summary["steady"]["warmup_s"],
-                                                  summary["train_time_s"], self._closing_validation_s)
-        self.log.emit(EndEvent(type="end", summary=plain(summary), status=status, message=message))
+        summary = summary.replace(time_split=report.time_split(self._entered, self._clock, summary.steady.warmup_s,
+                                                               summary.train_time_s, self._closing_validation_s))
+        self.log.emit(EndEvent(type="end", summary=plain(summary.to_dict()), status=status, message=message))
         if logger is not None:
             logger.close()
         return RunResult(engine.config, self.log, summary, status, message)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..config import TrainConfig
 from ..metrics import MetricsLog
-from ..records import run_steps, start_info
+from ..records import Summary, start_info
 from ..runs.result import RunResult
 from ..runs.table import Row
 
@@ -36,10 +36,10 @@ class RunRecord:
         """This run's own optimizer steps (the model may have trained before it): the count every view states."""
         if self.result is None:
             return None
-        return run_steps(self.result.summary)
+        return self.result.summary.trained_steps
 
     def row(self) -> Row:
         """This run as the runs table shows it (runs/table.py: the one table of every front-end)."""
-        summary = self.result.summary if self.result is not None else {}
+        summary = self.result.summary if self.result is not None else Summary()
         return Row(self.number, None, self.status, self.config.to_dict(), summary, self.steps,
                    info=start_info(self.log), error=self.error)

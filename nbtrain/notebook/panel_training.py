@@ -10,7 +10,7 @@ import traceback
 
 from ..runs.result import RunResult
 from ..format import number
-from ..records import start_info
+from ..records import StartInfo, start_info
 from .panel_runs import RunRecord
 
 
@@ -51,14 +51,14 @@ def on_event(panel, record: RunRecord, event: dict, log) -> None:
     if kind == "change":
         panel.say(f"applied at step {event['step']}: {describe(event['changes'])} (same model and optimizer)")
     elif kind == "start":
-        panel.progress.start(record.number, event["info"])
+        panel.progress.start(record.number, StartInfo.from_dict(event["info"]))
         panel.table.show(panel.runs)
         how = ("Stop ends its worker processes" if record.config.world_size > 1
                else "Stop ends it at the next optimizer step; Apply now changes it there")
         panel.say(f"run #{record.number} training: {record.settings_text()}. {how}")
     elif kind == "steps" and event["rows"]["step"]:
-        rows, info = event["rows"], start_info(log)
-        panel.progress.steps(rows["step"][-1] - info.get("step_start", 0), rows["loss"][-1])
+        rows = event["rows"]
+        panel.progress.steps(rows["step"][-1] - start_info(log).step_start, rows["loss"][-1])
 
 
 def outcome_text(record: RunRecord, result: RunResult, engine=None) -> str:
@@ -68,14 +68,14 @@ def outcome_text(record: RunRecord, result: RunResult, engine=None) -> str:
     s, steps = result.summary, record.steps
     head = f"run #{record.number} {result.status} after {steps:,} steps"
     if result.status in ("stopped", "interrupted") and engine is not None:
-        planned = start_info(record.log).get("planned_steps")
+        planned = start_info(record.log).planned_steps
         overall = f"; the model's step {engine.step:,} overall" if engine.step != steps else ""
         head = (f"run #{record.number} {result.status} after {steps:,}{f' of {planned:,}' if planned else ''} steps"
                 f" (epoch {engine.epoch}, {engine.epoch_offset} samples into it{overall})")
     elif result.message:
         head += f": {result.message}"
-    return (f"{head} — {result.steady().text()}, final loss {number(s.get('last_loss'))}"
-            + "".join(f"\nnote: {note}" for note in s.get("notes", [])))
+    return (f"{head} — {result.steady().text()}, final loss {number(s.last_loss)}"
+            + "".join(f"\nnote: {note}" for note in s.notes))
 
 
 def describe(changes: dict) -> str:

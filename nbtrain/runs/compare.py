@@ -19,7 +19,7 @@ from ..measure.steady import WIDE_SPREAD, columns_series
 from ..measure.verdict import Verdict, steady_ratio
 from ..plotting import held_out_series
 from ..format import number, rate_with_interval
-from ..records import samples_start
+from ..records import Summary, samples_start
 from .result import RunResult, peak_memory, peak_memory_text
 
 NOISY_MARK = "*"  # a samples/s too noisy to trust, said once in the table's footnote
@@ -124,12 +124,12 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
         wide = steady.wide and math.isfinite(steady.spread)
         if wide:  # a mark in the cell, the words once below the table (a cell of them wrapped into three lines)
             noisy.append(f"{label} {100 * steady.spread:.0f}%")
-        rows.append({"run": label, "status": run.status, "steps": s["steps"],
+        rows.append({"run": label, "status": run.status, "steps": s.steps,
                      "samples/s": rate_with_interval(steady.rate, steady.low, steady.high) + (NOISY_MARK if wide else ""),
                      "vs first": "-" if run is base else busier_machine((labels[0], base), (label, run))
                      or versus(base, run).short(),
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
-                     "peak memory": peak_memory_text(s), "last loss": number(s["last_loss"]),
+                     "peak memory": peak_memory_text(s), "last loss": number(s.last_loss),
                      "held-out": held_out_text(s), "changed from first": changes or "-"})
     if all(row["held-out"] == "-" for row in rows):  # no run validated: no column of dashes
         for row in rows:
@@ -143,14 +143,14 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     return result
 
 
-def held_out_text(summary: dict) -> str:
+def held_out_text(summary: Summary) -> str:
     """The last validation's numbers, compact: "loss 0.31, acc 91.2%, f1 0.88" ("-" without one)."""
-    if summary.get("val_loss") is None:
+    if summary.val_loss is None:
         return "-"
-    parts = [f"loss {number(summary['val_loss'])}"]
-    if summary.get("val_acc") is not None:
-        parts.append(f"acc {100 * summary['val_acc']:.1f}%")
-    parts += [f"{k[4:] if k.startswith('val_') else k} {number(v)}" for k, v in summary.get("val_metrics", {}).items()]
+    parts = [f"loss {number(summary.val_loss)}"]
+    if summary.val_acc is not None:
+        parts.append(f"acc {100 * summary.val_acc:.1f}%")
+    parts += [f"{k[4:] if k.startswith('val_') else k} {number(v)}" for k, v in summary.val_metrics.items()]
     return ", ".join(parts)
 
 
@@ -217,8 +217,8 @@ def _draw(results, labels, target, times):
         ax.margins(y=0.22 if any(notes or []) else 0.12)  # room above the tallest bar for its number
 
     bars(time_ax, times, f"time to loss {target:.3g}", "seconds", missing="not reached")
-    bars(rate_ax, [r.summary["samples_per_s"] for r in results], "throughput", "samples/s")
-    kinds = {r.summary.get("mem_kind", "memory") for r in results}
+    bars(rate_ax, [r.summary.samples_per_s for r in results], "throughput", "samples/s")
+    kinds = {r.summary.mem_kind or "memory" for r in results}
     memory = [peak_memory(r.summary) for r in results]
     several = any(processes > 1 for _, processes in memory)
     bars(mem_ax, [mb for mb, _ in memory], "peak memory" + (" (all processes)" if several else ""),

@@ -25,6 +25,7 @@ from pathlib import Path
 from .. import hardware
 from ..config import GIVEN_KEY, TrainConfig
 from ..metrics import MetricsLog
+from ..records import Summary
 from .result import RunResult
 
 SCHEMA_VERSION = 1
@@ -38,7 +39,7 @@ CREATE TABLE IF NOT EXISTS runs (
     message  TEXT NOT NULL,
     model    TEXT,
     config   TEXT NOT NULL,   -- JSON: TrainConfig.to_record() (the values, and the options given on purpose)
-    summary  TEXT NOT NULL,   -- JSON: RunResult.summary
+    summary  TEXT NOT NULL,   -- JSON: records.Summary.to_json()
     events   BLOB NOT NULL    -- zlib(JSON): the MetricsLog's events, replayable (thinned past STORED_ROWS)
 )""", "CREATE INDEX IF NOT EXISTS runs_by_name ON runs (name, id)", f"PRAGMA user_version={SCHEMA_VERSION}")
 _warned: set[str] = set()
@@ -63,7 +64,7 @@ class StoredRun:
     status: str
     model: str | None
     config: dict
-    summary: dict
+    summary: Summary
 
     @property
     def label(self) -> str:
@@ -113,7 +114,7 @@ class RunStore:
         # A long run's history is thinned (recent steps kept whole), so its row stays a few MB at most.
         events = zlib.compress(json.dumps(result.log.snapshot(STORED_ROWS).events).encode())
         row = (name if name is not None else result.name, time.time(), result.status, result.message, model,
-               json.dumps(result.config.to_record()), json.dumps(result.summary, default=str), events)
+               json.dumps(result.config.to_record()), result.summary.to_json(), events)
         try:
             db = self._connect()
             try:
@@ -144,7 +145,8 @@ class RunStore:
         """Stored runs, oldest first (the newest `last` of them when given)."""
         sql = "SELECT id, name, created, status, model, config, summary FROM runs ORDER BY id DESC"
         rows = self._query(sql + (" LIMIT ?" if last else ""), (last,) if last else ())
-        return [StoredRun(r[0], r[1], r[2], r[3], r[4], _option_values(r[5]), json.loads(r[6])) for r in reversed(rows)]
+        return [StoredRun(r[0], r[1], r[2], r[3], r[4], _option_values(r[5]),
+                          Summary.from_json(r[6])) for r in reversed(rows)]
 
     def load(self, key: str | int) -> RunResult:
         """A stored run as a RunResult: by name (the newest of that name), by id, or '#id'."""
@@ -159,7 +161,7 @@ class RunStore:
             raise StoreError(f"no run named {text!r} in {self.path}; stored runs: {', '.join(known) or 'none yet'}")
         run_id, name, status, message, model, config, summary, events = rows[0]
         log = MetricsLog.from_events(json.loads(zlib.decompress(events)))
-        result = RunResult(_stored_config(config), log, json.loads(summary), status, message,
+        result = RunResult(_stored_config(config), log, Summary.from_json(summary), status, message,
                            name=name or f"#{run_id}")
         result.extras.update(run_id=run_id, model=model, store=str(self.path))
         return result

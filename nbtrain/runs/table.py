@@ -7,12 +7,12 @@ measurement is one folded "details" line per run.
 from __future__ import annotations
 
 import html
+import math
 import time
 from dataclasses import dataclass, field
 
 from .. import format
-from ..measure.steady import WIDE_SPREAD
-from ..records import run_steps
+from ..records import EngineInfo, Summary
 from .result import peak_memory_text
 
 COLUMNS = (("run", "the run's number and name"),
@@ -41,19 +41,18 @@ class Row:
     name: str | None
     status: str
     config: dict                  # TrainConfig.to_dict() values
-    summary: dict = field(default_factory=dict)
+    summary: Summary = field(default_factory=Summary)
     steps: int | None = None      # this run's own optimizer steps
     model: str | None = None
     created: float | None = None  # time.time() at recording
-    info: dict = field(default_factory=dict)  # the run's start event info (device, lr), where known
+    info: EngineInfo = field(default_factory=EngineInfo)  # the run's engine info (device, lr), where known
     error: str = ""
 
     @classmethod
     def stored(cls, run) -> "Row":
         """A run-store row (runs.store.StoredRun)."""
         s = run.summary
-        return cls(run.id, run.name, run.status, dict(run.config), s, run_steps(s),
-                   run.model, run.created, {"device": s.get("device"), "lr": s.get("lr")})
+        return cls(run.id, run.name, run.status, dict(run.config), s, s.trained_steps, run.model, run.created, s)
 
     def differs_from(self, first: "Row") -> str:
         """'precision=bf16-mixed, batch_size=256': this run's options that are not the first run's."""
@@ -63,10 +62,11 @@ class Row:
         return ", ".join(changed) or "the same config"
 
     def cells(self, first: "Row") -> tuple[str, ...]:
-        s, steady = self.summary, self.summary.get("steady") or {}
+        s, steady = self.summary, self.summary.steady
         label = f"#{self.number}" + (f" {self.name}" if self.name and self.name != f"#{self.number}" else "")
-        rate = format.rate_with_interval(s.get("samples_per_s"), steady.get("low"), steady.get("high"),
-                                         _wide(steady.get("spread")))
+        rate = format.rate_with_interval(s.samples_per_s,
+                                         *((steady.low, steady.high, steady.wide and math.isfinite(steady.spread))
+                                           if steady else ()))
         return (label, self.differs_from(first), self.status, format.number(self.steps), rate,
                 format.held_out(s), peak_memory_text(s))
 
@@ -76,18 +76,14 @@ class Row:
         devices = c.get("devices", 1) * c.get("num_nodes", 1)
         parts = [self.model or "",
                  time.strftime("%m-%d %H:%M", time.localtime(self.created)) if self.created else "",
-                 f"{info.get('device') or c.get('accelerator', '-')}, {c.get('precision', '-')}",
+                 f"{info.device or c.get('accelerator', '-')}, {c.get('precision', '-')}",
                  f"global batch {c.get('batch_size', 0) * c.get('accumulate_grad_batches', 1) * devices} = batch "
                  f"{c.get('batch_size')} × accumulate {c.get('accumulate_grad_batches', 1)} × {devices} "
                  f"device{'s' if devices > 1 else ''}",
-                 f"{c.get('num_workers', 0)} workers", f"lr {format.number(info.get('lr'))}",
-                 f"{format.duration(s.get('time_per_epoch_s'))}/epoch", f"final loss {format.number(s.get('last_loss'))}",
-                 f"overall {format.number(s.get('overall_samples_per_s'))} samples/s (warm-up included)"]
+                 f"{c.get('num_workers', 0)} workers", f"lr {format.number(info.lr)}",
+                 f"{format.duration(s.time_per_epoch_s)}/epoch", f"final loss {format.number(s.last_loss)}",
+                 f"overall {format.number(s.overall_samples_per_s)} samples/s (warm-up included)"]
         return " · ".join(p for p in parts + [self.error] if p)
-
-
-def _wide(spread) -> bool:
-    return spread is not None and spread == spread and spread > WIDE_SPREAD
 
 
 class RunsTable:
