@@ -120,3 +120,18 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"marked slow: {spent('slow')}")
     _SECONDS["all"], _COUNTS["all"] = _SECONDS["fast"] + _SECONDS["slow"], _COUNTS["fast"] + _COUNTS["slow"]
     terminalreporter.write_line(f"{what_ran(terminalreporter.config)}: {spent('all')}")
+
+
+@pytest.fixture
+def fails_with(ip, capsys):
+    """Runs a cell that must fail with one UsageError and no traceback; gives its text (stdout + stderr)."""
+    from IPython.core.error import UsageError
+
+    def run(cell: str) -> str:
+        result = ip.run_cell(cell)
+        out = capsys.readouterr()
+        assert isinstance(result.error_in_exec, UsageError), (out.out, out.err)
+        text = out.out + out.err
+        assert "Traceback" not in text
+        return text
+    return run

@@ -4,7 +4,6 @@ import warnings
 
 import pytest
 import torch
-from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from nbtrain.config import options
@@ -20,15 +19,6 @@ loss_fn = torch.nn.CrossEntropyLoss()
 
 
 
-
-def fails_with(ip, capsys, cell):
-    """Run a cell that must fail with one UsageError line; its text (stdout + stderr)."""
-    result = ip.run_cell(cell)
-    out = capsys.readouterr()
-    assert isinstance(result.error_in_exec, UsageError), (out.out, out.err)
-    text = out.out + out.err
-    assert "Traceback" not in text
-    return text
 
 
 # --- flags -------------------------------------------------------------------------------
@@ -86,14 +76,14 @@ def test_lr_in_the_namespace_is_the_base_rate_unless_flagged(ip):
     assert ip.user_ns["_nbtrain"].config.lr == 0.5
 
 
-def test_line_magic_sets_defaults_for_later_cells(ip, capsys):
+def test_line_magic_sets_defaults_for_later_cells(ip, capsys, fails_with):
     ip.run_cell("%nbtrain --max-steps 2 --batch-size 8 --no-plot --no-progress")
     assert "defaults for later cells: --max-steps 2, --batch-size 8" in capsys.readouterr().out
     ip.run_cell("%%nbtrain" + DIGITS)
     assert ip.user_ns["_nbtrain"].config.batch_size == 8 and ip.user_ns["_nbtrain"].summary["steps"] == 2
     ip.run_cell("%%nbtrain --batch-size 4" + DIGITS)
     assert ip.user_ns["_nbtrain"].config.batch_size == 4
-    text = fails_with(ip, capsys, "%nbtrain --num-workers -1")
+    text = fails_with("%nbtrain --num-workers -1")
     assert "%nbtrain: invalid training configuration: --num-workers=-1: a whole number from 0 to 256" in text
 
 
@@ -114,58 +104,58 @@ def test_next_cell_continues_the_same_model_unless_it_builds_one(ip):
 # --- bad input: one line, nothing runs ----------------------------------------------------
 
 
-def test_unknown_flag_names_it_and_suggests_nothing_runs(ip, capsys):
-    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2 --bath-size 32\nran = True")
+def test_unknown_flag_names_it_and_suggests_nothing_runs(ip, capsys, fails_with):
+    text = fails_with("%%nbtrain --max-steps 2 --bath-size 32\nran = True")
     assert ("%%nbtrain: unknown flag --bath-size 32 (did you mean --batch-size?); allowed: the flags that "
             "%%nbtrain? lists") in text
     assert "ran" not in ip.user_ns
 
 
-def test_every_unknown_flag_is_named_with_its_neighbour_and_the_help_not_all_flags_is_pointed_to(ip, capsys):
-    text = fails_with(ip, capsys, "%%nbtrain --bath-size 32 --max-step=3 --no-plott --zzzz 1 7\nran = True")
+def test_every_unknown_flag_is_named_with_its_neighbour_and_the_help_not_all_flags_is_pointed_to(ip, capsys, fails_with):
+    text = fails_with("%%nbtrain --bath-size 32 --max-step=3 --no-plott --zzzz 1 7\nran = True")
     line = next(row for row in text.splitlines() if "unknown flags" in row)
     assert line.endswith("%%nbtrain: unknown flags --bath-size 32 (did you mean --batch-size?), --max-step 3 "
                          "(did you mean --max-steps?), --no-plott (did you mean --no-plot?), --zzzz 1, "
                          "unexpected value '7'; allowed: the flags that %%nbtrain? lists"), line
     assert len(line) < 300 and "--precision" not in text  # not a list of every flag
     assert "ran" not in ip.user_ns
-    text = fails_with(ip, capsys, "%nbtrain --bath-size 32")  # the line magic names itself
+    text = fails_with("%nbtrain --bath-size 32")  # the line magic names itself
     assert "%nbtrain: unknown flag --bath-size 32 (did you mean --batch-size?)" in text
 
 
-def test_bad_values_are_all_named_with_what_is_allowed(ip, capsys):
-    text = fails_with(ip, capsys, "%%nbtrain --batch-size 0 --precision fp8\nran = True")
+def test_bad_values_are_all_named_with_what_is_allowed(ip, capsys, fails_with):
+    text = fails_with("%%nbtrain --batch-size 0 --precision fp8\nran = True")
     assert "--batch-size=0: a whole number from 1 to 16777216" in text
     assert "--precision=fp8: one of 32-true, 16-mixed, bf16-mixed" in text
     assert "ran" not in ip.user_ns
 
 
-def test_bad_combination_is_named(ip, capsys):
-    text = fails_with(ip, capsys, "%%nbtrain --persistent-workers\nran = True")
+def test_bad_combination_is_named(ip, capsys, fails_with):
+    text = fails_with("%%nbtrain --persistent-workers\nran = True")
     assert "--persistent-workers=True: needs num_workers >= 1" in text
     assert "ran" not in ip.user_ns
 
 
-def test_missing_flag_value_says_what_is_allowed(ip, capsys):
-    text = fails_with(ip, capsys, "%%nbtrain --max-steps\nran = True")
+def test_missing_flag_value_says_what_is_allowed(ip, capsys, fails_with):
+    text = fails_with("%%nbtrain --max-steps\nran = True")
     assert "argument --max-steps: expected one argument; allowed: a whole number >= 1, or None" in text
 
 
-def test_stray_value_and_bad_name_and_bad_config_variable(ip, capsys):
-    assert "unexpected value '64'" in fails_with(ip, capsys, "%%nbtrain --batch-size 32 64\nx = 1")
-    assert "--name 'run a': allowed: a Python variable name" in fails_with(ip, capsys, "%%nbtrain --name 'run a'\nx = 1")
-    assert "--config cfg: no variable named 'cfg'" in fails_with(ip, capsys, "%%nbtrain --config cfg\nx = 1")
+def test_stray_value_and_bad_name_and_bad_config_variable(ip, capsys, fails_with):
+    assert "unexpected value '64'" in fails_with("%%nbtrain --batch-size 32 64\nx = 1")
+    assert "--name 'run a': allowed: a Python variable name" in fails_with("%%nbtrain --name 'run a'\nx = 1")
+    assert "--config cfg: no variable named 'cfg'" in fails_with("%%nbtrain --config cfg\nx = 1")
     ip.user_ns["cfg"] = [1, 2]
-    assert "--config cfg: got a list; allowed: a dict" in fails_with(ip, capsys, "%%nbtrain --config cfg\nx = 1")
+    assert "--config cfg: got a list; allowed: a dict" in fails_with("%%nbtrain --config cfg\nx = 1")
     ip.user_ns["cfg"] = {"bach_size": 3}
-    text = fails_with(ip, capsys, "%%nbtrain --config cfg\nx = 1")
+    text = fails_with("%%nbtrain --config cfg\nx = 1")
     assert "--bach-size=3: unknown option; did you mean 'batch_size'?" in text
 
 
-def test_missing_model_or_data_is_named(ip, capsys):
-    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2\nimport torch\nloss_fn = torch.nn.MSELoss()")
+def test_missing_model_or_data_is_named(ip, capsys, fails_with):
+    text = fails_with("%%nbtrain --max-steps 2\nimport torch\nloss_fn = torch.nn.MSELoss()")
     assert "the namespace defines no model and no train_data" in text
-    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2" + DIGITS + "train_data = 5\n")
+    text = fails_with("%%nbtrain --max-steps 2" + DIGITS + "train_data = 5\n")
     assert "train_data: got int; allowed: a map-style Dataset" in text
 
 
@@ -350,7 +340,7 @@ def test_corrupt_store_warns_once_and_training_goes_on(ip, tmp_path, monkeypatch
     assert "not recorded: the run store is unusable" in capsys.readouterr().out
 
 
-def test_runs_are_listed_and_compared_from_the_store(ip, capsys):
+def test_runs_are_listed_and_compared_from_the_store(ip, capsys, fails_with):
     ip.run_cell("%%nbtrain --max-steps 4 --batch-size 16 --name small --no-plot --no-progress" + DIGITS)
     ip.run_cell("%%nbtrain --max-steps 4 --batch-size 64 --name big --no-plot --no-progress" + DIGITS)
     capsys.readouterr()
@@ -363,13 +353,12 @@ def test_runs_are_listed_and_compared_from_the_store(ip, capsys):
     comparison = ip.user_ns["_nbtrain_compare"]
     assert comparison.labels == ["small", "big"] and comparison.runs[0].config.batch_size == 16
     assert "batch_size=64" in table
-    text = fails_with(ip, capsys, "%nbtrain_compare small nope")
+    text = fails_with("%nbtrain_compare small nope")
     assert "%nbtrain_compare: no run named 'nope'" in text and "stored runs: big, small" in text
 
 
 @pytest.mark.slow
 def test_devices_above_one_go_through_the_launcher(ip):
-    pytest.importorskip("nbtrain.distributed.launch")
     ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 3 --no-plot --no-progress" + DIGITS)
     result = ip.user_ns["_nbtrain"]
     assert result.status == "completed" and result.summary["world_size"] == 2
@@ -388,14 +377,14 @@ def test_cell_on_the_gpu_reports_cuda_memory_and_is_stored(ip, capsys):
     assert ip.user_ns["_nbtrain_compare"].runs[0].config.precision == "bf16-mixed"
 
 
-def test_a_checkpoint_that_is_not_there_is_one_line(ip, capsys):
-    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2 --resume /nonexistent/run.pt" + DIGITS)
+def test_a_checkpoint_that_is_not_there_is_one_line(ip, capsys, fails_with):
+    text = fails_with("%%nbtrain --max-steps 2 --resume /nonexistent/run.pt" + DIGITS)
     assert "%%nbtrain: resume='/nonexistent/run.pt': no such checkpoint file; allowed:" in text
 
 
-def test_a_misspelt_monitor_is_one_line_before_anything_trains(ip, capsys):
+def test_a_misspelt_monitor_is_one_line_before_anything_trains(ip, capsys, fails_with):
     ip.run_cell(DIGITS + "import copy\nval_data = DigitsDataset(train=False)\nbefore = copy.deepcopy(model.state_dict())")
-    text = fails_with(ip, capsys, "%%nbtrain --max-steps 8 --val-every-n-steps 4 --monitor val_acuracy --no-progress"
+    text = fails_with("%%nbtrain --max-steps 8 --val-every-n-steps 4 --monitor val_acuracy --no-progress"
                                   "\nran = True")
     assert "%%nbtrain: invalid training configuration: --monitor=val_acuracy: not among the held-out numbers; " \
            "did you mean 'val_acc'? allowed: val_loss, val_acc\n" in text
@@ -403,16 +392,16 @@ def test_a_misspelt_monitor_is_one_line_before_anything_trains(ip, capsys):
     assert all(torch.equal(v, ns["before"][k]) for k, v in ns["model"].state_dict().items())  # no step trained
 
 
-def test_a_metric_that_returns_a_vector_is_one_line_naming_it(ip, capsys):
-    text = fails_with(ip, capsys, "%%nbtrain --max-steps 2 --val-every-n-steps 2 --no-progress --no-plot" + DIGITS
+def test_a_metric_that_returns_a_vector_is_one_line_naming_it(ip, capsys, fails_with):
+    text = fails_with("%%nbtrain --max-steps 2 --val-every-n-steps 2 --no-progress --no-plot" + DIGITS
                       + "val_data = DigitsDataset(train=False)\nmetrics = {'hits': lambda o, t: o.argmax(1) == t}")
     assert "%%nbtrain: the metric 'hits' returned a tensor of shape (32,) on a held-out batch; it must return a " \
            "number" in text and "evaluation.py" not in text
 
 
-def test_an_unwritable_logger_dir_is_one_line_naming_the_flag(ip, capsys, tmp_path):
+def test_an_unwritable_logger_dir_is_one_line_naming_the_flag(ip, capsys, tmp_path, fails_with):
     (tmp_path / "a-file").write_text("not a folder")
-    text = fails_with(ip, capsys, f"%%nbtrain --max-steps 2 --logger csv --logger-dir {tmp_path}/a-file/logs" + DIGITS)
+    text = fails_with(f"%%nbtrain --max-steps 2 --logger csv --logger-dir {tmp_path}/a-file/logs" + DIGITS)
     assert f"%%nbtrain: invalid training configuration: --logger-dir={tmp_path}/a-file/logs: a folder nbtrain can " \
            f"write to (creating {tmp_path}/a-file/logs: Not a directory)\n" in text and "pathlib" not in text
 

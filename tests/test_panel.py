@@ -434,7 +434,6 @@ def test_panel_reads_a_namespace_and_names_what_it_accepts(make_panel):
 
 @pytest.mark.slow
 def test_processes_above_one_run_through_the_ddp_launcher(make_panel):
-    pytest.importorskip("nbtrain.distributed.launch", reason="the DDP launcher (nbtrain/launch.py) is not in this tree")
     recipe = digits_recipe()
     panel = make_panel(recipe, nbtrain.TrainConfig(accelerator="cpu"))
     before = [p.detach().clone() for p in recipe.model.parameters()]
@@ -450,7 +449,6 @@ def test_processes_above_one_run_through_the_ddp_launcher(make_panel):
 
 @pytest.mark.slow
 def test_stop_ends_a_multi_process_run_and_refuses_live_changes_to_it(make_panel):
-    pytest.importorskip("nbtrain.distributed.launch", reason="the DDP launcher (nbtrain/launch.py) is not in this tree")
     panel = make_panel()
     panel.controls.processes.value = 2
     panel.controls.max_epochs.value = "1000"

@@ -1,7 +1,7 @@
 """Checkpoint on a requeue signal, resume after it (the worker side of a SLURM requeue).
 
 The batch script turns the scheduler's signal into a file, `requeue-requested`, in the run
-directory (slurm_script.py). Ranks must stop after the *same* optimizer step or the
+directory (slurm/script.py). Ranks must stop after the *same* optimizer step or the
 survivors hang in an all-reduce, so no rank acts on the file alone: at every log window
 (the engine emits a "steps" event at the same step on every rank) each rank looks for
 the file and the ranks agree with one all-reduce. Then the engine stops at that step

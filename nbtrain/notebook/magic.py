@@ -34,7 +34,7 @@ from ..runs.table import Row, RunsTable
 from ..progress import Progress
 from ..session import Session, namespace_lr
 from . import arguments, earlier, errors, slurm_cell, tools
-from .views import LivePlot, Summary
+from .views import LivePlot
 
 CONVENTIONS = "\n".join(
     [f"  {part:<14} {' or '.join(names)}" for part, names in NAMES.items()]
@@ -304,7 +304,8 @@ class NbtrainMagics(Magics):
         if args.name:
             namespace[args.name] = result
         notes.append(f"result in {args.name + ' and ' if args.name else ''}_nbtrain")
-        display(Summary(result, notes))
+        # the run's own table (RunResult.rows()), the notes under it
+        display({"text/plain": "\n".join([result.table(), *notes]), "text/html": result.html(notes)}, raw=True)
 
     @line_magic
     @magic_arguments()

@@ -42,7 +42,7 @@ from . import panel_training as training
 from .panel_training import describe
 from .panel_runs import RunRecord
 from .panel_tools import LABELS as TOOL_LABELS, ToolButtons
-from .panel_views import CodeView, CompareView, RunsTable, readout_html
+from .panel_views import CodeView, CompareView, RunsView, readout_html
 from .views import LivePlot
 
 # One panel per live model: a new panel for the same model closes the old one (and stops its run).
@@ -91,7 +91,7 @@ class Panel:
         self.close_button = button("Close", "nbtrain-close", "", self._on_close, BUTTONS["close"])
         # Drawn at twice the pixels it is shown at, so it stays sharp on HiDPI screens.
         self.plot = LivePlot(interval_s=0.7, widget=True, figsize=(7.6, 2.6), dpi=144)
-        self.table = RunsTable()
+        self.table = RunsView()
         self.compare = CompareView()
         self.code = CodeView()
         self.tools = ToolButtons(self)

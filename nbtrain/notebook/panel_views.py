@@ -62,8 +62,9 @@ def readout_html(c: TrainConfig, lr_note: str) -> str:
             f"<b>learning rate {html.escape(lr_note)}</b> · {c.precision} on {c.device_type} · {budget}</div>")
 
 
-class RunsTable:
-    """The columns that matter first; every other setting and measurement folded under a toggle."""
+class RunsView:
+    """The panel's widget of the one runs table (runs.table.RunsTable): the columns that matter first, every
+    other setting and measurement folded under a toggle."""
 
     def __init__(self):
         self.html = widgets.HTML()

@@ -1,4 +1,4 @@
-"""Live views of a run in a notebook: a plot redrawn in place, and the summary after it.
+"""Live views of a run in a notebook: a plot redrawn in place (the summary after it is the RunResult's own table).
 
 The plot is a MetricsLog view (metrics.View: `update` at every event, `close` when the run is
 over), called in the training loop every `log_every_n_steps` steps, so there it only marks
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import html
 import threading
 import time
 
@@ -143,19 +142,3 @@ class LivePlot:
             self.handle = display(bundle, raw=True, display_id=True)
         else:
             self.handle.update(bundle, raw=True)
-
-
-class Summary:
-    """The compact after-run summary: RunResult.rows() as an HTML table (text in a terminal)."""
-
-    def __init__(self, result, notes: list[str] = ()):
-        self.result = result
-        self.notes = list(notes)
-
-    def __repr__(self) -> str:
-        return "\n".join([self.result.table()] + self.notes)
-
-    def _repr_html_(self) -> str:
-        return self.result.html(self.notes)
-
-
