@@ -152,7 +152,7 @@ class Panel:
         self._current = record
         self.table.show(self.runs)
         self.plot.follow(record.log, record.label())
-        self.progress.start(record.number, {})  # the run's start event then says how many steps it plans
+        self.progress.start(record.number, None)  # the run's start event then says how many steps it plans
         self.set_running(True)
         self.say(f"run #{record.number} starting: {record.settings_text()}")
         self.thread = threading.Thread(target=training.train, args=(self, record), name="nbtrain-panel-run",

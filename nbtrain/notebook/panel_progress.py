@@ -13,7 +13,6 @@ import time
 import ipywidgets as widgets
 
 from ..format import clock
-from ..records import StartInfo
 
 MIN_INTERVAL_S = 0.2  # widget updates a second at most 5: a fast run would otherwise flood the browser
 BAR_STYLES = {"completed": "success", "stopped": "warning", "interrupted": "warning", "failed": "danger"}
@@ -44,8 +43,8 @@ class RunProgress:
         """The progress line as HTML (what the text widget shows)."""
         return self.text.value
 
-    def start(self, number: int, info: StartInfo) -> None:
-        self.number, self.planned, self.done, self.loss = number, info.planned_steps, 0, None
+    def start(self, number: int, planned: int | None) -> None:
+        self.number, self.planned, self.done, self.loss = number, planned, 0, None
         self._started, self._sent, self._first = time.monotonic(), 0.0, None
         self.bar.bar_style = "info"
         self.bar.max, self.bar.value = max(1, self.planned or 1), 0

@@ -51,7 +51,7 @@ def on_event(panel, record: RunRecord, event: dict, log) -> None:
     if kind == "change":
         panel.say(f"applied at step {event['step']}: {describe(event['changes'])} (same model and optimizer)")
     elif kind == "start":
-        panel.progress.start(record.number, StartInfo.from_dict(event["info"]))
+        panel.progress.start(record.number, StartInfo.from_dict(event["info"]).planned_steps)
         panel.table.show(panel.runs)
         how = ("Stop ends its worker processes" if record.config.world_size > 1
                else "Stop ends it at the next optimizer step; Apply now changes it there")
