@@ -60,11 +60,10 @@ class Record(Mapping):
         return sum(1 for _ in self)
 
     def __contains__(self, name) -> bool:
-        return getattr(self, name, None) is not None if name in self.__dataclass_fields__ else False
+        return name in self.__dataclass_fields__ and getattr(self, name) is not None
 
     def get(self, name: str, default=None):
-        value = getattr(self, name, None) if name in self.__dataclass_fields__ else None
-        return default if value is None else value
+        return getattr(self, name) if name in self else default
 
 
 def _plain(value):
