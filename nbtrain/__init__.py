@@ -8,7 +8,7 @@ from .recipe import Recipe, RecipeError
 from .runs.result import RunResult
 # The checklist as tools (functions; their modules live in nbtrain.tools).
 from .tools.cache import cache
-from .tools.checklist import checklist
+from .walk.tool import checklist
 from .tools.diagnose import profile
 from .tools.ab import ab
 from .tools.ceilings import ceilings

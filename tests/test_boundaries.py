@@ -15,7 +15,7 @@ def test_engine_modules_import_neither_ipython_nor_ipywidgets():
             "nbtrain.engine.precision, nbtrain.demo, nbtrain.api, nbtrain.progress, nbtrain.plotting\n"
             "import importlib.util\n"
             "for name in ('nbtrain.distributed.launch', 'nbtrain.distributed.worker', 'nbtrain.slurm', 'nbtrain.tools.diagnose', 'nbtrain.tools.tune',"
-            " 'nbtrain.tools.checklist', 'nbtrain.runs.store'):\n"
+            " 'nbtrain.walk.tool', 'nbtrain.runs.store'):\n"
             "    if importlib.util.find_spec(name): __import__(name)\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel')]\n"
             "assert not bad, bad\n")
@@ -68,7 +68,7 @@ FLOORS = [
     ("launchers", ("nbtrain.distributed", "nbtrain.slurm")),
     ("session", ("nbtrain.api", "nbtrain.session")),
     ("trial", ("nbtrain.tools.trial", "nbtrain.tools.tool_options")),
-    ("tools", ("nbtrain.tools",)),
+    ("tools and the walk", ("nbtrain.tools", "nbtrain.walk")),
     ("registry", ("nbtrain.tools.registry",)),
     ("front-ends", ("nbtrain.notebook", "nbtrain", "nbtrain.__main__")),
 ]

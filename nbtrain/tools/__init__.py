@@ -4,5 +4,5 @@
 in the vocabulary of `options`), `trial` (borrow: the trial every measurement runs in), `ab` (nbtrain.ab), `ceilings`
 (nbtrain.ceilings: read in `step_timing`), `diagnose`
 (nbtrain.profile), `tune` and `tune_workers` (batch size, workers), `lr_finder`, `leaks` (graph
-leaks, sync points), `cache`, `checklist` + `checklist_items` (the walk) and `waterfall` (its figure).
+leaks, sync points) and `cache`. The checklist walk (nbtrain.checklist) is a package of its own: nbtrain/walk/.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .ab import ab
 from .cache import cache
 from .ceilings import ceilings
-from .checklist import checklist
+from ..walk.tool import checklist
 from .diagnose import diagnose
 from .forecast import forecast
 from .leaks import find_graph_leaks, find_sync_points
