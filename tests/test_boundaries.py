@@ -65,7 +65,7 @@ FLOORS = [
     ("measure", ("nbtrain.measure", "nbtrain.plotting", "nbtrain.progress")),
     ("run records", ("nbtrain.runs",)),
     ("engine", ("nbtrain.engine", "nbtrain.adapters")),
-    ("launchers", ("nbtrain.distributed", "nbtrain.slurm")),
+    ("launchers", ("nbtrain.distributed", "nbtrain.launchers", "nbtrain.slurm")),
     ("session", ("nbtrain.api", "nbtrain.session")),
     ("trial", ("nbtrain.tools.trial", "nbtrain.tools.tool_options")),
     ("tools and the walk", ("nbtrain.tools", "nbtrain.walk")),
