@@ -58,11 +58,12 @@ def test_no_import_cycles_not_even_through_imports_inside_functions():
 # the floors below it, never from one above. A prefix names a module or a package with all its modules; the
 # longest prefix wins (tools.trial sits below the other tools, the registry above them).
 FLOORS = [
-    ("records and config", ("nbtrain.options", "nbtrain.hardware", "nbtrain.monitored", "nbtrain.config",
-                            "nbtrain.format", "nbtrain.records", "nbtrain.metrics", "nbtrain.places", "nbtrain.slots",
-                            "nbtrain.user_loader", "nbtrain.recipe", "nbtrain.flags", "nbtrain.doctor",
-                            "nbtrain.demo")),
-    ("measure", ("nbtrain.measure", "nbtrain.plotting", "nbtrain.progress")),
+    ("config", ("nbtrain.options", "nbtrain.hardware", "nbtrain.monitored", "nbtrain.config", "nbtrain.format",
+                "nbtrain.metrics", "nbtrain.places", "nbtrain.slots", "nbtrain.user_loader", "nbtrain.recipe",
+                "nbtrain.flags", "nbtrain.doctor", "nbtrain.demo")),
+    # A record of a run carries its measured numbers (a steady rate, the machine's load), and the figures of
+    # both are drawn by plotting: the records share the numbers' floor.
+    ("measure and records", ("nbtrain.measure", "nbtrain.records", "nbtrain.plotting", "nbtrain.progress")),
     ("run records", ("nbtrain.runs",)),
     ("engine", ("nbtrain.engine", "nbtrain.adapters")),
     ("launchers", ("nbtrain.distributed", "nbtrain.launchers", "nbtrain.slurm")),
@@ -80,10 +81,11 @@ def test_no_floor_imports_from_a_floor_above_it():
 
 def test_measure_is_numbers_only_and_imports_no_tool_front_end_or_engine():
     """measure/ holds numbers (steady rates, verdicts, races, the ceilings' and bottleneck's arithmetic): what
-    it imports of nbtrain is itself, its plotting and the records-and-config floor; a tool, a trial, the
-    engine, a launcher or a front-end measures through a trial and hands measure/ its readings."""
+    it imports of nbtrain is its own floor (the numbers, their records, plotting) and the config floor below; a
+    tool, a trial, the engine, a launcher or a front-end measures through a trial and hands measure/ its
+    readings."""
     graph = import_graph(PACKAGE)
-    allowed = {0, 1}  # records and config; measure (with plotting and the progress bar's window rate)
+    allowed = {0, 1}  # config; measure and records (with plotting and the progress bar's window rate)
     found = {module: sorted(t for t in targets if floor_of(t, FLOORS) not in allowed)
              for module, targets in graph.items() if module.startswith("nbtrain.measure")}
     assert {m: t for m, t in found.items() if t} == {}

@@ -1,8 +1,8 @@
 """Every figure nbtrain shows, as numbers: steady rates with their spread, A/B verdicts, the ceilings' arithmetic.
 
 The floor for numbers: nothing here runs an engine or a tool (tools/ measure through trials and hand their
-readings here); it imports only the floor below it (config, records, format) and plotting for its figures
-(test_boundaries.py).
+readings here); it imports only its own floor (records, plotting for its figures) and the config floor below
+it (config, format) (test_boundaries.py).
 
 - `steady`: a run's rate after its warm-up, with a 95% interval and the spread of its blocks;
 - `verdict`: the ratio of two rates with its interval, in words ("no measurable difference");
