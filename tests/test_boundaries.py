@@ -91,6 +91,17 @@ def test_measure_is_numbers_only_and_imports_no_tool_front_end_or_engine():
     assert {m: t for m, t in found.items() if t} == {}
 
 
+def test_the_walk_is_a_wing_of_its_own_reached_only_through_the_registry_and_the_front_ends():
+    """The checklist walk (walk/: its items, bench, result, waterfall) is one package; the tools beside it never
+    import it, only the registry one floor up (which lists nbtrain.checklist) and the front-ends."""
+    graph = import_graph(PACKAGE)
+    walk = {m for m in graph if m == "nbtrain.walk" or m.startswith("nbtrain.walk.")}
+    assert {"nbtrain.walk.walker", "nbtrain.walk.items", "nbtrain.walk.bench", "nbtrain.walk.result"} <= walk
+    assert floor_of("nbtrain.tools.registry", FLOORS) > floor_of("nbtrain.walk.walker", FLOORS)
+    reaching = {m for m, targets in graph.items() if m not in walk and targets & walk}
+    assert {m for m in reaching if floor_of(m, FLOORS) <= floor_of("nbtrain.walk", FLOORS)} == set()
+
+
 def test_the_floor_check_sees_an_import_upward_and_a_module_on_no_floor():
     floors = [("low", ("pkg.low",)), ("high", ("pkg.high", "pkg")), ("top", ("pkg.high.top",))]
     graph = {"pkg": {"pkg.high"}, "pkg.low": {"pkg.high.top"}, "pkg.high": {"pkg.low"}, "pkg.high.top": {"pkg.high"},
