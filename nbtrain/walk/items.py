@@ -2,7 +2,7 @@
 
 Each item is one `Item`, registered once by the `@item(...)` decorator on its candidates function:
 its name, the remedies of the four ceilings it answers (measure/bottleneck.py: `Remedy.item`; every
-remedy the bottleneck can name is answered by an item or said in NOT_AN_ITEM, test_checklist.py), when
+remedy the bottleneck can name is answered by an item or said in NOT_AN_ITEM, test_checklist_parts.py), when
 it is tried (`stage`), and its candidates. The function takes (walk, current) and returns
 (label, config) pairs that the walk races against the current config, candidates already measured
 (`Tried`, DDP's processes measured apart), or a string saying why the item does not apply here. What an
@@ -38,7 +38,7 @@ class Item:
 
 REGISTRY: dict[str, Item] = {}
 # Remedies the bottleneck can name (measure/bottleneck.py) that no item races, and why (the ceilings' table still
-# says them): each remedy is an item's answer or one of these (test_checklist.py).
+# says them): each remedy is an item's answer or one of these (test_checklist_parts.py).
 NOT_AN_ITEM = {"pin_memory": "batches are pinned on CUDA unless pin_memory=False was given; no item races it yet",
                "cache": "a tool of its own: nbtrain.cache writes the preprocessed samples to disk once"}
 
@@ -312,8 +312,7 @@ def ddp(walk, current):
     # Half the steps the current config trains in one trial's time: DDP on a busy machine may be
     # slower, and its workers' start-up comes on top (the workers measure their own rate).
     steps = max(10, int(walk.rate * walk.trial_s / c.global_batch_size / 2))
-    tried = walk.bench.apart(label, c, steps)
-    walk.trials += 1
+    tried = walk.apart(label, c, steps)
     if tried.samples_per_s is None:
         return [tried]
     now = walk.measure(current)  # the current config, right after: the nearest load to compare under

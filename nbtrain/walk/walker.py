@@ -133,6 +133,11 @@ class Walk:
         self.overhead_s = max(0.2, 0.5 * self.overhead_s + 0.5 * (self.clock() - t0 - seconds))
         return tried
 
+    def apart(self, label: str, config, steps: int) -> Tried:
+        """`config` run in processes of its own (DDP's ranks), `steps` steps: one more trial of the walk's."""
+        self.trials += 1
+        return self.bench.apart(label, config, steps)
+
     def ensure_rate(self) -> None:
         """The current config's rate, measured now when no race has measured it yet."""
         if math.isfinite(self.rate):
