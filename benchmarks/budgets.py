@@ -18,7 +18,7 @@ import time
 import torch
 
 from nbtrain import TrainConfig
-from nbtrain.tools.checklist import checklist
+from nbtrain.walk.tool import checklist
 from nbtrain.demo import digits_recipe
 from nbtrain.tools.tune import find_workers
 

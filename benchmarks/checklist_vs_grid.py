@@ -24,8 +24,9 @@ from checklist_recipes import data_bound_recipe  # noqa: E402
 import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.tools import trial  # noqa: E402
-from nbtrain.tools.checklist import (batch_candidates, checklist, precision_candidates, with_batch,  # noqa: E402
-                               with_workers, worker_candidates)
+from nbtrain.walk.items import (batch_candidates, precision_candidates, with_batch, with_workers,  # noqa: E402
+                                worker_candidates)
+from nbtrain.walk.tool import checklist  # noqa: E402
 
 ITEMS = ("batch_size", "workers", "precision")
 

@@ -8,9 +8,9 @@ from .recipe import Recipe, RecipeError
 from .runs.result import RunResult
 # The checklist as tools (functions; their modules live in nbtrain.tools).
 from .tools.cache import cache
-from .tools.checklist import checklist
+from .walk.tool import checklist
 from .tools.diagnose import profile
-from .measure.ab import ab
+from .tools.ab import ab
 from .tools.ceilings import ceilings
 from .tools.forecast import forecast
 from .distributed.launch import launch  # the function; its module's helpers: `from nbtrain.distributed.launch import ...`

@@ -37,7 +37,7 @@ def _save_plot(result, folder: str, name: str) -> Path:
 
 
 def _tour(args) -> int:
-    from .tools.checklist import checklist
+    from .walk.tool import checklist
     from .demo import digits_recipe
 
     config = config_from_flags(args, TrainConfig(batch_size=32))

@@ -1,13 +1,12 @@
-"""Thirteen simulated machines (nbtrain/tools/simulated_machine.py) for the checklist walk, each with its
+"""Thirteen simulated machines (simulated_machine.py) for the checklist walk, each with its
 exhaustive grid: host-bound, data-bound, compute-bound, memory-limited and memory-bound, on a GPU and
 on a CPU, and the interaction the H200 showed (ResNet-18, 16,384 CIFAR-sized samples: batch 32 bound
 by the host, batch 2048 by the DataLoader, held data ~3x the DataLoader's best there)."""
 import itertools
 
 from nbtrain import TrainConfig
-from nbtrain.tools.checklist_items import (batch_candidates, precision_candidates, with_batch, with_workers,
-                                           worker_candidates)
-from nbtrain.tools.simulated_machine import Landscape, start_up_s, true_rate
+from nbtrain.walk.items import batch_candidates, precision_candidates, with_batch, with_workers, worker_candidates
+from simulated_machine import Landscape, start_up_s, true_rate
 
 GPU = TrainConfig(accelerator="cuda", batch_size=32)  # the naive start: fp32, batch 32, no workers, DataLoader
 CPU = TrainConfig(accelerator="cpu", batch_size=16)
@@ -89,8 +88,8 @@ def budget_s(land: Landscape) -> float:
 def walk_against_grid(land: Landscape, seed: int) -> dict:
     """The walk on the simulated machine, judged by the true rates: its choice over the grid's best, its time
     over the grid's."""
-    from nbtrain.tools.checklist import run_walk
-    from nbtrain.tools.simulated_machine import SimulatedMachine
+    from nbtrain.walk.walker import run_walk
+    from simulated_machine import SimulatedMachine
     machine = SimulatedMachine(land, seed=seed)
     walk = run_walk(machine, budget_s=budget_s(land), clock=machine.clock)
     best, best_rate, grid_s = grid_best(land)

@@ -9,9 +9,9 @@ import torch
 
 from nbtrain import TrainConfig
 from nbtrain.api import engine_for
-from nbtrain.tools import checklist_items
-from nbtrain.tools.checklist import ITEMS, batch_candidates, checklist
-from nbtrain.tools.checklist_items import REGISTRY, ddp_candidate
+from nbtrain.walk import items as walk_items
+from nbtrain.walk.items import ITEMS, REGISTRY, batch_candidates, ddp_candidate
+from nbtrain.walk.tool import checklist
 from nbtrain.demo import digits_recipe
 from nbtrain.tools.registry import ToolOptionError, ToolRefusal
 
@@ -257,37 +257,50 @@ def test_the_ddp_item_runs_two_processes_and_compares_them_measured_apart():
 
 
 def test_workers_are_also_tried_at_the_batch_items_batch_to_retry():
+    from nbtrain.measure.verdict import Verdict
+    from nbtrain.walk.result import ItemResult
+
     class Here:
-        cores = 2  # counts 0, 1, 2: the most workers is 2
+        cores, samples = 2, 4096  # counts 0, 1, 2: the most workers is 2
 
     class Walk:  # what the workers item reads of the walk; the race itself is tested in test_race.py
-        retry_batch, here = 256, Here()
-        batches_raced = True  # after the batch item: its batch to retry is the larger batch
+        here, target, raced = Here(), None, {}
+
+        def outcome(self, name):  # the result an item's race returned, read by the items after it
+            return self.raced.get(name)
 
     def race(walk, current):
-        candidates = checklist_items.workers(walk, current)
+        candidates = walk_items.workers(walk, current)
         walk.labels = [label for label, _ in candidates]
         walk.configs = [config for _, config in candidates]
 
+    def batch_item(verdict):  # the batch item raced batch 256 against the start: `verdict` its ratio
+        tried = [walk_items.Tried("batch_size=256", walk_items.with_batch(current, 256, current), 1000.0 * verdict.ratio,
+                                  verdict=verdict)]
+        return ItemResult("batch_size", tried, 1000.0, 1000.0, False, "", verdict)
+
     walk, current = Walk(), TrainConfig(batch_size=16)
     walk.start = current
+    race(walk, current)  # before the batch item raced: the largest batch it would try (4096 // 8)
+    assert "num_workers=2, batch_size=512" in walk.labels, walk.labels
+    walk.raced = {"batch_size": batch_item(Verdict(1.02, 0.95, 1.1, 4))}  # not shown slower: its batch to retry
     race(walk, current)
     assert "num_workers=2" in walk.labels and "num_workers=2, batch_size=256" in walk.labels, walk.labels
     together = walk.configs[walk.labels.index("num_workers=2, batch_size=256")]
     assert (together.batch_size, together.num_workers, together.scale_lr) == (256, 2, "linear")
-    Walk.retry_batch = None
+    walk.raced = {"batch_size": batch_item(Verdict(0.8, 0.7, 0.9, 4))}  # shown slower: no batch to retry
     race(walk, current)
     assert not any("batch_size" in label for label in walk.labels), walk.labels
 
 
 def test_the_batch_to_retry_with_workers_is_the_largest_batch_not_shown_slower():
     from nbtrain.measure.verdict import UNMEASURED, Verdict
-    from nbtrain.tools.checklist import ItemResult
+    from nbtrain.walk.result import ItemResult
 
     start = TrainConfig(batch_size=16)
 
     def outcome(*rows):  # (batch, verdict over the start config, why it left)
-        return [checklist_items.Tried(f"batch_size={b}", checklist_items.with_batch(start, b, start),
+        return [walk_items.Tried(f"batch_size={b}", walk_items.with_batch(start, b, start),
                                       1000.0 * v.ratio, verdict=v, left=left) for b, v, left in rows]
 
     faster = outcome((32, Verdict(0.7, 0.6, 0.8, 3), "left after round 1: slower than batch_size=64"),
@@ -295,7 +308,7 @@ def test_the_batch_to_retry_with_workers_is_the_largest_batch_not_shown_slower()
                      (256, Verdict(1.28, 1.05, 1.5, 3), ""),
                      (512, Verdict(0.7, 0.6, 0.8, 2), "left after round 2: below a gain worth keeping"))
     kept = ItemResult("batch_size", faster, 1000.0, 1300.0, True, "batch_size=64", Verdict(1.3, 1.1, 1.5, 3))
-    assert checklist_items.batch_to_retry(kept, faster) == 256
+    assert walk_items.batch_to_retry(kept) == 256
     # Loading bounds the speed: every batch at one speed, the leader (64) is noise, and 256 left the
     # race as "slower" than it by noise too; neither is shown slower than the start, 512 is.
     bound = outcome((32, Verdict(1.0, 0.9, 1.1, 4), ""), (64, Verdict(1.02, 0.95, 1.1, 4), ""),
@@ -305,13 +318,13 @@ def test_the_batch_to_retry_with_workers_is_the_largest_batch_not_shown_slower()
                     (1024, UNMEASURED, "out of time after 1 round"))
     unkept = ItemResult("batch_size", bound, 1000.0, 1000.0, False, "", Verdict(1.02, 0.95, 1.1, 4),
                         compared="batch_size=64")
-    assert checklist_items.batch_to_retry(unkept, bound) == 256
+    assert walk_items.batch_to_retry(unkept) == 256
     slower = outcome((32, Verdict(0.9, 0.8, 0.97, 3), ""), (64, Verdict(0.8, 0.7, 0.9, 3), ""))
-    assert checklist_items.batch_to_retry(ItemResult("batch_size", slower, 1000.0, 1000.0, False, "",
-                                                     Verdict(0.9, 0.8, 0.97, 3)), slower) is None
-    largest_slower = faster[:2] + [checklist_items.Tried(t.label, t.config, 500.0, verdict=Verdict(0.5, 0.4, 0.6, 3))
+    assert walk_items.batch_to_retry(ItemResult("batch_size", slower, 1000.0, 1000.0, False, "",
+                                                Verdict(0.9, 0.8, 0.97, 3))) is None
+    largest_slower = faster[:2] + [walk_items.Tried(t.label, t.config, 500.0, verdict=Verdict(0.5, 0.4, 0.6, 3))
                                    for t in faster[2:]]
-    assert checklist_items.batch_to_retry(kept, largest_slower) is None  # every larger one shown slower
+    assert walk_items.batch_to_retry(dataclasses.replace(kept, tried=largest_slower)) is None  # each larger slower
 
 
 @pytest.mark.slow
@@ -337,7 +350,7 @@ def test_the_walk_drops_a_candidate_whose_loss_diverges_and_refuses_when_the_cur
 def test_the_walk_measures_the_devices_peaks_and_bandwidth_once_not_at_every_reading(monkeypatch):
     # They belong to the machine, not the config: 5.8 s of a 6 s first reading here, 0.3 s each reading after.
     from nbtrain.measure import device_rates
-    from nbtrain.tools.walk_bench import EngineBench
+    from nbtrain.walk.bench import EngineBench
     live = engine_for(digits_recipe(), TrainConfig(batch_size=32))
     bench = EngineBench(lent := live.trial())
     first = bench.bottleneck(bench.start, 0.05)

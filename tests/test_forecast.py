@@ -16,7 +16,7 @@ from nbtrain.measure.forecast import (MIB, Quantity, fit_link, gradient_buckets,
 from nbtrain.measure.forecast_result import Check, Forecast
 from nbtrain.measure.steady import NOTHING, SteadyRate
 from nbtrain.tools.registry import ToolOptionError
-from nbtrain.tools.simulated_machine import Fabric, Landscape
+from simulated_machine import Fabric, Landscape
 
 # Published shapes. PyTorch DDP (Li et al., VLDB 2020): ResNet-50 on V100s, 8 per server with NVLink, servers
 # over 100 Gb/s, about 93% per-GPU efficiency at 16 GPUs. Horovod (Sergeev & Del Balso, 2018): 90% for

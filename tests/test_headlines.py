@@ -58,7 +58,7 @@ def test_ab_of_two_configs_names_each_side_as_changes_from_the_live_config():
 from nbtrain.measure.bottleneck import CEILINGS, EXPLAINS, memory_undercuts, share_of  # noqa: E402
 from nbtrain.measure.device_rates import HostSplit, Rate, StepCount  # noqa: E402
 from nbtrain.measure.steady import SteadyRate  # noqa: E402
-from nbtrain.tools.simulated_machine import Landscape, SimulatedMachine  # noqa: E402
+from simulated_machine import Landscape, SimulatedMachine  # noqa: E402
 
 from landscapes import CPU, GPU, LANDSCAPES, grid  # noqa: E402
 
@@ -155,7 +155,7 @@ def test_two_readings_of_one_config_on_a_quiet_simulated_machine_give_one_verdic
 
 # --- the walk's headline: its choice against the start, head to head ---------------------------------------
 
-from nbtrain.tools.checklist import run_walk  # noqa: E402
+from nbtrain.walk.walker import run_walk  # noqa: E402
 
 from landscapes import budget_s  # noqa: E402
 

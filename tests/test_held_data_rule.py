@@ -87,7 +87,7 @@ def test_a_dataset_that_declares_its_samples_fixed_is_read_once_to_be_held():
 
 @pytest.mark.slow
 def test_the_walk_never_keeps_a_frozen_read_of_an_augmentation_that_changes_one_read_in_ten():
-    from nbtrain.tools.checklist import checklist
+    from nbtrain.walk.tool import checklist
     dataset = SometimesAugmented()
     recipe = Recipe(model=nn.Linear(5, 1), train_data=dataset, training_step=_scripted(nn.MSELoss(), {}))
     walk = checklist(recipe, config=TrainConfig(batch_size=32, accelerator="cpu"), budget_s=10, clock=lambda: 0.0,

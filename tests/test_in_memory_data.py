@@ -204,7 +204,7 @@ def test_an_in_place_change_to_the_source_tensors_reaches_the_held_copy():
 
 @pytest.mark.slow
 def test_the_checklist_item_measures_holding_the_data_and_states_its_memory():
-    from nbtrain.tools.checklist import checklist
+    from nbtrain.walk.tool import checklist
     from nbtrain.demo import digits_recipe
     recipe = digits_recipe()
     before = [p.detach().clone() for p in recipe.model.parameters()]

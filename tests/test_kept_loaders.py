@@ -11,7 +11,8 @@ from torch.utils.data import Dataset
 
 from checklist_recipes import data_bound_recipe, state, same_state
 from nbtrain import Engine, Recipe, TrainConfig
-from nbtrain.tools import trial, walk_bench
+from nbtrain.tools import trial
+from nbtrain.walk import bench as walk_bench
 
 
 class Indexed(Dataset):
@@ -95,7 +96,7 @@ class _nothing:
 
 
 def test_a_race_keeps_each_configs_workers_and_the_walk_stops_them_all():
-    # The walk's bench (walk_bench.EngineBench): a config's blocks in one race share one set of workers, warmed
+    # The walk's bench (walk/bench.py: EngineBench): a config's blocks in one race share one set of workers, warmed
     # up before its first counted block; after the race only the configs the walk goes on with keep theirs;
     # at the walk's end none is left, and the live engine is as it was.
     recipe = data_bound_recipe(n=256)

@@ -7,7 +7,8 @@ import torch
 
 import nbtrain
 from nbtrain import TrainConfig
-from nbtrain.tools.checklist import ITEMS as CHECKLIST_ITEMS, ChecklistResult
+from nbtrain.walk.items import ITEMS as CHECKLIST_ITEMS
+from nbtrain.walk.result import ChecklistResult
 from nbtrain.tools.diagnose import Diagnosis
 from nbtrain.notebook.tools import ToolView
 from nbtrain.tools.tune import BatchSearch, LRFind, WorkerSearch

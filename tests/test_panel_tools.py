@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import nbtrain
-from nbtrain.tools.checklist import ChecklistResult
+from nbtrain.walk.result import ChecklistResult
 from nbtrain.demo import digits_recipe
 from nbtrain.tools.diagnose import Diagnosis
 from nbtrain.notebook.panel import panel as make_panel_with_store

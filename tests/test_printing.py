@@ -25,8 +25,8 @@ def _recipe():
 
 def _walk():
     from landscapes import LANDSCAPES
-    from nbtrain.tools.checklist import run_walk
-    from nbtrain.tools.simulated_machine import SimulatedMachine
+    from nbtrain.walk.walker import run_walk
+    from simulated_machine import SimulatedMachine
     machine = SimulatedMachine(LANDSCAPES[0], seed=1)
     return run_walk(machine, budget_s=20, clock=machine.clock)
 

@@ -7,9 +7,9 @@ import torch
 
 from nbtrain import ConfigError, Engine, TrainConfig
 from nbtrain.config import options
-from nbtrain.engine.toggles import TOGGLES, _conv_recipe, _mlp_recipe, image_recipe
 
 from helpers import same_weights, weights
+from toggle_recipes import TOGGLES, conv_recipe, image_recipe, mlp_recipe
 
 TOGGLE_OPTIONS = {"compile", "channels_last", "matmul_precision", "cudnn_benchmark", "optimizer_impl",
                   "activation_checkpointing", "persistent_workers", "prefetch_factor"}
@@ -38,7 +38,7 @@ def test_each_toggle_trains_two_steps_or_reports_why_not(toggle):
 @pytest.mark.parametrize("option, value", [("channels_last", True), ("optimizer_impl", "foreach"),
                                            ("optimizer_impl", "fused"), ("activation_checkpointing", "auto")])
 def test_toggles_that_must_not_change_the_math_give_the_same_weights(option, value):
-    factory = _conv_recipe if option == "channels_last" else _mlp_recipe
+    factory = conv_recipe if option == "channels_last" else mlp_recipe
     plain, toggled = factory(), factory()
     Engine(plain, TrainConfig(max_steps=4, batch_size=32)).run()
     Engine(toggled, TrainConfig(max_steps=4, batch_size=32, **{option: value})).run()
@@ -46,35 +46,35 @@ def test_toggles_that_must_not_change_the_math_give_the_same_weights(option, val
 
 
 def test_channels_last_on_a_model_without_convolutions_is_reported_not_applicable():
-    result = Engine(_mlp_recipe(), TrainConfig(max_steps=2, channels_last=True)).run()
+    result = Engine(mlp_recipe(), TrainConfig(max_steps=2, channels_last=True)).run()
     assert any("channels_last: not applicable, the model has no 2-D convolutions" in n for n in result.summary["notes"])
     assert "not applicable" in result.table()
 
 
 def test_activation_checkpointing_recomputes_and_can_be_switched_off_live():
-    recipe = _mlp_recipe()
+    recipe = mlp_recipe()
     engine = Engine(recipe, TrainConfig(max_steps=1, activation_checkpointing="net.1,net.3"))
     assert getattr(recipe.model.net[1], "_nbtrain_checkpointed", False)
     engine.run()
     engine.reconfigure(engine.config.replace(activation_checkpointing=None))
     assert not getattr(recipe.model.net[1], "_nbtrain_checkpointed", False)
-    assert set(recipe.model.state_dict()) == set(_mlp_recipe().model.state_dict())
+    assert set(recipe.model.state_dict()) == set(mlp_recipe().model.state_dict())
 
 
 def test_an_unknown_submodule_for_checkpointing_is_named_with_what_exists():
     with pytest.raises(ConfigError, match="no submodule 'decoder'; its top-level submodules: net"):
-        Engine(_mlp_recipe(), TrainConfig(activation_checkpointing="decoder"))
+        Engine(mlp_recipe(), TrainConfig(activation_checkpointing="decoder"))
 
 
 def test_an_optimizer_without_fused_kernels_is_reported_not_applicable():
-    recipe = _mlp_recipe()
+    recipe = mlp_recipe()
     recipe.optimizer = lambda p: torch.optim.Rprop(p)
     result = Engine(recipe, TrainConfig(max_steps=2, optimizer_impl="fused")).run()
     assert any("optimizer_impl=fused" in n for n in result.summary["notes"])
 
 
 def test_the_optimizer_implementation_switch_keeps_optimizer_state():
-    recipe = _mlp_recipe()
+    recipe = mlp_recipe()
     engine = Engine(recipe, TrainConfig(max_steps=2))
     engine.run()
     moments = engine.optimizer.state[next(recipe.model.parameters())]["exp_avg"].clone()
@@ -85,7 +85,7 @@ def test_the_optimizer_implementation_switch_keeps_optimizer_state():
 
 @pytest.mark.slow
 def test_compile_time_is_measured_apart_and_the_break_even_is_stated():
-    recipe = _mlp_recipe()
+    recipe = mlp_recipe()
     engine = Engine(recipe, TrainConfig(max_steps=6, batch_size=64, drop_last=True))
     engine.run()  # eager baseline on this model
     engine.reconfigure(engine.config.replace(compile="default"))

@@ -13,9 +13,11 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 
 from nbtrain import Recipe, TrainConfig, hardware
 from nbtrain.demo import digits_recipe
-from nbtrain.tools import checklist_items, trial
-from nbtrain.tools.checklist import Walk, checklist
-from nbtrain.tools.walk_bench import EngineBench
+from nbtrain.tools import trial
+from nbtrain.walk import items as walk_items
+from nbtrain.walk.bench import EngineBench
+from nbtrain.walk.tool import checklist
+from nbtrain.walk.walker import Walk
 from nbtrain.tools.tune import find_batch_size
 from nbtrain.tools.tune_workers import find_workers
 
@@ -48,7 +50,7 @@ def test_on_one_gpu_the_walk_skips_ddp_with_its_reason_before_measuring_anything
         with trial.borrow(recipe=recipe, config=TrainConfig(batch_size=16, accelerator="cpu")) as lent:
             walk = Walk(EngineBench(lent), 60.0, 0.2, 0.03, lambda: 0.0, 0.0)
             on_the_gpu = TrainConfig(batch_size=16, accelerator="cuda")
-            reason = checklist_items.ddp(walk, on_the_gpu)
+            reason = walk_items.ddp(walk, on_the_gpu)
     assert reason == ("1 CUDA device on this machine: 2 DDP processes would share one GPU, which is slower "
                       "by construction")
     assert walk.trials == 0 and walk.blocks == 0  # nothing was measured for an item that cannot run here
@@ -59,7 +61,7 @@ def test_the_ddp_item_says_what_this_machines_cores_allow():
     with hardware.assume(hardware.Inventory(cuda_devices=1, cuda_bf16=True, mps=False, cpu_cores=1)):
         with trial.borrow(recipe=recipe, config=TrainConfig(batch_size=16, accelerator="cpu")) as lent:
             walk = Walk(EngineBench(lent), 60.0, 0.2, 0.03, lambda: 0.0, 0.0)
-            reason = checklist_items.ddp(walk, walk.start)
+            reason = walk_items.ddp(walk, walk.start)
     assert "devices=2" in reason and "at most 1 CPU processes" in reason and walk.trials == 0
 
 
@@ -124,7 +126,7 @@ def test_find_workers_shows_a_worker_count_that_fails_as_a_row():
 
 def test_on_several_gpus_the_walk_tries_ddp_at_the_gpu_count():
     # One process per GPU (a walk on an 8-GPU machine that tried 2 would leave 6 idle); on a CPU, two processes.
-    from nbtrain.tools.simulated_machine import Here, SimulatedMachine
+    from simulated_machine import Here, SimulatedMachine
     from landscapes import LANDSCAPES
 
     class Asked(Here):  # the machine says which DDP config the item asked about, instead of running it
@@ -137,5 +139,5 @@ def test_on_several_gpus_the_walk_tries_ddp_at_the_gpu_count():
     on_the_gpu = TrainConfig(batch_size=16, accelerator="cuda")
     for gpus, processes in ((4, 4), (8, 8), (2, 2)):
         with hardware.assume(hardware.Inventory(cuda_devices=gpus, cuda_bf16=True, mps=False, cpu_cores=16)):
-            assert checklist_items.ddp(walk, on_the_gpu) == f"asked for devices={processes}"
-            assert checklist_items.ddp(walk, TrainConfig(batch_size=16, accelerator="cpu")) == "asked for devices=2"
+            assert walk_items.ddp(walk, on_the_gpu) == f"asked for devices={processes}"
+            assert walk_items.ddp(walk, TrainConfig(batch_size=16, accelerator="cpu")) == "asked for devices=2"

@@ -11,10 +11,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from landscapes import LANDSCAPES, grid, walk_against_grid
 from nbtrain import TrainConfig
-from nbtrain.tools import checklist as checklist_module
-from nbtrain.tools.checklist import run_walk
-from nbtrain.tools.checklist_items import ITEMS
-from nbtrain.tools.simulated_machine import Landscape, SimulatedMachine, parts, start_up_s, true_rate
+from nbtrain.walk import tool as walk_tool, walker
+from nbtrain.walk.items import ITEMS
+from nbtrain.walk.walker import run_walk
+from simulated_machine import Landscape, SimulatedMachine, parts, start_up_s, true_rate
 
 H200 = LANDSCAPES[0]
 
@@ -143,14 +143,15 @@ def test_the_cost_model():
 
 
 def test_the_walk_never_names_an_item():
-    # Items are objects registered once (checklist_items.py); the walk reads their fields, never their names.
-    tree = ast.parse(inspect.getsource(checklist_module))
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
-                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    named = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-             and id(node) not in docstrings and node.value in ITEMS}
-    assert not named, named
+    # Items are objects registered once (walk/items.py); the walk reads their fields, never their names.
+    for module in (walker, walk_tool):
+        tree = ast.parse(inspect.getsource(module))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        named = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                 and isinstance(node.value, str) and id(node) not in docstrings and node.value in ITEMS}
+        assert not named, (module.__name__, named)
     assert math.isfinite(true_rate(H200, H200.start))
 
 

@@ -3,15 +3,13 @@
 Each toggle is a TrainConfig option. The functions here change one thing (a model's
 memory format, an optimizer's kernels, which submodules recompute activations, global
 matmul settings) and say why when the toggle does not apply, so the engine can report
-"not applicable" instead of silently ignoring it. `TOGGLES` lists every toggle with the
-value to try and a canonical small recipe on which it must train (see tests).
+"not applicable" instead of silently ignoring it. Every toggle, with the value to try and a small
+recipe on which it must train, is listed where the tests that train them live (tests/toggle_recipes.py).
 """
 from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -132,64 +130,3 @@ def matmul_settings(matmul_precision: str | None, cudnn_benchmark: bool | None, 
     if cudnn_benchmark is not None:
         torch.backends.cudnn.benchmark = cudnn_benchmark
     return notes
-
-
-# --- the registry ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Toggle:
-    option: str
-    value: object
-    recipe: Callable  # () -> Recipe on which the toggle must train
-    needs: str = ""  # "cuda" when the toggle only acts on a GPU
-    with_options: tuple = ()  # other options the toggle needs, as (name, value) pairs
-
-
-def _mlp_recipe():
-    from ..demo import digits_recipe
-    return digits_recipe()
-
-
-def _conv_recipe():
-    from ..demo import DigitsDataset
-    from ..recipe import Recipe
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                          nn.Flatten(), nn.Linear(8 * 64, 10))
-    return Recipe(model=model, train_data=DigitsDataset(image=True), loss_fn=nn.CrossEntropyLoss(),
-                  optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
-
-
-def image_recipe(images: int = 128, size: int = 32, seed: int = 0):
-    """A torchvision ResNet-18 on FakeData images through torchvision transforms: the shape of a real
-    image notebook (PIL decode, augmentation and normalisation per sample in the loader; batch
-    norm; convolutions that channels_last and cuDNN act on), small enough for a laptop CPU."""
-    from ..doctor import import_torchvision
-    import_torchvision()  # a torch and torchvision not built for each other: one line saying what to run
-    from torchvision import datasets, models
-    from torchvision.transforms import v2
-
-    from ..recipe import Recipe
-    transform = v2.Compose([v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                            v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
-    torch.manual_seed(seed)
-    return Recipe(model=models.resnet18(num_classes=10),
-                  train_data=datasets.FakeData(images, (3, size, size), 10, transform=transform),
-                  val_data=datasets.FakeData(images // 4, (3, size, size), 10, transform=transform,
-                                             random_offset=images),  # other images than the training ones
-                  loss_fn=nn.CrossEntropyLoss(), optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
-
-
-TOGGLES = (
-    Toggle("compile", "default", _mlp_recipe),
-    Toggle("channels_last", True, image_recipe),
-    Toggle("matmul_precision", "high", _mlp_recipe, needs="cuda"),
-    Toggle("cudnn_benchmark", True, image_recipe, needs="cuda"),
-    Toggle("optimizer_impl", "foreach", _mlp_recipe),
-    Toggle("optimizer_impl", "fused", _mlp_recipe),
-    Toggle("activation_checkpointing", "auto", _mlp_recipe),
-    # Loader toggles on per-sample PIL transforms, the work worker processes exist for.
-    Toggle("persistent_workers", True, image_recipe, with_options=(("num_workers", 1),)),
-    Toggle("prefetch_factor", 4, image_recipe, with_options=(("num_workers", 1),)),
-)

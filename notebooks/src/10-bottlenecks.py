@@ -1,4 +1,4 @@
-# requires: nbtrain.tools.diagnose, nbtrain.tools.checklist
+# requires: nbtrain.tools.diagnose, nbtrain.walk
 # %% [markdown]
 # # 10 · Find the bottleneck first — then let the checklist walk itself
 #

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..config import TrainConfig
 from ..format import PrintsAsTable
 from ..measure.verdict import UNMEASURED, Verdict
-from .checklist_items import Tried
+from .items import Tried
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A simulated machine behind the checklist walk's measurement seam (walk_bench.py), to develop the walk
+"""A simulated machine behind the checklist walk's measurement seam (nbtrain/walk/bench.py), to develop the walk
 against without a GPU: seeded, deterministic, seconds to run.
 
 A `Landscape` states a machine and a model as costs; `SimulatedMachine` turns a TrainConfig into a
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..config import TrainConfig
-from ..measure.ceilings import Ceilings
-from ..measure.device_rates import Busy, HostSplit, Rate, StepCount
-from ..measure.forecast import ring_allreduce_s
-from ..measure.race import Block
-from ..measure.steady import SteadyRate
-from ..measure.verdict import Verdict
-from .checklist_items import Tried
+from nbtrain.config import TrainConfig
+from nbtrain.measure.ceilings import Ceilings
+from nbtrain.measure.device_rates import Busy, HostSplit, Rate, StepCount
+from nbtrain.measure.forecast import ring_allreduce_s
+from nbtrain.measure.race import Block
+from nbtrain.measure.steady import SteadyRate
+from nbtrain.measure.verdict import Verdict
+from nbtrain.walk.items import Tried
 
 _LOW = ("bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
@@ -156,7 +156,7 @@ def workers_start_s(land: Landscape, c: TrainConfig) -> float:
 
 
 class Here:
-    """What the items ask of the machine (walk_bench.EngineFacts' face)."""
+    """What the items ask of the machine (walk.bench.Here, as EngineFacts answers it)."""
 
     def __init__(self, land: Landscape):
         self.land, self.samples, self.cuda = land, land.samples, land.cuda
@@ -178,7 +178,8 @@ class Here:
 
 @dataclass
 class SimulatedMachine:
-    """The bench of a Landscape: blocks, trials and ceilings on a simulated clock (see the module doc)."""
+    """The bench of a Landscape (a walk.bench.Bench): blocks, trials and ceilings on a simulated clock (see the
+    module doc)."""
     land: Landscape
     seed: int = 0
     block_overhead_s: float = 0.05
@@ -191,7 +192,7 @@ class SimulatedMachine:
         self.rng = np.random.default_rng(self.seed)
         self.load, self.read = 1.0, False
         self.here = Here(self.land)
-        self.start = self.current = self.land.start
+        self.start = self.land.start
         self.device_type = "cuda" if self.land.cuda else "cpu"
         self.device = f"{self.device_type} (simulated: {self.land.name})"
 
@@ -213,7 +214,7 @@ class SimulatedMachine:
         burst = self.land.burst if self.rng.random() < self.land.burst_p else 1.0
         return rate * self.load * burst * math.exp(self.rng.normal(0, self.land.noise))
 
-    def block(self, config, seconds: float) -> Block:
+    def block(self, config, seconds: float, current=None) -> Block:
         self.blocks.append(config)
         self._spend(config, seconds)
         rate = true_rate(self.land, config)
@@ -222,7 +223,7 @@ class SimulatedMachine:
         observed = self._observed(rate)
         return Block(observed, list(observed * np.exp(self.rng.normal(0, self.land.noise, 4))))
 
-    def trial(self, config, seconds: float) -> Tried:
+    def trial(self, config, seconds: float, current=None) -> Tried:
         blocks = [self.block(config, seconds / 6) for _ in range(6)]
         if blocks[0].note:
             return Tried("", config, None, blocks[0].note)
@@ -230,7 +231,7 @@ class SimulatedMachine:
         return Tried("", config, float(np.median(rates)), blocks=rates)
 
     def race_over(self, keep=()) -> None:
-        self.running &= set(keep)  # as walk_bench: only the configs the walk goes on with keep their workers
+        self.running &= set(keep)  # as walk/bench.py: only the configs the walk goes on with keep their workers
 
     def bottleneck(self, config, seconds: float):
         """The four ceilings as nbtrain.ceilings would read them here, judged by the real measure/bottleneck.py."""

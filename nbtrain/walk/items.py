@@ -1,12 +1,15 @@
 """The checklist walk's items: each one's candidates from the current config, or why it does not apply.
 
 Each item is one `Item`, registered once by the `@item(...)` decorator on its candidates function:
-its name, the remedies of the four ceilings it answers (measure/bottleneck.py: `Remedy.item`), when
+its name, the remedies of the four ceilings it answers (measure/bottleneck.py: `Remedy.item`; every
+remedy the bottleneck can name is answered by an item or said in NOT_AN_ITEM, test_checklist_parts.py), when
 it is tried (`stage`), and its candidates. The function takes (walk, current) and returns
 (label, config) pairs that the walk races against the current config, candidates already measured
-(`Tried`, DDP's processes measured apart), or a string saying why the item does not apply here.
-The walk (checklist.py) never names an item: it reads these fields. What an item needs to know of
-the machine it asks `walk.here` (walk_bench.py: the live engine, or a simulated machine).
+(`Tried`, DDP's processes measured apart), or a string saying why the item does not apply here. What an
+item hands to the items after it is the result its race returned (`walk.outcome(name)`: the workers item
+reads the batch item's), never state set on the walk.
+The walk (walker.py) never names an item: it reads these fields. What an item needs to know of
+the machine it asks `walk.here` (bench.Here: the live engine's, or a simulated machine's).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Callable
 
 from .. import hardware
 from ..config import ConfigError, TrainConfig, runnable_problems
-from .diagnose import usable_cores
+from ..tools.diagnose import usable_cores
 from ..measure.steady import NOTHING, SteadyRate
 from ..measure.verdict import UNMEASURED, Verdict, unpaired
 
@@ -31,10 +34,13 @@ class Item:
     stage: str = "bottleneck"     # "first": before any bottleneck is read; "last": once, after the path ends
     ordered: bool = False         # candidates in rising size: one that does not fit takes the larger ones out
     keep_regardless: bool = False  # asked for by the user (accumulation to a target): kept without a gain
-    after: Callable | None = None  # (walk, ItemResult, tried): what the item leaves for later items
 
 
 REGISTRY: dict[str, Item] = {}
+# Remedies the bottleneck can name (measure/bottleneck.py) that no item races, and why (the ceilings' table still
+# says them): each remedy is an item's answer or one of these (test_checklist_parts.py).
+NOT_AN_ITEM = {"pin_memory": "batches are pinned on CUDA unless pin_memory=False was given; no item races it yet",
+               "cache": "a tool of its own: nbtrain.cache writes the preprocessed samples to disk once"}
 
 
 def item(name: str, **fields):
@@ -107,21 +113,16 @@ def with_workers(start: TrainConfig, n: int) -> TrainConfig:
     return start.replace(num_workers=n, persistent_workers=n > 0, prefetch_factor=start.prefetch_factor if n else None)
 
 
-def batch_to_retry(item, tried: list) -> int | None:
+def batch_to_retry(item) -> int | None:
     """A larger batch than the batch item's outcome for the workers item to race as well: workers pay only
     once a batch keeps them busy, and a larger batch may pay only once workers feed it. It is the largest
     batch the race did not show slower than the config it started from. Where loading bounds the speed,
     every batch runs at one speed without workers and the race's leader is noise; the largest batch is
-    the one that workers feed best."""
-    floor = next(t.config.batch_size for t in tried if t.label == item.chosen) if item.kept else 0
-    return max((t.config.batch_size for t in tried  # a candidate that did not run has no finite verdict
+    the one that workers feed best. `item`: the batch item's result (ItemResult), its candidates as raced."""
+    floor = next(t.config.batch_size for t in item.tried if t.label == item.chosen) if item.kept else 0
+    return max((t.config.batch_size for t in item.tried  # a candidate that did not run has no finite verdict
                 if t.config.batch_size > floor and math.isfinite(t.verdict.high) and t.verdict.high >= 1),
                default=None)
-
-
-def _leave_batch_to_retry(walk, result, tried) -> None:
-    walk.retry_batch = batch_to_retry(result, tried)
-    walk.batches_raced = True
 
 
 @item("preload_data", answers=("preload_data",))
@@ -140,7 +141,7 @@ def preload_data(walk, current):
 
 # Batch before workers: more workers only pay once a batch is big enough to keep them busy, and a
 # larger batch is the cheaper change; a coordinate search that tries workers first keeps too few.
-@item("batch_size", answers=("batch_size",), ordered=True, after=_leave_batch_to_retry)
+@item("batch_size", answers=("batch_size",), ordered=True)
 def batch_size(walk, current):
     target = walk.target
     sizes = [b for b in batch_candidates(current, walk.here.samples, target) if b > current.batch_size]
@@ -161,8 +162,9 @@ def workers(walk, current):
     if not counts:
         return "no other worker count to try on this machine"
     candidates = [(f"num_workers={n}", with_workers(current, n)) for n in counts]
-    batch = walk.retry_batch if walk.batches_raced else \
-        max(batch_candidates(current, walk.here.samples, walk.target))
+    raced = walk.outcome("batch_size")
+    batch = batch_to_retry(raced) if raced is not None else max(batch_candidates(current, walk.here.samples,
+                                                                                 walk.target))
     if batch and batch > current.batch_size and max(counts) > 0:
         n = max(counts)  # the most workers: the count that feeds a larger batch best, one more candidate only
         candidates.append((f"num_workers={n}, batch_size={batch}",
@@ -310,8 +312,7 @@ def ddp(walk, current):
     # Half the steps the current config trains in one trial's time: DDP on a busy machine may be
     # slower, and its workers' start-up comes on top (the workers measure their own rate).
     steps = max(10, int(walk.rate * walk.trial_s / c.global_batch_size / 2))
-    tried = walk.bench.apart(label, c, steps)
-    walk.trials += 1
+    tried = walk.apart(label, c, steps)
     if tried.samples_per_s is None:
         return [tried]
     now = walk.measure(current)  # the current config, right after: the nearest load to compare under

@@ -1,6 +1,6 @@
 """Waterfall chart of a checklist walk: start, each item's measured change (head to head, with its
 95% interval) in the order walked, under each the bottleneck it was tried for, and the result: the walk's
-choice against the start, head to head (walk_headline.py)."""
+choice against the start, head to head (headline.py)."""
 from __future__ import annotations
 
 import math

@@ -1,11 +1,6 @@
-"""The automated checklist walk: follow the bottleneck on the live model, keep what the race shows.
+"""The automated checklist walk: follow the bottleneck, keep what the race shows (nbtrain.checklist: tool.py).
 
-    walk = nbtrain.checklist(recipe, config=cfg, budget_s=60)
-    print(walk.table())       # the path: each step's bottleneck, what was tried, the verdict, what was kept
-    walk.plot("walk.png")     # waterfall of the measured speed-ups, in the order walked
-    cfg = walk.best_config    # or checklist(..., keep_best=True) leaves the live engine on it
-
-The walk reads the four ceilings at the current config (measure/ceilings.py, their verdict from
+The walk reads the four ceilings at the current config (tools/ceilings.py, their verdict from
 measure/bottleneck.py: the binding ceiling and its remedies in order), tries the items that answer
 the binding ceiling (and any ceiling within `_NEAR` of it: a near one may bind after the next
 change), in the remedies' order, and keeps the first whose race shows a gain; then it reads the
@@ -18,15 +13,15 @@ from the same config while the budget lasts. An item rejected is tried again onc
 bound by the loader, nor can workers that batch 16's steps could not keep busy show what they give
 batch 256. Items with stage "first" (the GPU) come before the first reading, those with stage "last"
 (accumulation to a target, DDP) once after the path ends. Where the ceilings cannot be read, every
-item is tried once in the order registered (checklist_items.py). The walk never names an item.
+item is tried once in the order registered (items.py). The walk never names an item.
 
 An item's candidates race the current config (measure/race.py): rounds of short blocks, the
 current config's block beside every candidate's, so each speed-up comes with the 95% interval of
 its pairs; a candidate is kept only when that interval lies above `min_gain`. A race that ends
 without a verdict says why (which side's blocks varied, by how much). Blocks never keep their
 weights; no round starts that would pass the stated budget, read on the walk's own clock (`clock=`,
-default time.monotonic). The measurements go through a bench (walk_bench.py): a trial on the live
-model here, a simulated machine in the tests (measure/simulated.py).
+default time.monotonic). The measurements go through a bench (bench.py's Bench): a trial on the live
+model here, a simulated machine in the tests (tests/simulated_machine.py).
 """
 from __future__ import annotations
 
@@ -36,15 +31,13 @@ import time
 
 import numpy as np
 
-from . import trial
-from .checklist_items import (ITEMS, REGISTRY, Tried, batch_candidates, batch_to_retry,  # noqa: F401
-                              precision_candidates, with_batch, with_workers, worker_candidates)
-from .checklist_result import ChecklistResult, ItemResult  # noqa: F401
 from ..measure.race import Entrant, race
-from .tool_options import ToolRefusal, declare, option
-from .tune import MEMORY_BUDGET, samples_per_rank
-from .walk_headline import head_to_head, head_to_head_reserve
-from .walk_bench import EngineBench
+from ..tools import trial
+from ..tools.tool_options import ToolRefusal
+from .bench import Bench
+from .headline import head_to_head, head_to_head_reserve
+from .items import ITEMS, REGISTRY, Tried
+from .result import ChecklistResult, ItemResult
 
 _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
 _BLOCKS_PER_TRIAL = 6  # a race block is a sixth of trial_s: short blocks pair closely in time (the
@@ -55,9 +48,9 @@ _READING_S = 4.0  # first guess at one reading of the ceilings (3.4 s on this 2-
 
 
 class Walk:
-    """The walk's state and its clock; measurements go through `bench` (walk_bench.py)."""
+    """The walk's state and its clock; measurements go through `bench` (bench.Bench)."""
 
-    def __init__(self, bench, budget_s: float, trial_s: float, min_gain: float, clock, t0: float,
+    def __init__(self, bench: Bench, budget_s: float, trial_s: float, min_gain: float, clock, t0: float,
                  target: int | None = None):
         self.bench, self.here, self.clock, self.t0 = bench, bench.here, clock, t0
         self.budget_s, self.trial_s, self.min_gain, self.target = budget_s, trial_s, min_gain, target
@@ -69,24 +62,27 @@ class Walk:
         self.start = bench.start
         self.current = bench.start  # the config the walk has kept so far
         self.start_rates: list = []  # the starting config's block rates, from the first race
-        self.retry_batch: int | None = None  # a larger batch the workers item races as well (checklist_items)
-        self.batches_raced = False  # whether the batch item has raced (before it, workers race the largest batch)
+        self.results: list[ItemResult] = []  # each item's race, in the order walked: what later items read (outcome)
         self.seen: set = set()  # configs measured once already (their start-up paid)
         self.start_up_s = 0.5  # what a config's first block takes beyond the others; re-estimated
         self.reading_s = _READING_S
         self.race_base = float("nan")  # the current config's samples/s in the item's race (nan: not raced)
-        self.held_back = lambda: 0.0  # seconds the items leave for the final head-to-head (walk_headline.py)
+        self.held_back = lambda: 0.0  # seconds the items leave for the final head-to-head (headline.py)
 
     def left(self) -> float:
         return self.budget_s - (self.clock() - self.t0) - self.held_back()
+
+    def outcome(self, name: str) -> ItemResult | None:
+        """Item `name`'s last race (None: it has not raced): what an item hands to the items after it is the
+        result it returned (the workers item reads the batch item's), never a field set on the walk."""
+        return next((r for r in reversed(self.results) if r.name == name and r.tried), None)
 
     def block_cost_s(self) -> float:
         return self.block_s + self.block_overhead_s
 
     def block(self, config):
         t0 = self.clock()
-        self.bench.current = self.current
-        block = self.bench.block(config, self.block_s)
+        block = self.bench.block(config, self.block_s, self.current)
         extra = self.clock() - t0 - self.block_s
         if config in self.seen:
             self.block_overhead_s = max(0.005, 0.5 * self.block_overhead_s + 0.5 * extra)
@@ -109,7 +105,7 @@ class Walk:
                       ordered=ordered, clock=self.clock)
         leader = result.leader()
         keep = [self.current] + ([leader.config] if leader is not None else [])
-        self.bench.race_over(keep)  # the configs the walk goes on with keep their workers (walk_bench.py)
+        self.bench.race_over(keep)  # the configs the walk goes on with keep their workers (bench.py)
         self.seen &= set(keep)  # the others pay their start-up again in a later race
         self.blocks += result.blocks
         self.rounds += result.rounds
@@ -132,11 +128,15 @@ class Walk:
         if seconds < 0.25 * self.trial_s:
             return None
         t0 = self.clock()
-        self.bench.current = self.current
-        tried = self.bench.trial(config, seconds)
+        tried = self.bench.trial(config, seconds, self.current)
         self.trials += 1
         self.overhead_s = max(0.2, 0.5 * self.overhead_s + 0.5 * (self.clock() - t0 - seconds))
         return tried
+
+    def apart(self, label: str, config, steps: int) -> Tried:
+        """`config` run in processes of its own (DDP's ranks), `steps` steps: one more trial of the walk's."""
+        self.trials += 1
+        return self.bench.apart(label, config, steps)
 
     def ensure_rate(self) -> None:
         """The current config's rate, measured now when no race has measured it yet."""
@@ -181,20 +181,20 @@ def _undecided(results: list, name: str) -> bool:
     return last > kept_at and results[last].note.startswith("too noisy to tell")
 
 
-def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks: list) -> list:
+def walk_items(walk: Walk, items: list, skipped: dict, lr_checks: list) -> list:
     """Walk `items` (Item) along the bottleneck; returns the path: (config, Bottleneck or None) per reading.
 
     When nothing that answers the binding ceiling gains, the items not yet tried at all are tried once
     each (a reading can be wrong where two ceilings are close, and an item the user named is never
     left out silently); one kept there resumes the path."""
     for item in (i for i in items if i.stage == "first"):
-        _try(walk, item, None, skipped, results, lr_checks)
+        _try(walk, item, None, skipped, lr_checks)
     second: set = set()  # (item name, config) given a second look
     path, tried = [], set()
 
     def attempt(item, binding) -> bool:
         tried.add(item.name)
-        return _try(walk, item, binding, skipped, results, lr_checks)
+        return _try(walk, item, binding, skipped, lr_checks)
 
     # A new reading comes only after a keep, and every item answering it is raced at the config kept, those
     # rejected before included: a race run at the old config says nothing of the new (workers that could not
@@ -213,16 +213,16 @@ def walk_items(walk: Walk, items: list, skipped: dict, results: list, lr_checks:
         # A second look, while the budget lasts, at the items whose race ended too noisy to tell with a
         # promising ratio: a passing load decides one race, rarely two. Once per item and config.
         looks = [i for i in items if i.stage == "bottleneck" and (i.name, walk.current) not in second
-                 and _undecided(results, i.name)]
+                 and _undecided(walk.results, i.name)]
         second.update((i.name, walk.current) for i in looks)
         if not any(attempt(i, binding) for i in looks):
             break  # nothing gained: the path ends here
     for item in (i for i in items if i.stage == "last"):
-        _try(walk, item, None, skipped, results, lr_checks)
+        _try(walk, item, None, skipped, lr_checks)
     return path
 
 
-def _try(walk: Walk, item, binding: str | None, skipped: dict, results: list, lr_checks: list) -> bool:
+def _try(walk: Walk, item, binding: str | None, skipped: dict, lr_checks: list) -> bool:
     """Race one item's candidates against the current config; True when one was kept."""
     current = walk.current
     walk.race_base = float("nan")
@@ -232,11 +232,11 @@ def _try(walk: Walk, item, binding: str | None, skipped: dict, results: list, lr
             outcome = walk.race(outcome, ordered=item.ordered)
     except Exception as error:  # noqa: BLE001 - an item that fails is a row; the walk goes on
         walk.bench.restore()
-        results.append(ItemResult(item.name, [], walk.rate, walk.rate, False, "", note=trial.failed(error),
-                                  bottleneck=binding or ""))
+        walk.results.append(ItemResult(item.name, [], walk.rate, walk.rate, False, "", note=trial.failed(error),
+                                       bottleneck=binding or ""))
         return False
     if isinstance(outcome, str):
-        if not any(r.name == item.name for r in results):  # one raced before keeps its row, not a skip too
+        if not any(r.name == item.name for r in walk.results):  # one raced before keeps its row, not a skip too
             skipped[item.name] = outcome
         return False
     tried = [t for t in outcome if t.samples_per_s is not None or t.note]
@@ -249,9 +249,7 @@ def _try(walk: Walk, item, binding: str | None, skipped: dict, results: list, lr
     skipped.pop(item.name, None)
     result = _decide(walk, item, tried)
     result.bottleneck = binding or ""
-    results.append(result)
-    if item.after is not None:
-        item.after(walk, result, tried)
+    walk.results.append(result)
     if result.kept:
         chosen = next(t.config for t in tried if t.label == result.chosen)
         if chosen.scale_lr != "none" and chosen.lr_factor() != current.lr_factor():
@@ -313,10 +311,10 @@ def _why_undecided(walk: Walk, best: Tried) -> str:
             f"candidate {100 * own:.0f}% interquartile range)")
 
 
-def run_walk(bench, *, budget_s: float, trial_s: float | None = None, min_gain: float = 0.03,
+def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min_gain: float = 0.03,
              items=ITEMS, target_global_batch: int | None = None, keep_best: bool = False,
              clock=time.monotonic, t0: float | None = None) -> ChecklistResult:
-    """The walk on `bench` (walk_bench.py: the live engine, or a simulated machine); see the module doc."""
+    """The walk on `bench` (bench.Bench: the live engine, or a simulated machine); see the module doc."""
     t0 = clock() if t0 is None else t0
     trial_s = trial_s or min(max(budget_s / 20, 0.5), 3.0)  # blocks are short: a race's pairs decide
     walk = Walk(bench, float(budget_s), trial_s, min_gain, clock, t0, target_global_batch)
@@ -324,13 +322,13 @@ def run_walk(bench, *, budget_s: float, trial_s: float | None = None, min_gain: 
         raise ToolRefusal(lambda spell: f"{spell('budget_s', budget_s)} left no time to measure the starting "
                                         f"config against one candidate for {_ROUNDS[0]} rounds; allow more "
                                         f"(e.g. {spell('budget_s', 30)})")
-    skipped, results, lr_checks, finished = {}, [], [], False
+    skipped, lr_checks, finished = {}, [], False
     start = current = walk.start
     final, final_start, final_note = None, float("nan"), ""
     try:
         # The items leave room for the headline's own measurement, at the block and start-up costs seen so far.
         walk.held_back = lambda: head_to_head_reserve(walk)
-        path = walk_items(walk, [REGISTRY[name] for name in ITEMS if name in items], skipped, results, lr_checks)
+        path = walk_items(walk, [REGISTRY[name] for name in ITEMS if name in items], skipped, lr_checks)
         walk.held_back = lambda: 0.0
         current = walk.current
         final, final_start, final_note = head_to_head(walk, start, current)
@@ -356,44 +354,8 @@ def run_walk(bench, *, budget_s: float, trial_s: float | None = None, min_gain: 
     if keep_best and finished and current.lr_factor() != start.lr_factor():
         lr_note += bench.schedule_note()
     lr_note = "; ".join(filter(None, [lr_note] + lr_checks))
-    return ChecklistResult(start_config=start, best_config=current, baseline=base.samples_per_s, items=results,
+    return ChecklistResult(start_config=start, best_config=current, baseline=base.samples_per_s, items=walk.results,
                            skipped=list(skipped.items()), budget_s=float(budget_s), elapsed_s=clock() - t0,
                            trials=walk.trials, device=bench.device, lr_note=lr_note, kept_on_engine=keep_best,
                            blocks=walk.blocks, start=base, rounds=walk.rounds, path=path, head_to_head=final,
                            head_to_head_note=final_note)
-
-
-@declare("checklist", "nbtrain.checklist", "the automated checklist walk along the bottleneck: each item kept only "
-         "when its head-to-head interval lies above the keep threshold; table and waterfall", (
-             option("budget_s", "number", "seconds the walk may take", noun="a number of seconds", above=0,
-                    flag="budget", metavar="S", panel="walk budget (s)"),
-             option("keep_best", "switch", "leave the live model on the best config, and use it in "
-                    "later cells", flag="keep_best"),
-             option("target_global_batch", "whole", "global batch the walk "
-                    "accumulates up to", low=1, nullable=True, flag="target_global_batch"),
-             option("items", "names", "checklist items to try (default all): "
-                    + ", ".join(ITEMS), choices=ITEMS, flag="items"),
-             option("trial_s", "number", "seconds per screening trial", noun="a number of seconds",
-                    none="from the budget", above=0, nullable=True),
-             option("min_gain", "number", "smallest speed-up worth keeping", noun="a fraction",
-                    note="smallest speed-up worth keeping", low=0, below=1),
-             MEMORY_BUDGET,
-             option("clock", "function", "the walk's clock",
-                    allowed="a function returning seconds, like time.monotonic")),
-         label="Checklist walk", figsize=(9, 3.8))
-def checklist(model=None, train_data=None, *, recipe=None, config=None, budget_s: float = 60.0, keep_best: bool = False,
-              target_global_batch: int | None = None, items=ITEMS, trial_s: float | None = None,
-              min_gain: float = 0.03, memory_budget=None, clock=time.monotonic, **parts) -> ChecklistResult:
-    """Walk the checklist on the live model within `budget_s` seconds of `clock`; see the module docstring."""
-    t0 = clock()  # the budget counts from here: finding the engine is part of the walk
-    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
-        if samples_per_rank(lent.engine) is None:
-            raise ToolRefusal(lambda spell: "the training data is a stream (IterableDataset) without a length, and "
-                                            "the walk's items count samples (batch sizes, held data); measure one "
-                                            "change with nbtrain.ab, or give a map-style Dataset")
-        bench = EngineBench(lent, memory_budget)
-        result = run_walk(bench, budget_s=budget_s, trial_s=trial_s, min_gain=min_gain, items=items,
-                          target_global_batch=target_global_batch, keep_best=keep_best, clock=clock, t0=t0)
-    if bench.kept is not None:  # the model is given back first; the live engine then takes the kept config
-        trial.keep(lent, bench.kept)
-    return result

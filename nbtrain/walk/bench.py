@@ -1,36 +1,90 @@
-"""The checklist walk's measurement seam: what the walk asks of the machine it walks on.
+"""The checklist walk's measurement seam: what the walk asks of the machine it walks on, as a Protocol.
 
-The walk (checklist.py) measures through a bench: `block(config, seconds)` trains one race block
-and puts the state back; `trial(config, seconds)` one whole trial; `bottleneck(config, seconds)`
-reads the four ceilings (measure/ceilings.py) at a config and returns their verdict
+The walk (walker.py) measures through a `Bench`: `block(config, seconds, current)` trains one race block
+and puts the state back; `trial(config, seconds, current)` one whole trial; `bottleneck(config, seconds)`
+reads the four ceilings (tools/ceilings.py) at a config and returns their verdict
 (measure/bottleneck.py); `apart(label, config, steps)` runs a config in processes of its own (DDP);
-`here` answers what the items need to know (samples, cores, CUDA, held data, the optimizer's
+`here` (a `Here`) answers what the items need to know (samples, cores, CUDA, held data, the optimizer's
 kernels, convolutions, whether DDP can run). `EngineBench` is a trial on the live model; a simulated machine
-(measure/simulated.py) has the same face, so the walk's logic is tested without a GPU.
+(tests/simulated_machine.py) is another Bench, so the walk's logic is tested without a GPU.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+from typing import Protocol
 
-from ..measure.ab import trial_rate
+from ..config import TrainConfig
+from ..measure.bottleneck import Bottleneck
 from ..measure.race import Block
 from ..measure.steady import NOTHING, block_rates, columns_series
 from ..records import samples_start
-from . import trial
-from .checklist_items import Tried, cannot_run_ddp_here
-from .tune import is_oom, memory_limit
+from ..tools import trial
+from ..tools.ab import diverged_refusal, trial_rate
+from ..tools.ceilings import measure_ceilings
+from ..tools.tune import is_oom, memory_limit
+from .items import Tried, cannot_run_ddp_here
 
 _WARM_UP_STEPS = 3  # uncounted steps before a config's first block in a race: its workers' first batches arrive
 
 
+class Here(Protocol):
+    """What the items ask of the machine the walk walks on."""
+    samples: int       # training samples per rank
+    cores: int         # CPU cores the DataLoader's workers may use
+    cuda: bool         # a GPU is there
+    has_conv2d: bool   # the model has 2-D convolutions (channels_last acts on them)
+
+    def holding(self, current: TrainConfig) -> tuple[bool, str | None, str]:
+        """(held now, what holding costs in words or None where the data cannot be held, why not)."""
+
+    def optimizer_refusal(self, impl: str) -> str:
+        """Why the optimizer cannot step on `impl` kernels ('' where it can)."""
+
+    def ddp_refusal(self, config: TrainConfig) -> str:
+        """Why this machine cannot run DDP config `config` ('' where it can)."""
+
+
+class Bench(Protocol):
+    """What the walk measures through (walker.run_walk): the live engine's trial, or a simulated machine. Every
+    measurement leaves the bench where the walk started it; `current` is the config the walk has kept so far,
+    beside which a candidate is measured (its loss diverging ends the walk, a candidate's is a row)."""
+    here: Here
+    start: TrainConfig   # the config the walk starts from
+    device: str          # where it measures, in words
+
+    def block(self, config: TrainConfig, seconds: float, current: TrainConfig | None = None) -> Block:
+        """One race block of `config`, about `seconds` long."""
+
+    def trial(self, config: TrainConfig, seconds: float, current: TrainConfig | None = None) -> Tried:
+        """One whole trial of `config` (DDP's comparison)."""
+
+    def bottleneck(self, config: TrainConfig, seconds: float) -> Bottleneck:
+        """The ceilings' verdict at `config`, each ceiling read for about `seconds`."""
+
+    def apart(self, label: str, config: TrainConfig, steps: int) -> Tried:
+        """`config` run in processes of its own (DDP), `steps` steps."""
+
+    def race_over(self, keep=()) -> None:
+        """A race is over: only the configs in `keep` stay warm."""
+
+    def checked_lr(self, config: TrainConfig) -> tuple[TrainConfig, list]:
+        """(config, notes): a scaled learning rate that diverges lowered before the walk hands it over."""
+
+    def schedule_note(self) -> str:
+        """What keeping a config with a new learning rate does to the live schedule, in words."""
+
+    def restore(self, config: TrainConfig | None = None) -> None:
+        """The walk is over: the bench back where it started; `config` the one the walk keeps (keep_best)."""
+
+
 class EngineFacts:
-    """What the items ask of the live engine."""
+    """What the items ask of the live engine (a Here)."""
 
     def __init__(self, engine):
         import torch
         from ..engine.toggles import has_conv2d
-        from .diagnose import usable_cores
+        from ..tools.diagnose import usable_cores
         self.engine = engine
         self.samples = len(engine.recipe.train_data) // engine.world.size
         self.cuda = torch.cuda.is_available()
@@ -63,7 +117,7 @@ class EngineFacts:
 
 
 class EngineBench:
-    """The walk's measurements on a trial's engine (trial.borrow: the live engine is never reached); every one
+    """The walk's measurements on a trial's engine (a Bench) (trial.borrow: the live engine is never reached); every one
     puts the trial's engine back where the walk started it. A kept config goes to the live model through
     `trial.keep`, the call a user's change goes through."""
 
@@ -72,7 +126,6 @@ class EngineBench:
         self.engine = engine = lent.engine
         self.here = EngineFacts(engine)
         self.start = trial.plain_config(engine.config)  # the user's own config: its errors are theirs
-        self.current = self.start
         self.device = str(engine.device)
         self.device_rates: dict = {}  # the device's peaks and bandwidth, measured at the first reading only
         self.limit, _ = memory_limit(memory_budget, engine.device) if engine.device.type == "cpu" else (None, "")
@@ -89,12 +142,11 @@ class EngineBench:
             return f"over the memory budget (peak {m.peak_bytes / 2**20:,.0f} MB)"
         return ""
 
-    def _trial(self, config, seconds: float):
+    def _trial(self, config, seconds: float, current=None):
         """(measurement or None, steady rate, block rates, why it failed) of `config` trained for `seconds`
         on the trial's engine, which is put back where the walk started it; out of memory, a candidate whose
         loss diverged, or any error of a config the walk chose, is a result ("failed: ..."); only the user's own
         starting config raises (and the current config diverging: nothing could be compared with it)."""
-        from ..measure.ab import diverged_refusal
         try:
             m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
         except Exception as error:  # noqa: BLE001 - see the docstring
@@ -105,25 +157,25 @@ class EngineBench:
             return None, NOTHING, [], trial.failed(error)
         finally:
             self.lent.reset()
-        if m.diverged and config == self.current:  # a candidate that diverges leaves the race; the current
+        if m.diverged and config == (current or self.start):  # a candidate that diverges leaves the race; the current
             # config diverging leaves nothing to measure candidates against
             raise diverged_refusal("the current config", m.error)
         return m, steady, parts, m.error or self._over_memory(m)
 
-    def block(self, config, seconds: float) -> Block:
+    def block(self, config, seconds: float, current=None) -> Block:
         if self._kept is None:
             self._kept = self._keeping.enter_context(self.engine.keeping_workers())
         if config not in self.warm:
             self.warm.add(config)
             self._warm_up(config)
-        m, steady, parts, note = self._trial(config, seconds)
+        m, steady, parts, note = self._trial(config, seconds, current)
         rate = float("nan") if m is None else steady.rate if math.isfinite(steady.rate) else m.samples_per_s
         if note:  # a config that did not fit leaves memory behind that the next block would be charged with
             trial.release_memory()
         return Block(rate, parts, note)
 
-    def trial(self, config, seconds: float) -> Tried:
-        m, steady, blocks, note = self._trial(config, seconds)
+    def trial(self, config, seconds: float, current=None) -> Tried:
+        m, steady, blocks, note = self._trial(config, seconds, current)
         trial.release_memory()
         ok = not note and math.isfinite(steady.rate)
         return Tried("", config, steady.rate if ok else None, note, steady if ok else NOTHING, blocks)
@@ -150,7 +202,6 @@ class EngineBench:
 
     def bottleneck(self, config, seconds: float):
         """The ceilings' verdict at `config` (measure/bottleneck.py), each ceiling read for about `seconds`."""
-        from ..measure.ceilings import measure_ceilings
         try:
             self.engine.reconfigure(config)
             return measure_ceilings(self.engine, steps=10, seconds=seconds, known=self.device_rates).bottleneck()
@@ -173,7 +224,7 @@ class EngineBench:
 
     def checked_lr(self, config):
         """(config, notes): a scaled learning rate that diverges is lowered before the walk hands it over."""
-        from .tune import checked_lr
+        from ..tools.tune import checked_lr
         return checked_lr(self.engine, config)
 
     def schedule_note(self) -> str:
