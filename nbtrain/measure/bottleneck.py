@@ -41,7 +41,7 @@ from .verdict import MIN_EFFECT, TOO_WIDE, Verdict
 
 CEILINGS = ("data", "host", "compute", "memory")
 EXPLAINS = 0.5  # a ceiling that allows at most twice the measured rate accounts for at least half the step
-LOOK_AT = ("a profile of the step (nbtrain.diagnose): its time goes where none of the four counts (element-wise "
+LOOK_AT = ("a profile of the step (nbtrain.profile): its time goes where none of the four counts (element-wise "
            "operations' overheads, allocation, synchronisation, Python between operations)")
 
 
