@@ -69,6 +69,7 @@ def _port_open(port: int) -> bool:
 
 
 CLUSTER = "nbtrain"
+REQUEUE_HOLD_S = 10
 
 
 class ClusterError(RuntimeError):
@@ -184,7 +185,8 @@ class Cluster:
             f"ClusterName={CLUSTER}",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire also sets how long a requeued job waits before it may start again (default 120 s).
+            f"AuthInfo=socket={self.munge_socket},cred_expire={REQUEUE_HOLD_S}",
             "SlurmUser=root", "SlurmdUser=root",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
             # Accounting as real clusters keep it: sacct reads every job's state from slurmdbd.
