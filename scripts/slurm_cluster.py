@@ -196,6 +196,9 @@ class Cluster:
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "MpiDefault=none", "MailProg=/bin/true", "ReturnToService=2",
             "SchedulerParameters=batch_sched_delay=0",  # otherwise batch jobs start only every ~3 s
+            # As many sites: a job whose dependency can never be met ends (accounting then tells why; it keeps
+            # only the reason a job had when it was queued, so a job left pending would say "Dependency").
+            "DependencyParameters=kill_invalid_depend",
             "MinJobAge=300", "KillWait=5", "InactiveLimit=0",
             "EnforcePartLimits=ALL",  # as most sites: a job the partition can never run is refused at sbatch
             f"StateSaveLocation={r / 'state'}",

@@ -308,6 +308,12 @@ class JobHandle:
             result = gathered_result(self.run.config(), self.log, saved, "completed")
             result.extras.update(job_id=self.job_id, run_dir=str(self.run.path), slurm_state=str(state))
             return result
+        output = self.output()
+        ended = _SRUN_TASK_ENDED.search(output)  # srun names the first rank that ended badly, and its node
+        if ended and not ended.group(3).startswith("Exited"):  # killed (the OOM killer, a signal): no traceback
+            node, rank, how = ended.group(1), int(ended.group(2)), ended.group(3).strip()
+            raise SlurmJobError(f"SLURM job {self.job_id} {state}: rank {rank} on {node} ended without a traceback "
+                                f"({how}); the other ranks were stopped", state, rank)
         errors = self.run.errors()
         if errors:
             rank, text = errors[0]  # the earliest written: the root cause, not a peer's broken pipe
@@ -316,13 +322,10 @@ class JobHandle:
                                   f"[rank {rank}] {text}", state, rank, text)
             error.nbtrain_part = self.run.error_part(rank)  # the recipe part that raised, as Recipe marks it
             raise error
-        output = self.output()
-        ended = _SRUN_TASK_ENDED.search(output)
-        if ended:  # no traceback: the rank was killed (the OOM killer, a signal); srun says which and where
-            node, rank, how = ended.group(1), int(ended.group(2)), ended.group(3).strip()
-            raise SlurmJobError(f"SLURM job {self.job_id} {state}: rank {rank} on {node} ended without a traceback "
-                                f"({how}); the other ranks were stopped", state, rank)
-        tail = "\n".join(output.splitlines()[-25:]) or "(no output)"
+        if not output:  # e.g. a dependency that can never be met, which the cluster's DependencyParameters end
+            raise SlurmJobError(f"SLURM job {self.job_id} {state} before any rank started (`scontrol show job "
+                                f"{self.job_id}` tells why while the controller still lists it)", state)
+        tail = "\n".join(output.splitlines()[-25:])
         raise SlurmJobError(f"SLURM job {self.job_id} {state}; the end of its output "
                             f"({self.run.path}):\n{tail}", state)
 

@@ -57,6 +57,9 @@ class RankTask(submitit.helpers.Checkpointable):
         submitits_handler = signal.getsignal(preempt)
         signal.signal(preempt, lambda *_: (run.path / requeue.REQUESTED).touch())
         code = run_job(run)
+        # From here a preemption signal has nothing left to stop, and Python's exit would restore USR2's default
+        # action (end the process) while it still flushes: a job that has trained must not fail for it.
+        signal.signal(preempt, signal.SIG_IGN)
         if code != 0:
             raise RankFailed(f"rank {rank} failed; its traceback: {run.path}/error-rank{rank}.txt")
         if (run.path / requeue.READY).exists():  # every rank stopped at one step; rank 0 saved it
