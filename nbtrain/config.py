@@ -27,6 +27,7 @@ _PRECISION_ALIASES = {
 }
 ACCELERATORS = ("auto", "cpu", "cuda", "mps")
 STRATEGIES = ("auto", "ddp", "dp", "fsdp")
+LAUNCHERS = ("local", "torchrun", "slurm", "ray")  # where ranks run: nbtrain/launchers/<name>.py
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 LR_RULES = ("none", "linear", "sqrt")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
@@ -49,6 +50,10 @@ class TrainConfig:
     num_nodes: int = setting(1, "whole", "machines (multi-node DDP)", low=1)
     strategy: str = setting("auto", "choice", "multi-device strategy: ddp (default for devices > 1), fsdp (shard a "
                             "model too big for one device) or dp (DataParallel, for comparison)", choices=STRATEGIES)
+    launcher: str | None = setting(None, "choice", "where the ranks run: local (forked on this machine), torchrun "
+                                   "(c10d across machines), slurm (a batch job) or ray (the Ray cluster the kernel is "
+                                   "attached to)", choices=LAUNCHERS, nullable=True,
+                                   none="local for one node, torchrun for several")
     node_rank: int | None = setting(None, "whole", "this machine's place among num_nodes (multi-node)",
                                     low=0, nullable=True, none="$NBTRAIN_NODE_RANK")
     rdzv_endpoint: str | None = setting(None, "endpoint", "the c10d rendezvous every node reaches (multi-node)",
@@ -355,6 +360,9 @@ def _combination_problems(c: TrainConfig) -> list[Problem]:
         out.append(Problem("strategy", c.strategy, "DataParallel runs on one machine; use ddp with num_nodes > 1"))
     if c.strategy == "fsdp":
         out += _fsdp_problems(c)
+    if c.launcher == "local" and c.num_nodes > 1:
+        out.append(Problem("launcher", c.launcher, f"torchrun, slurm or ray with num_nodes={c.num_nodes} (local "
+                                                   "starts one machine's ranks)"))
     if c.node_rank is not None and c.node_rank >= c.num_nodes:
         out.append(Problem("node_rank", c.node_rank, f"a whole number from 0 to {c.num_nodes - 1} (this machine's "
                                                      f"place among num_nodes={c.num_nodes})"))

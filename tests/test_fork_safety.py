@@ -18,6 +18,7 @@ import nbtrain
 from nbtrain import TrainConfig, hardware
 from nbtrain.demo import digits_recipe
 from nbtrain.distributed import launch as launching
+from nbtrain.launchers import local as local_launcher
 from nbtrain.distributed.pool import Zygote
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -83,7 +84,7 @@ def recording_zygote(tmp_path, monkeypatch):
             monkeypatch.setenv("NBTRAIN_TEST_CUDA_INITIALISED", "1")
         zygote = Zygote()
         started.append(zygote)
-        monkeypatch.setattr(launching, "ZYGOTE", zygote)
+        monkeypatch.setattr(local_launcher, "ZYGOTE", zygote)  # the zygote the local launcher forks from
         assert zygote.wait_ready(), "the recording zygote did not start:\n" + "".join(zygote._errors)
         # The ranks get the kernel's environment at launch: without the simulation (a fresh one is this CPU).
         monkeypatch.delenv("NBTRAIN_TEST_CUDA_INITIALISED", raising=False)

@@ -216,7 +216,8 @@ def test_bad_launch_options_name_the_option_the_value_and_what_is_allowed():
 
 @pytest.mark.slow
 def test_launcher_worker_and_zygote_import_neither_ipython_nor_ipywidgets():
-    code = ("import sys, nbtrain.distributed.launch, nbtrain.distributed.worker, nbtrain.distributed.zygote, nbtrain.distributed.pool, nbtrain.distributed.rundir, nbtrain.engine.split\n"
+    code = ("import sys, nbtrain.distributed.launch, nbtrain.distributed.worker, nbtrain.distributed.zygote, nbtrain.distributed.pool, nbtrain.distributed.rundir, nbtrain.engine.split, "
+            "nbtrain.launchers.local, nbtrain.launchers.torchrun\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel')]\n"
             "assert not bad, bad\n")
     import subprocess

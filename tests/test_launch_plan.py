@@ -167,7 +167,7 @@ def test_one_function_picks_nccl_for_cuda_ranks_and_gloo_for_the_rest():
         assert for_fit(TrainConfig(devices=2)).backend == "nccl"
         assert for_fit(TrainConfig(devices=2, accelerator="cpu")).backend == "gloo"
     # Nothing else in the launcher or SLURM code decides it.
-    deciders = [p.name for folder in ("distributed", "slurm") for p in (SOURCE / folder).glob("*.py")
+    deciders = [p.name for folder in ("distributed", "launchers", "slurm") for p in (SOURCE / folder).glob("*.py")
                 if re.search(r"[\"']nccl[\"']\s+if\b", p.read_text())]
     assert deciders == ["plan.py"]
 
@@ -179,7 +179,7 @@ def test_a_batch_jobs_plan_and_script_follow_the_accelerator_asked_for_with_no_p
         plan = for_batch_job(gpu)
         script = slurm.submit(digits_recipe(), gpu, dry_run=True)
         batch = slurm.export(digits_recipe(), gpu, tmp_path / "job")
-    assert plan == LaunchPlan(backend="nccl", nodes=2, procs_per_node=4, timeout_s=120.0, prefix_output=True,
+    assert plan == LaunchPlan(launcher="slurm", backend="nccl", nodes=2, procs_per_node=4, timeout_s=120.0, prefix_output=True,
                               shared_run_dir=True)  # no owner: a batch job outlives the kernel
     assert RunDir(batch.parent).plan() == plan  # export writes the same plan the submission would
     for text in (script, batch.read_text()):
@@ -208,3 +208,37 @@ def test_the_owner_is_known_by_its_start_since_boot_so_a_clock_step_cannot_end_a
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     assert not owner_alive(gone.pid, started)
+
+
+# --- the launcher: named once, in the plan ---------------------------------------------------------
+
+def test_the_plan_names_its_launcher_local_for_one_node_torchrun_for_several_or_the_one_asked_for():
+    import argparse
+    from nbtrain.config import ConfigError
+    from nbtrain.flags import add_config_flags, config_from_flags
+    assert for_fit(TrainConfig(devices=2, accelerator="cpu")).launcher == "local"
+    several = TrainConfig(num_nodes=2, accelerator="cpu", rdzv_endpoint="127.0.0.1:29400", node_rank=1)
+    assert for_fit(several).launcher == "torchrun"
+    ray = for_fit(several.replace(launcher="ray"))  # Ray places the ranks and owns their lifetime
+    assert (ray.launcher, ray.owner_pid, ray.shared_run_dir, ray.rdzv_endpoint) == ("ray", None, True, None)
+    assert for_fit(TrainConfig(devices=2, launcher="slurm")) == for_batch_job(TrainConfig(devices=2))
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)  # the %%nbtrain flags are made from the config's options
+    assert config_from_flags(parser.parse_args(["--launcher", "torchrun"])).launcher == "torchrun"
+    with pytest.raises(ConfigError, match=r"launcher='k8s': one of local, torchrun, slurm, ray, or None \(local for "
+                                          r"one node, torchrun for several\)"):
+        config_from_flags(parser.parse_args(["--launcher", "k8s"]))
+    with pytest.raises(ConfigError, match=r"launcher='local': torchrun, slurm or ray with num_nodes=2"):
+        several.replace(launcher="local")
+
+
+@pytest.mark.slow
+def test_torchrun_on_one_machine_trains_as_the_local_launcher_does():
+    import torch
+    config = TrainConfig(devices=2, accelerator="cpu", max_steps=3, batch_size=16)
+    weights = {}
+    for launcher in ("local", "torchrun"):
+        recipe = digits_recipe()
+        assert fit_distributed(recipe, config.replace(launcher=launcher), echo=False).status == "completed"
+        weights[launcher] = recipe.model.state_dict()
+    assert all(torch.equal(weights["local"][k], weights["torchrun"][k]) for k in weights["local"])

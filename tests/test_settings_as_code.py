@@ -17,7 +17,7 @@ from nbtrain.notebook.magic import build_parser
 # A value other than the default for every option, read back from text as from Python; paths with spaces,
 # quotes and a leading '-', None where the default is a value (seed), canonical and alias spellings.
 CHANGED = dict(
-    accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", node_rank=1, rdzv_endpoint="[::1]:29400",
+    accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", launcher="torchrun", node_rank=1, rdzv_endpoint="[::1]:29400",
     rdzv_host="10.0.0.1", find_unused_parameters=True, timeout=30, precision="bf16", batch_size=256,
     accumulate_grad_batches=4, max_epochs=3, max_steps=10, num_workers=2, pin_memory=False,
     persistent_workers=True, prefetch_factor=4, shuffle=False, drop_last=True, preload_data=True, lr=3e-4,

@@ -4,6 +4,7 @@ A run's plan is derived when the run starts, from its TrainConfig (plus the keyw
 fit_distributed and launch take), written into the run directory as launch.json (rundir.py),
 and is the only thing a worker or a torchrun agent reads for these decisions:
 
+    launcher                where the ranks run: local | torchrun | slurm | ray (nbtrain/launchers/)
     backend                 gloo | nccl, decided by backend_for() for every kind of run
     nodes, procs_per_node   the world; threads_per_rank: each rank's torch threads
     timeout_s               how long a rank may wait in one collective
@@ -41,6 +42,7 @@ def backend_for(device: str) -> str:
 
 @dataclass(frozen=True)
 class LaunchPlan:
+    launcher: str = "local"
     backend: str = "gloo"
     nodes: int = 1
     procs_per_node: int = 1
@@ -82,14 +84,25 @@ def for_fit(config: TrainConfig, *, timeout=None, node_rank=None, rdzv_endpoint=
     """A fit run started from this kernel; the keywords, when given, override the config's launch options."""
     timeout_s = _timeout(config.timeout if timeout is None else timeout)
     host = config.rdzv_host if host is None else host
-    common = dict(backend=backend_for(config.device_type), nodes=config.num_nodes, procs_per_node=config.devices,
-                  threads_per_rank=_threads(config.devices), timeout_s=timeout_s, **_owner())
-    if config.num_nodes == 1:
+    launcher = config.launcher or ("torchrun" if config.num_nodes > 1 else "local")
+    common = dict(launcher=launcher, backend=backend_for(config.device_type), nodes=config.num_nodes,
+                  procs_per_node=config.devices, threads_per_rank=_threads(config.devices), timeout_s=timeout_s)
+    if launcher == "ray":
+        # Ray owns its actors' lifetime (they end with the kernel's driver) and places them on its nodes,
+        # each rank with a run directory of its own there: global rank 0 writes the outputs.
+        return LaunchPlan(shared_run_dir=True, **common)
+    if launcher == "slurm":  # a batch job: it outlives the kernel
+        return for_batch_job(config)
+    common.update(_owner())
+    if launcher == "local":
         return LaunchPlan(host=_host(host) or LOOPBACK[0], **common)
     endpoint = config.rdzv_endpoint if rdzv_endpoint is None else rdzv_endpoint
-    endpoint = _endpoint(endpoint or os.environ.get("NBTRAIN_RDZV_ENDPOINT"))
+    endpoint = endpoint or os.environ.get("NBTRAIN_RDZV_ENDPOINT")
+    if endpoint is None and config.num_nodes == 1:  # torchrun on this machine alone: it hosts the rendezvous
+        endpoint = f"{_host(host) or LOOPBACK[0]}:{_free_port(_host(host) or LOOPBACK[0])}"
+    endpoint = _endpoint(endpoint)
     node_rank = next((r for r in (node_rank, config.node_rank) if r is not None), os.environ.get("NBTRAIN_NODE_RANK"))
-    node_rank = _node_rank(node_rank, config.num_nodes)
+    node_rank = _node_rank(0 if node_rank is None and config.num_nodes == 1 else node_rank, config.num_nodes)
     # Ranks on a loopback rendezvous must also advertise loopback, or peers try the public address.
     local = _host(host) or (LOOPBACK[0] if endpoint.rsplit(":", 1)[0].strip("[]") in LOOPBACK else None)
     return LaunchPlan(host=local, rdzv_endpoint=endpoint, node_rank=node_rank,
@@ -110,7 +123,7 @@ def for_batch_job(config: TrainConfig) -> LaunchPlan:
     """A SLURM job (submitted, or exported as train.sbatch): it outlives the kernel, so no owner; every node
     sees its run directory and writes to one output file. Where the nodes meet, and each rank's threads,
     the batch script decides on the allocation."""
-    return LaunchPlan(backend=backend_for(config.accelerator), nodes=config.num_nodes,
+    return LaunchPlan(launcher="slurm", backend=backend_for(config.accelerator), nodes=config.num_nodes,
                       procs_per_node=config.devices, timeout_s=_timeout(config.timeout),
                       prefix_output=True, shared_run_dir=True)
 
@@ -157,6 +170,13 @@ def _host(value) -> str | None:
         return None
     return _read("rdzv_host", value, "an address of this machine for the ranks to meet at (default 127.0.0.1)",
                  name="host")
+
+
+def _free_port(host: str) -> int:
+    import socket
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def _threads(procs: int) -> int:

@@ -1,0 +1,133 @@
+"""The launcher contract: what every way of running a run's ranks does, and the loop that drives it.
+
+A launcher starts the plan's ranks, each running nbtrain's worker entry (distributed/worker.py,
+`run_job`) on the run directory (distributed/rundir.py), and hands back `Ranks`: the running job.
+`supervise` drives any `Ranks` the same way, so fit_distributed, the magic, the panel and the tools
+never ask which launcher ran:
+
+    events()        the run's events added since the last call (rank 0's event stream), in order
+    show(echo)      print the ranks' output received so far, each line prefixed `[rank N]`
+    state()         "running", "completed" or "failed"; once "completed", the run directory the
+                    kernel holds has the outputs (model, engine state, result, return value)
+    request_stop()  every rank stops after the same optimizer step (the ranks vote: requeue.py)
+    error()         once "failed": the root cause, a WorkerError with the failing rank's traceback
+    close(echo)     end every process the launcher started (idempotent); print what output is left
+
+A launcher whose ranks cannot write the kernel's run directory (another machine) brings the events,
+outputs and errors back itself; the rest of nbtrain reads them from the run directory only.
+"""
+from __future__ import annotations
+
+import re
+import signal
+import time
+from typing import Protocol
+
+from ..distributed.plan import LaunchPlan
+from ..distributed.rundir import RunDir
+from ..distributed.tracebacks import error_line, with_user_source
+from ..metrics import MetricsLog
+
+PEER_SYMPTOM = re.compile(r"connection (closed|reset) by peer|connectFullMesh failed", re.I)
+
+
+class WorkerError(RuntimeError):
+    """A rank failed: raised, was killed by a signal, or timed out in a collective."""
+
+    def __init__(self, message: str, rank: int | None = None, traceback: str = "", signal_name: str | None = None):
+        super().__init__(message)
+        self.rank, self.traceback, self.signal_name = rank, traceback, signal_name
+        self.pids: list[int] = []
+
+
+class Ranks(Protocol):
+    """A run's ranks once started, wherever they run."""
+
+    def events(self) -> list[dict]: ...
+
+    def show(self, echo: bool) -> None: ...
+
+    def state(self) -> str: ...
+
+    def request_stop(self) -> None: ...
+
+    def error(self) -> WorkerError: ...
+
+    def close(self, echo: bool) -> None: ...
+
+
+class Launcher(Protocol):
+    """One way to run ranks: local, torchrun, slurm, ray (a module of this package each)."""
+
+    name: str
+
+    def start(self, run: RunDir, plan: LaunchPlan, shipped: tuple = ()) -> Ranks:
+        """The plan's ranks of the worker entry on `run`, started; `shipped`: what the kernel sent (the
+        recipe, or fn and args), to find the source of the user's frames in a rank's traceback."""
+        ...
+
+
+def supervise(ranks: Ranks, log: MetricsLog, echo: bool, stop=None) -> tuple[str, WorkerError | None]:
+    """Replay the ranks' events into `log` and print their output until they end; ("completed" | "failed" |
+    "interrupted", the error). `stop`: a threading.Event asking every rank to stop at one step boundary."""
+    __tracebackhide__ = True
+    status, error = "completed", None
+    try:
+        while True:
+            if stop is not None and stop.is_set():  # the ranks vote on it at their next log window
+                ranks.request_stop()
+                stop = None
+            ranks.show(echo)
+            for event in ranks.events():
+                log.emit(event)
+            state = ranks.state()
+            if state == "failed":
+                status, error = "failed", ranks.error()
+                break
+            if state == "completed":
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        ranks.close(echo)
+        for event in ranks.events():
+            log.emit(event)
+    return status, error
+
+
+# --- a rank's error, as the kernel shows it ---------------------------------------------------------
+
+def first_raised(run: RunDir, timeout_s: float, shipped) -> WorkerError | None:
+    """The root cause among the tracebacks the ranks wrote, or None (no rank raised)."""
+    # A peer's "connection closed" can land before the root cause is written: the cause goes first.
+    errors = sorted(run.errors(), key=lambda found: bool(PEER_SYMPTOM.search(found[1])))
+    if not errors:
+        return None
+    rank, text = errors[0]
+    error = raised_error(rank, text, timeout_s, shipped)
+    error.nbtrain_part = run.error_part(rank)  # the recipe part that raised, as Recipe marks it
+    return error
+
+
+def signal_error(rank: int, number: int) -> WorkerError:
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    return WorkerError(f"rank {rank} was killed by {name}; the other ranks were stopped", rank=rank,
+                       signal_name=name)
+
+
+def raised_error(rank: int, text: str, timeout_s: float, shipped) -> WorkerError:
+    text = with_user_source(text, shipped)
+    last = error_line(text)
+    if re.search(r"timed? ?out|timeout", last, re.I) and re.search(r"gloo|nccl|c10d|collective|store|wait", text, re.I):
+        head = (f"rank {rank} timed out after {timeout_s:g} s waiting in a collective operation: another rank is "
+                f"stuck or too slow (raise timeout= if that much waiting is expected)")
+    elif re.search(r"connection (closed|reset) by peer", last, re.I):
+        head = (f"rank {rank} lost its connection to another rank, which failed or was stopped first (on another "
+                f"node, that node's launcher reports why)")
+    else:
+        head = f"rank {rank} raised {last}"
+    return WorkerError(f"{head}\n\n[rank {rank}] {text}", rank=rank, traceback=text)
