@@ -381,3 +381,15 @@ def test_the_exported_sbatch_file_trains_on_the_cluster(slurm_cluster, project):
     assert result.status == "completed" and result.summary["world_size"] == 2
     assert handle.log.columns["step"] == [1, 2, 3, 4, 5]
     assert set(torch.load(batch.parent / "model.pt", weights_only=True)) == set(handle.model.state_dict())
+
+
+@pytest.mark.slow
+def test_fit_with_the_slurm_launcher_trains_as_a_batch_job_and_leaves_nothing(slurm_cluster, project):  # noqa: F811
+    recipe = digits_recipe(seed=0)
+    before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+    result = fit(recipe=recipe, config=two_nodes(max_steps=6, launcher="slurm"))
+    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert result.log.columns["step"] == [1, 2, 3, 4, 5, 6]
+    assert result.extras["weights_loaded"]
+    assert not all(torch.equal(v, before[k]) for k, v in recipe.model.state_dict().items())
+    assert not any((project / ".nbtrain" / "runs").iterdir())  # the copy the nodes saw is gone
