@@ -148,7 +148,11 @@ class Cluster:
         subprocess.Popen([_binary("mariadbd"), "--no-defaults", f"--datadir={db / 'data'}", "--user=root",
                           f"--socket={self.db_socket}", "--skip-networking", "--skip-grant-tables",
                           f"--pid-file={db / 'mariadbd.pid'}", f"--log-error={self.root / 'log' / 'mariadbd.log'}",
-                          "--innodb-log-file-size=4M", "--innodb-buffer-pool-size=16M"],
+                          "--innodb-log-file-size=4M", "--innodb-buffer-pool-size=16M",
+                          # A test cluster's accounting need not survive a crash: no fsync (creating the
+                          # cluster's tables took 2.8 s with it here).
+                          "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0",
+                          "--innodb-flush-method=nosync"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
         self._wait_for(lambda: subprocess.run([_binary("mariadb"), "--no-defaults", "-S", str(self.db_socket), "-e",
