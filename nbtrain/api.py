@@ -77,7 +77,10 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     if config.world_size > 1 and recipe.fixed_loader is not None:
         raise ConfigError([Problem("devices", config.devices, "1: " + fixed_reason(recipe.fixed_loader)
                                    + " (it cannot be shared out across ranks)")])
-    if config.world_size > 1 and config.strategy != "dp":  # DataParallel: one process driving several GPUs
+    # DataParallel: one process driving several GPUs. A launcher named on purpose runs even one rank its way
+    # (one GPU of a Ray cluster); by default one rank trains here, in the kernel.
+    elsewhere = config.world_size > 1 or config.launcher not in (None, "local")
+    if elsewhere and config.strategy != "dp":
         from .distributed import carry
         from .distributed.launch import fit_distributed
         # The live engine, as a call in this process would find it, goes to the ranks and comes back:

@@ -33,7 +33,7 @@ if [ "$torch_index" = cpu ]; then
     pip uninstall -q -y torch torchvision
   fi
 fi
-pip install -q -e ".[test]"
+pip install -q -e ".[test,ray]"  # ray: the Ray launcher's smoke test runs, not skips
 # Whichever way torch got here (just now, kept from before, from a mirror): a torchvision built for another torch
 # fails only at import ("operator torchvision::nms does not exist"); say so now, with the line to run.
 python -m nbtrain doctor

@@ -52,6 +52,8 @@ from .plan import LaunchPlan
 CONFIG, RECIPE, FUNCTION, LAUNCH = "config.json", "recipe.pkl", "function.pkl", "launch.json"
 EVENTS, MODEL, RETURN, RESULT = "events.jsonl", "model.pt", "return.pkl", "result.json"
 ENGINE_IN, ENGINE_OUT = "engine-in.pt", "engine-out.pt"
+INPUTS = (LAUNCH, CONFIG, RECIPE, ENGINE_IN, FUNCTION)  # what a launcher writes before any worker starts
+OUTPUTS = (MODEL, ENGINE_OUT, RETURN, RESULT)  # what the writing rank leaves once the run completed
 
 
 class RunDir:
@@ -81,6 +83,16 @@ class RunDir:
             run.remove()  # a run that cannot start leaves no folder behind
             raise
         return run
+
+    def files(self, names) -> dict[str, bytes]:
+        """The named files of this run directory that exist, as bytes (to send a run to another machine, or
+        to bring its outputs back)."""
+        return {name: (self.path / name).read_bytes() for name in names if (self.path / name).exists()}
+
+    def write_files(self, files: dict[str, bytes]) -> None:
+        """Files another copy of this run directory holds, written here whole (`files`' order kept)."""
+        for name, data in files.items():
+            self._write_bytes(name, data)
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
