@@ -208,7 +208,7 @@ class SlurmRanks:
         state = self.poll()
         if not state.terminal:
             return "running"
-        if state.state == "COMPLETED" and self.run.load_result() is not None:
+        if state.state == "COMPLETED" and (self.run.load_result() is not None or self.run.has_return()):
             self._bring_back()
             return "completed"
         return "failed"
@@ -274,7 +274,8 @@ class SlurmLauncher:
     def start(self, run: RunDir, plan: LaunchPlan, shipped: tuple = ()) -> SlurmRanks:
         """The plan's ranks as one batch job in the default partition; its inputs copied where the nodes see them."""
         root = Path.cwd() / ".nbtrain" / "runs"
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.parent.mkdir(mode=0o700, exist_ok=True)  # private first, so runs/ inherits nothing looser
+        root.mkdir(mode=0o700, exist_ok=True)
         shared = RunDir(tempfile.mkdtemp(prefix="nbtrain-run-", dir=root))
         for name in (CONFIG, RECIPE, ENGINE_IN, FUNCTION, LAUNCH):
             if (run.path / name).exists():

@@ -266,16 +266,18 @@ else:
 # ## Past SLURM: a Ray cluster
 #
 # On a cloud or Kubernetes cluster the usual engine is Ray. `pip install "nbtrain[ray]"`, attach the
-# kernel to the cluster (`ray.init()`; on one machine it starts a local one), and the same cell with
-# `--launcher ray` (or `nbtrain.fit(..., launcher="ray")`) runs its ranks as Ray Train workers there: live
-# progress in the cell, the weights back in the notebook's model. This notebook does not run it: Ray is an
+# kernel to the cluster (`ray.init(address=...)`; without it, a one-machine cluster is started for the
+# call), and the same cell with `--launcher ray` (or `nbtrain.fit(..., launcher="ray")`) runs each rank as a
+# Ray actor there: live progress in the cell, the weights back in the notebook's model. This notebook does
+# not run it: Ray is an
 # optional extra of some 500 MB.
 
 # %% [markdown]
 # **Takeaway:** a multi-node run is the same DDP run with a rendezvous every node can reach; the global
 # batch grows with the nodes (scale the learning rate, notebook 2). nbtrain submits the config you already
-# tested in the notebook as a SLURM job (through submitit), or runs it on a Ray cluster (`--launcher ray`). Checkpoint long runs (`--checkpoint-every`):
-# `--resume last` continues exactly where the last checkpoint left off.
+# tested in the notebook as a SLURM job (through submitit), or runs it on a Ray cluster (`--launcher ray`).
+# Checkpoint long runs (`--checkpoint-every`): `--resume last` continues exactly where the last checkpoint
+# left off.
 #
 # ## Checks
 
