@@ -176,14 +176,24 @@ class SlurmRanks:
         self._asked, self._replay, self._shown = float("-inf"), run.tail_events(), 0
 
     def poll(self, force: bool = False) -> JobState:
-        """Ask SLURM's accounting for the job's state (at most every poll_s unless `force`)."""
-        if force or time.monotonic() - self._asked >= self.poll_s:
+        """Ask SLURM's accounting for the job's state (at most every poll_s unless `force`). Once every rank
+        returned (submitit's result files, as its Job.done reads them), the job has completed: accounting
+        says so a moment later, when the batch script has exited."""
+        if not self.current.terminal and self._every_rank_returned():
+            self.current = JobState("COMPLETED", nodes=self.current.nodes)
+        if self.current.state != "COMPLETED" and (force or time.monotonic() - self._asked >= self.poll_s):
             self._asked = time.monotonic()
             info = self.job.get_info(mode="force")
             if info:  # a job sacct does not list yet stays as it was (submitted)
                 self.current = JobState(info.get("State", "UNKNOWN").split()[0], info.get("Reason", "None"),
                                         info.get("ExitCode", ""), info.get("NodeList", ""))
         return self.current
+
+    def _every_rank_returned(self) -> bool:
+        paths = [self.job.task(rank).paths.result_pickle for rank in range(self.job.num_tasks)]
+        if not all(path.exists() for path in paths):
+            return False
+        return all(submitit.core.utils.pickle_load(path)[0] == "success" for path in paths)
 
     def events(self) -> list[dict]:
         return self._replay()
