@@ -20,14 +20,14 @@ X, Y = torch.randn(96, 8, generator=torch.Generator().manual_seed(0)), torch.ran
 @pytest.fixture(scope="module")
 def cluster():
     # Started by the user: every run leaves it running. On a busy machine Ray's node agent can take longer to
-    # start than the 15 s its raylet waits for it, and the start fails (ray-project/ray#65983): one more try.
-    for attempt in (1, 2):
+    # start than the 15 s its raylet waits for it, and the start fails (ray-project/ray#65983): a few more tries.
+    for attempt in range(4):
         try:
             ray.init(num_cpus=2, include_dashboard=False)
             break
         except Exception:
             ray.shutdown()
-            if attempt == 2:
+            if attempt == 3:
                 raise
     yield
     ray.shutdown()

@@ -26,7 +26,7 @@ import sys
 import time
 
 from ..distributed.plan import LaunchPlan
-from ..distributed.pool import FileTail
+from ..distributed.pool import FileTail, worker_env
 from ..distributed.rundir import INPUTS, OUTPUTS, RunDir
 from .base import WorkerError, first_raised
 
@@ -35,10 +35,6 @@ try:
 except ImportError as missing:  # said where the launcher is asked for, not at nbtrain's import
     raise ModuleNotFoundError("launcher='ray' needs Ray: pip install \"nbtrain[ray]\" (ray[train]>=2.60)",
                               name="ray") from missing
-
-# The folder this nbtrain was imported from: on this machine the actors import the same nbtrain (as the
-# local launcher's ranks do); on other nodes nbtrain is installed in the cluster's environment.
-_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class RankActor:
@@ -67,7 +63,9 @@ class RankActor:
         os.environ.update(env)
         for fd, name in ((1, "out"), (2, "err")):  # the rank's output, C libraries' included, for the kernel
             sys.stdout.flush() if fd == 1 else sys.stderr.flush()
-            os.dup2(os.open(self.run.path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), fd)
+            opened = os.open(self.run.path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(opened, fd)
+            os.close(opened)
         return run_job(self.run)
 
     def news(self) -> tuple[list[dict], list[tuple[bool, str]]]:
@@ -186,7 +184,12 @@ class RayRanks:
 def _wait_gone(pids: list[int], timeout_s: float = 10.0) -> None:
     """Until the actors' processes on this machine have exited (ray.kill returns before they do)."""
     import psutil
-    mine = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
+    mine = []
+    for pid in pids:
+        try:
+            mine.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass  # gone already
     psutil.wait_procs(mine, timeout=timeout_s)
 
 
@@ -196,8 +199,10 @@ class RayLauncher:
     def start(self, run: RunDir, plan: LaunchPlan, shipped: tuple = ()) -> RayRanks:
         started_ray = not ray.is_initialized()
         if started_ray:
-            ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                p for p in (_HOME, os.environ.get("PYTHONPATH")) if p)}}, include_dashboard=False)
+            # The actors on this machine import the nbtrain the kernel imported (as the local launcher's ranks
+            # do); on other nodes, the one installed in the cluster's environment.
+            path = worker_env(1)["PYTHONPATH"]
+            ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False)
         size = plan.world_size
         per_rank = {"num_cpus": plan.threads_per_rank or 1, "num_gpus": 1 if plan.backend == "nccl" else 0}
         actor_class = ray.remote(max_concurrency=3)(RankActor)  # news and stop while the rank trains
