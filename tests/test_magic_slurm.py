@@ -7,7 +7,6 @@ import torch
 from IPython.core.error import UsageError
 
 from nbtrain.runs.store import RunStore
-from slurm_fixture import slurm_cluster  # noqa: F401  (the session's private cluster)
 
 DIGITS = """
 from nbtrain.demo import DigitsDataset, DigitsMLP
