@@ -10,6 +10,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ -z "${NBTRAIN_N
   missing=()
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v slurmctld >/dev/null 2>&1 || missing+=(slurmctld slurmd slurm-client munge)
+  command -v slurmdbd >/dev/null 2>&1 || missing+=(slurmdbd mariadb-server)  # accounting: sacct answers
   if [ ${#missing[@]} -gt 0 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}") \
       || echo "note: could not install ${missing[*]}; the tests that need them will skip"

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from slurm_fixture import slurm_cluster  # noqa: F401  (one private SLURM cluster for the whole session)
 
 # Two cores are shared by the whole suite: one intra-op thread keeps runs predictable.
 torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """The real SLURM cluster the SLURM tests submit to: started once per session, stopped after.
 
-It is scripts/slurm_cluster.py (munged, slurmctld, two slurmd nodes on 127.0.0.1, private
-ports and folders). Without the SLURM packages, or without root (slurmd runs as root),
+It is scripts/slurm_cluster.py (munged, MariaDB + slurmdbd for accounting, slurmctld, two
+slurmd nodes on 127.0.0.1, private ports and folders). Without the SLURM packages, or without root (slurmd runs as root),
 the tests that need it skip and say why.
 """
 import importlib.util
@@ -29,7 +29,7 @@ def slurm_cluster():
     missing = cluster_module.missing_binaries()
     if missing:
         pytest.skip(f"SLURM is not installed here (missing: {', '.join(missing)}); scripts/test.sh installs "
-                    "slurmctld slurmd slurm-client munge with apt-get when run as root")
+                    f"{cluster_module.PACKAGES} with apt-get when run as root")
     if os.getuid() != 0:
         pytest.skip("the private SLURM cluster runs slurmd as root (it starts job processes as their user); "
                     "run the tests as root, as CI does")

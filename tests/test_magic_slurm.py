@@ -7,7 +7,6 @@ import torch
 from IPython.core.error import UsageError
 
 from nbtrain.runs.store import RunStore
-from slurm_fixture import slurm_cluster  # noqa: F401  (the session's private cluster)
 
 DIGITS = """
 from nbtrain.demo import DigitsDataset, DigitsMLP
@@ -28,9 +27,9 @@ def test_dry_run_shows_the_batch_script_for_the_flags_and_submits_nothing(ip, ca
     assert result.error_in_exec is None, out
     script = ip.user_ns["_nbtrain_sbatch"]
     headers = [shlex.split(line[len("#SBATCH "):])[0] for line in script.splitlines() if line.startswith("#SBATCH")]
-    assert {"--job-name=job_a", "--nodes=2", "--partition=debug", "--time=00:10:00", "--exclusive",
+    assert {"--job-name=job_a", "--nodes=2", "--partition=debug", "--time=10", "--exclusive",
             "--account=proj x"} <= set(headers)
-    assert "nothing was submitted" in out and "--nnodes=2" in out
+    assert "nothing was submitted" in out and "submitit.core._submit" in out
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert not (tmp_path / ".nbtrain").exists() and "_nbtrain" not in ip.user_ns  # nothing written, nothing run
 

@@ -22,7 +22,6 @@ from nbtrain.distributed.plan import for_batch_job
 from nbtrain.api import fit
 from nbtrain.demo import DigitsDataset, digits_recipe
 from nbtrain.slurm import SlurmError, SlurmJobError, SlurmOptionError
-from slurm_fixture import slurm_cluster  # noqa: F401  (the session's cluster)
 
 # Functions defined here travel to the workers by value, as a notebook's do.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -81,14 +80,14 @@ def test_dry_run_script_quotes_every_user_value(project):
     headers = [shlex.split(line[len("#SBATCH "):])[0] for line in script.splitlines() if line.startswith("#SBATCH")]
     assert f"--job-name={HOSTILE_NAME}" in headers
     assert "--partition=debug; touch pwned-partition" in headers
-    assert {"--nodes=2", "--ntasks-per-node=1", "--exclusive", "--time=00:10:00", "--signal=B:USR1@90"} <= set(headers)
-    assert "--rdzv-backend=c10d" in script and 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in script
+    assert {"--nodes=2", "--ntasks-per-node=1", "--exclusive", "--time=10", "--signal=USR2@90"} <= set(headers)
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
-    # bash reads the run directory back as the exact path, running nothing inside it.
-    assignment = next(line for line in script.splitlines() if line.startswith("run_dir="))
-    echoed = subprocess.run(["bash", "-c", assignment + '\nprintf %s "$run_dir"'], capture_output=True, text=True,
+    # submitit's task command: bash reads the run directory back as the exact path, running nothing inside it.
+    command = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1" in command and "-m submitit.core._submit" in command
+    echoed = subprocess.run(["bash", "-c", "printf '%s\\n' " + command[len("srun "):]], capture_output=True, text=True,
                             cwd=project)
-    assert echoed.stdout.startswith(str(root) + "/nbtrain-run-")
+    assert echoed.stdout.splitlines()[-1].startswith(str(root) + "/nbtrain-run-")
     assert not list(project.glob("pwned*")) and not (project / ".nbtrain").exists()  # a dry run writes nothing
 
 
@@ -97,8 +96,10 @@ def test_bad_sbatch_options_name_the_option(project):
         slurm.submit(digits_recipe(), two_nodes(), dry_run=True, nodes=3)
     with pytest.raises(SlurmOptionError, match=r"partition='a\\nb': allowed: a non-empty value on one line"):
         slurm.submit(digits_recipe(), two_nodes(), dry_run=True, partition="a\nb")
-    with pytest.raises(SlurmOptionError, match=r"requeue_signal='soon': allowed: SIGNAL@SECONDS"):
-        slurm.submit(digits_recipe(), two_nodes(), dry_run=True, requeue_signal="soon")
+    with pytest.raises(SlurmOptionError, match=r"signal_delay_s='soon': allowed: whole seconds >= 0"):
+        slurm.submit(digits_recipe(), two_nodes(), dry_run=True, signal_delay_s="soon")
+    with pytest.raises(SlurmOptionError, match=r"time='1h': allowed: minutes, MM:SS, HH:MM:SS or D-HH:MM:SS"):
+        slurm.submit(digits_recipe(), two_nodes(), dry_run=True, time="1h")
 
 
 def test_without_sbatch_on_path_the_error_says_slurm_was_not_found_and_how_to_dry_run(project, monkeypatch):
@@ -110,14 +111,9 @@ def test_without_sbatch_on_path_the_error_says_slurm_was_not_found_and_how_to_dr
     assert not (project / ".nbtrain" / "runs").exists() or not any((project / ".nbtrain" / "runs").iterdir())
 
 
-def test_job_state_is_read_after_the_job_name_whatever_the_name_contains():
-    from nbtrain.slurm.state import parse_job
-    name = "x JobState=COMPLETED Reason=None y"
-    line = (f"JobId=7 JobName={name} UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
-            f"Restarts=2 BatchFlag=1 ExitCode=0:0 NodeList=node[1-2] StdOut=/runs/JobState=FAILED/out")
-    state = parse_job(line, "7", name)
-    assert (state.state, state.restarts, state.nodes) == ("RUNNING", 2, "node[1-2]")
-    assert str(state) == "RUNNING on node[1-2] (requeued 2x)"
+def test_time_limits_are_read_as_slurm_writes_them():
+    from nbtrain.slurm.options import minutes
+    assert [minutes(t) for t in ("5", "5:30", "01:00:00", "1-02", "1-00:00:01", "infinite")] == [5, 6, 60, 1560, 1441, 0]
 
 
 def test_attach_to_an_unknown_job_names_the_known_ones(project):
@@ -225,14 +221,9 @@ def test_a_job_that_can_never_start_is_reported_instead_of_waited_on(slurm_clust
     blocker = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 60"], capture_output=True, text=True,
                              check=True).stdout.strip()
     handle = slurm.submit(digits_recipe(), two_nodes(), dependency=f"afterok:{blocker}")
-    try:
-        subprocess.run(["scancel", blocker], check=True)  # afterok can no longer be met
-        with pytest.raises(SlurmJobError, match=r"can never start: PENDING \(DependencyNeverSatisfied\).*"
-                                                r"handle.cancel\(\) removes it"):
-            handle.wait(echo=False, timeout=30)
-    finally:
-        handle.cancel()
-    assert wait_for(handle, lambda s: s.terminal, timeout=30).state == "CANCELLED"
+    subprocess.run(["scancel", blocker], check=True)  # afterok can no longer be met: the cluster ends the job
+    with pytest.raises(SlurmJobError, match=r"SLURM job \d+ CANCELLED before any rank started"):
+        handle.wait(echo=False, timeout=30)
 
 
 @pytest.mark.slow
@@ -246,7 +237,10 @@ def test_cluster_script_starts_a_second_cluster_and_stops_every_daemon_by_pid(sl
         assert started.returncode == 0, started.stderr
         assert started.stdout.strip() == f"export SLURM_CONF={folder / 'slurm.conf'}"
         cluster = cluster_module.Cluster(folder)
-        assert sorted(cluster.running()) == ["munged", "slurmctld", "slurmd-node1", "slurmd-node2"]
+        assert sorted(cluster.running()) == ["mariadbd", "munged", "slurmctld", "slurmd-node1", "slurmd-node2",
+                                             "slurmdbd"]
+        accounted = subprocess.run(["sacct", "-n", "-X", "-o", "JobID"], capture_output=True, text=True, env=cluster.env)
+        assert accounted.returncode == 0, accounted.stderr  # accounting answers
         nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
                                env=cluster.env).stdout.split()
         assert nodes == ["node1", "idle", "node2", "idle"]
@@ -300,38 +294,71 @@ def test_interrupting_wait_cancels_the_job_and_its_processes_end(slurm_cluster, 
     assert not job_processes(handle.run.path)
 
 
+def rank_process(run_dir, rank: int):
+    """The python process of one rank (submitit's task with SLURM_PROCID=rank)."""
+    for proc in job_processes(run_dir, workers_only=True):
+        try:
+            if proc.environ().get("SLURM_PROCID") == str(rank):
+                return proc
+        except psutil.Error:
+            continue
+    return None
+
+
+def wait_for_ranks(handle, count=2, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (len(handle.log.of_type("steps")) and
+                                                   len(job_processes(handle.run.path, workers_only=True)) == count):
+        handle.poll()
+        time.sleep(0.2)
+    assert len(job_processes(handle.run.path, workers_only=True)) == count, f"the ranks never ran\n{handle.output()}"
+
+
 @pytest.mark.slow
-def test_requeue_signal_checkpoints_and_the_requeued_job_resumes(slurm_cluster, project):  # noqa: F811
-    config = two_nodes(max_epochs=2, log_every_n_steps=4)
-    handle = slurm.submit(digits_recipe(), config, cpus_per_task=1)
-    wait_for(handle, lambda s: "restart 0" in handle.output())  # the batch shell's trap is in place
-    # What SLURM sends before the time limit (--signal=B:USR1@90), sent now.
-    subprocess.run(["scancel", "--signal=USR1", "--batch", handle.job_id], check=True)
-    # SLURM holds a requeued job back for about two minutes (Reason=BeginTime). The test cuts that short,
-    # but like those minutes, only after the first run's step daemons are gone and a few seconds have
-    # passed: slurmd refuses a launch in the same second as the requeue revoked the job's credential.
-    # A step daemon still there half a minute on (a busy machine) no longer holds the launch back. A
-    # launch that fails all the same can hold the job back again (the likely cause of one CI timeout), so
-    # the test releases it until the requeued batch shell has started ("restart 1"), not only once.
-    deadline, held_since = time.monotonic() + 240, None
-    while time.monotonic() < deadline and "restart 1" not in handle.output():
-        state = handle.poll()
-        if state.terminal:
-            break
-        held = state.restarts >= 1 and state.state == "PENDING" and state.reason == "BeginTime"
-        held_since = (held_since or time.monotonic()) if held else None
-        waited = time.monotonic() - held_since if held else 0.0
-        if held and waited > 3 and (waited > 30 or not step_daemons(handle.job_id)):
-            subprocess.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=True)
-            held_since = None  # held again only after a failed launch: wait as long again
-        time.sleep(0.3)
-    result = handle.wait(echo=False, timeout=120)
+def test_a_rank_killed_hard_fails_the_job_named_within_seconds_and_nothing_is_left(slurm_cluster, project):  # noqa: F811
+    handle = slurm.submit(digits_recipe(), two_nodes(max_epochs=1000, log_every_n_steps=1), cpus_per_task=1)
+    wait_for_ranks(handle)
+    rank_process(handle.run.path, 1).kill()  # SIGKILL, as the OOM killer does: no traceback, no cleanup
+    killed = time.monotonic()
+    with pytest.raises(SlurmJobError) as caught:
+        handle.wait(echo=False, timeout=60)
+    reported = time.monotonic() - killed
+    error = caught.value
+    assert error.state.state == "FAILED" and error.rank == 1, str(error)
+    assert "rank 1 on node2 ended without a traceback" in str(error)
+    print(f"the killed rank's job was reported failed {reported:.1f} s after the kill")  # shown with -s
+    assert reported < 10, f"the failure took {reported:.1f} s to be reported"
+    deadline = time.monotonic() + 15
+    while (job_processes(handle.run.path) or step_daemons(handle.job_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not job_processes(handle.run.path) and not step_daemons(handle.job_id)
+
+
+def weights_of(handle):
+    return torch.load(handle.run.path / "model.pt", weights_only=True)
+
+
+@pytest.mark.slow
+def test_a_preempted_job_is_requeued_and_resumes_from_its_step_to_the_same_weights(slurm_cluster, project):  # noqa: F811
+    config = two_nodes(max_epochs=8, log_every_n_steps=4)  # long enough to be preempted in the middle
+    whole = slurm.submit(digits_recipe(seed=0), config, cpus_per_task=1)
+    whole.wait(echo=False, timeout=120)
+    handle = slurm.submit(digits_recipe(seed=0), config, cpus_per_task=1)
+    wait_for_ranks(handle)
+    # What submitit has SLURM send before the time limit (--signal=USR2@90), sent now to every rank: a preemption.
+    subprocess.run(["scancel", "--signal=USR2", handle.job_id], check=True)
+    signalled_at = handle.log.columns["step"][-1]
+    assert signalled_at < 8 * 12 - 8, f"the job was nearly done (step {signalled_at}) when it was preempted"
+    # The cluster's cred_expire holds a requeued job back 10 s (SLURM's default: 120 s).
+    result = handle.wait(echo=False, timeout=180)
+    assert "restart 1" in handle.output()
     starts = [e["info"]["step_start"] for e in handle.log.of_type("start")]
-    assert starts[0] == 0 and starts[1] == 4  # stopped at the first log window, resumed from its checkpoint
+    assert starts[0] == 0 and starts[1] > 0 and starts[1] % 4 == 0  # stopped at a log window, resumed there
     assert [e["status"] for e in handle.log.of_type("end")] == ["requeue", "completed"]
-    assert handle.log.columns["step"] == list(range(1, 2 * 12 + 1))  # every step once, none repeated
-    assert result.status == "completed" and handle.state.restarts == 1
-    assert "requeueing job" in handle.output()
+    assert handle.log.columns["step"] == list(range(1, 8 * 12 + 1))  # every step once, none repeated
+    assert result.status == "completed"
+    ours, theirs = weights_of(handle), weights_of(whole)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)  # as if it had never been interrupted
 
 
 def test_a_gpu_config_asks_each_node_for_its_gpus_and_runs_one_rank_per_gpu(project):
@@ -340,7 +367,7 @@ def test_a_gpu_config_asks_each_node_for_its_gpus_and_runs_one_rank_per_gpu(proj
         config = TrainConfig(num_nodes=3, devices=4, accelerator="cuda", precision="bf16-mixed")
     script = slurm.submit(digits_recipe(), config, dry_run=True, partition="gpu", time="01:00:00")
     assert "#SBATCH --gpus-per-node=4" in script and "#SBATCH --nodes=3" in script
-    assert "nproc=4" in script and "--nnodes=3" in script
+    assert "#SBATCH --ntasks-per-node=4" in script  # one task per GPU: submitit's srun starts each rank
     assert for_batch_job(config).backend == "nccl"  # the accelerator asked for decides, not this login node
 
 
@@ -354,3 +381,15 @@ def test_the_exported_sbatch_file_trains_on_the_cluster(slurm_cluster, project):
     assert result.status == "completed" and result.summary["world_size"] == 2
     assert handle.log.columns["step"] == [1, 2, 3, 4, 5]
     assert set(torch.load(batch.parent / "model.pt", weights_only=True)) == set(handle.model.state_dict())
+
+
+@pytest.mark.slow
+def test_fit_with_the_slurm_launcher_trains_as_a_batch_job_and_leaves_nothing(slurm_cluster, project):  # noqa: F811
+    recipe = digits_recipe(seed=0)
+    before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+    result = fit(recipe=recipe, config=two_nodes(max_steps=6, launcher="slurm"))
+    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert result.log.columns["step"] == [1, 2, 3, 4, 5, 6]
+    assert result.extras["weights_loaded"]
+    assert not all(torch.equal(v, before[k]) for k, v in recipe.model.state_dict().items())
+    assert not any((project / ".nbtrain" / "runs").iterdir())  # the copy the nodes saw is gone

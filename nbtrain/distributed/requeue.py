@@ -1,12 +1,12 @@
-"""Checkpoint on a requeue signal, resume after it (the worker side of a SLURM requeue).
+"""Checkpoint at a step boundary on a requeue signal, resume after it (the worker side of a SLURM requeue).
 
-The batch script turns the scheduler's signal into a file, `requeue-requested`, in the run
-directory (slurm/script.py). Ranks must stop after the *same* optimizer step or the
+Each rank of a SLURM job turns the scheduler's signal into a file, `requeue-requested`, in the
+run directory (slurm/task.py). Ranks must stop after the *same* optimizer step or the
 survivors hang in an all-reduce, so no rank acts on the file alone: at every log window
 (the engine emits a "steps" event at the same step on every rank) each rank looks for
 the file and the ranks agree with one all-reduce. Then the engine stops at that step
 boundary; rank 0 saves a checkpoint (checkpoint.py) and renames the file to `requeue-ready`,
-which tells the batch script to `scontrol requeue` once every rank has exited.
+which tells the job's rank 0 to let submitit requeue the job once every rank has returned.
 
 On start, a worker that finds a checkpoint there resumes from it (config.resume): the
 engine restores the position and the budget already spent, so the job trains only what
@@ -34,7 +34,7 @@ def resume_from(run_dir) -> Path | None:
 
 def save(engine, run_dir) -> Path:
     """Rank 0: the checkpoint (checkpoint.py: atomic; model, optimizer, scaler, RNG, position and the
-    run's budget so far), then `requeue-ready`, which tells the batch script to requeue."""
+    run's budget so far), then `requeue-ready`, which tells the job's task to requeue it."""
     path = checkpoint.save(engine, Path(run_dir) / FOLDER)
     requested = Path(run_dir) / REQUESTED
     if requested.exists():

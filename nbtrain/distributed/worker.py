@@ -125,6 +125,7 @@ def _train(run: RunDir, local_main: bool) -> None:
     if watch.requested and result.status == requeue.STOP_REASON:
         if int(os.environ.get("RANK", 0)) == 0:
             requeue.save(engine, run.path)
+        torch_dist.barrier()  # every rank returns knowing the checkpoint is saved (the job's requeue follows)
         if writer:
             writer.close()
         return

@@ -3,7 +3,7 @@
     %%nbtrain --slurm --num-nodes 2 --devices 4 --partition gpu --time 01:00:00 --sbatch account=proj
     %%nbtrain --slurm-dry-run --num-nodes 2 --partition gpu      (shows the batch script; submits nothing)
 
-nbtrain.slurm.submit writes the run directory and the batch script and calls sbatch; the
+nbtrain.slurm.submit writes the run directory and submits the job through submitit; the
 cell then follows the job: its state (PENDING, RUNNING, ... with SLURM's reason) in one line
 updated in place, rank 0's metrics through the same live progress bar and plot as a run in
 the kernel, and at the end the trained weights in the notebook's model and the result kept
@@ -54,7 +54,7 @@ def wanted(args, tool: str | None) -> bool:
 
 def sbatch_options(args) -> dict:
     """The sbatch options the flags name, checked by nbtrain.slurm's own rules."""
-    from ..slurm.script import SlurmOptionError, sbatch_options as check
+    from ..slurm.options import SlurmOptionError, check_options as check
     options = {d: getattr(args, d) for d in ("partition", "time") if getattr(args, d) is not None}
     for item in args.sbatch or []:
         name, has_value, value = item.partition("=")

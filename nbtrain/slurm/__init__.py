@@ -1,7 +1,7 @@
-"""SLURM from the notebook: `nbtrain.slurm.submit / attach / export` (see `jobs`).
+"""SLURM from the notebook, through submitit: `nbtrain.slurm.submit / attach / export` (see `jobs`).
 
-`jobs` submits and follows a job, `script` writes its batch script, `state` reads
-`scontrol show job`, `standalone` exports a recipe as train.py + train.sbatch.
+`jobs` submits and follows a job with submitit, `task` is what each of its ranks runs,
+`options` checks the sbatch options, `standalone` exports a recipe as train.py + train.sbatch.
 """
 from .jobs import (JobHandle, JobState, SlurmError, SlurmJobError, SlurmOptionError, attach, export,
                    partition_inventory, submit)
