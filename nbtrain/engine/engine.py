@@ -25,6 +25,7 @@ from . import adoption, borrow, changes, checkpoint, data, data_identity, dist, 
 from .kept_loaders import KeptLoaders
 from ..config import TrainConfig, check_runnable
 from .loop import Run
+from ..measure import load
 from ..metrics import MetricsLog
 from .precision import Precision
 from ..recipe import Recipe
@@ -377,11 +378,15 @@ class Engine:
         synchronise the device at each phase boundary so CUDA phase times are honest (profiling only: off,
         the hot loop never waits on the device, rule 5).
         """
+        log = log if log is not None else MetricsLog()
+        stamp = load.Windows()  # the machine's load beside the steps, window by window
+        log.stamp(stamp)
         self._run = Run(self, log, stop, validate=validate, sync_phases=sync_phases)
         try:
             return self._run.train()
         finally:
             self._run = None
+            log.unstamp(stamp)
 
     @property
     def stopping(self) -> bool:
