@@ -10,7 +10,7 @@ from .runs.result import RunResult
 from .tools.cache import cache
 from .tools.checklist import checklist
 from .tools.diagnose import profile
-from .measure.ab import ab
+from .tools.ab import ab
 from .tools.ceilings import ceilings
 from .tools.forecast import forecast
 from .distributed.launch import launch  # the function; its module's helpers: `from nbtrain.distributed.launch import ...`

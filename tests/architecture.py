@@ -205,3 +205,31 @@ def sets_engine_fields(path: Path) -> list[str]:
                     isinstance(owner, ast.Attribute) and "engine" in owner.attr.lower():
                 found.append(f"line {node.lineno}: {ast.unparse(target)}")
     return found
+
+
+def floor_of(module: str, floors: list[tuple[str, tuple[str, ...]]], package: str = "nbtrain") -> int | None:
+    """The index of the floor (lowest first) whose longest prefix names `module` (a prefix is a module or a
+    package, with all its modules); the package's own __init__ only where named itself. None: on no floor."""
+    best, length = None, -1
+    for index, (_, members) in enumerate(floors):
+        for prefix in members:
+            inside = module == prefix or (prefix != package and module.startswith(prefix + "."))
+            if inside and len(prefix) > length:
+                best, length = index, len(prefix)
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]], floors, package: str = "nbtrain") -> list[str]:
+    """Each import from a floor to a floor above it ('a -> b (measure imports tools)'), and each module on no
+    floor ('a: on no floor'): a module placed nowhere would escape the rule."""
+    found = []
+    for module in sorted(graph):
+        floor = floor_of(module, floors, package)
+        if floor is None:
+            found.append(f"{module}: on no floor")
+            continue
+        for target in sorted(graph[module]):
+            above = floor_of(target, floors, package)
+            if above is not None and above > floor:
+                found.append(f"{module} -> {target} ({floors[floor][0]} imports {floors[above][0]})")
+    return found

@@ -6,8 +6,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from architecture import (MAX_LINES, cycles, engine_private_names, import_graph, long_modules, reaches_into_engine,
-                          sets_engine_fields)
+from architecture import (MAX_LINES, cycles, engine_private_names, floor_of, import_graph, long_modules,
+                          reaches_into_engine, sets_engine_fields, upward_imports)
 
 
 def test_engine_modules_import_neither_ipython_nor_ipywidgets():
@@ -52,6 +52,50 @@ def test_no_import_cycles_not_even_through_imports_inside_functions():
     graph = import_graph(PACKAGE)
     assert len(graph) > 50 and sum(map(len, graph.values())) > 200  # the whole package was read
     assert cycles(graph) == [], "import cycles (each a path back to its start)"
+
+
+# The house's floors, lowest first (ARCHITECTURE.md's picture): a module imports only from its own floor and
+# the floors below it, never from one above. A prefix names a module or a package with all its modules; the
+# longest prefix wins (tools.trial sits below the other tools, the registry above them).
+FLOORS = [
+    ("records and config", ("nbtrain.options", "nbtrain.hardware", "nbtrain.monitored", "nbtrain.config",
+                            "nbtrain.format", "nbtrain.records", "nbtrain.metrics", "nbtrain.places", "nbtrain.slots",
+                            "nbtrain.user_loader", "nbtrain.recipe", "nbtrain.flags", "nbtrain.doctor",
+                            "nbtrain.demo")),
+    ("measure", ("nbtrain.measure", "nbtrain.plotting", "nbtrain.progress")),
+    ("run records", ("nbtrain.runs",)),
+    ("engine", ("nbtrain.engine", "nbtrain.adapters")),
+    ("launchers", ("nbtrain.distributed", "nbtrain.slurm")),
+    ("session", ("nbtrain.api", "nbtrain.session")),
+    ("trial", ("nbtrain.tools.trial", "nbtrain.tools.tool_options")),
+    ("tools", ("nbtrain.tools",)),
+    ("registry", ("nbtrain.tools.registry",)),
+    ("front-ends", ("nbtrain.notebook", "nbtrain", "nbtrain.__main__")),
+]
+
+
+def test_no_floor_imports_from_a_floor_above_it():
+    assert upward_imports(import_graph(PACKAGE), FLOORS) == [], "move the code to the floor it belongs on"
+
+
+def test_measure_is_numbers_only_and_imports_no_tool_front_end_or_engine():
+    """measure/ holds numbers (steady rates, verdicts, races, the ceilings' and bottleneck's arithmetic): what
+    it imports of nbtrain is itself, its plotting and the records-and-config floor; a tool, a trial, the
+    engine, a launcher or a front-end measures through a trial and hands measure/ its readings."""
+    graph = import_graph(PACKAGE)
+    allowed = {0, 1}  # records and config; measure (with plotting and the progress bar's window rate)
+    found = {module: sorted(t for t in targets if floor_of(t, FLOORS) not in allowed)
+             for module, targets in graph.items() if module.startswith("nbtrain.measure")}
+    assert {m: t for m, t in found.items() if t} == {}
+
+
+def test_the_floor_check_sees_an_import_upward_and_a_module_on_no_floor():
+    floors = [("low", ("pkg.low",)), ("high", ("pkg.high", "pkg")), ("top", ("pkg.high.top",))]
+    graph = {"pkg": {"pkg.high"}, "pkg.low": {"pkg.high.top"}, "pkg.high": {"pkg.low"}, "pkg.high.top": {"pkg.high"},
+             "pkg.stray": set()}
+    assert floor_of("pkg.high.top", floors, "pkg") == 2 and floor_of("pkg.stray", floors, "pkg") is None
+    assert upward_imports(graph, floors, "pkg") == ["pkg.low -> pkg.high.top (low imports top)",
+                                                    "pkg.stray: on no floor"]
 
 
 def test_no_module_is_over_400_lines():

@@ -132,7 +132,7 @@ def test_ab_blocks_last_a_time_not_a_count_of_steps_unless_asked():
     timed = nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), b={"batch_size": 16}, block_s=0.1,
                        min_pairs=2, max_pairs=2)
     assert min(timed.block_steps) >= 40, timed.block_steps
-    with pytest.raises(ValueError, match=r"block_s=0: a number of seconds > 0"):
+    with pytest.raises(ValueError, match=r"nbtrain.ab: block_s=0: allowed: a number of seconds > 0"):
         nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), block_s=0)
 
 
@@ -158,8 +158,8 @@ def test_ab_stops_and_says_so_when_a_timed_block_diverges_instead_of_timing_nan_
     model = nn.Sequential(nn.Linear(8, 1))
     before = weights(model)
     sgd = lambda p: torch.optim.SGD(p, lr=0.01)  # noqa: E731
-    with pytest.raises(ToolRefusal, match=r"^config B \(lr=1000000000000.0\): the loss became (inf|nan) at step \d+ "
-                                          r"in a timed block, so no speed is compared; lower the learning rate"):
+    with pytest.raises(ToolRefusal, match=r"^nbtrain.ab: config B \(lr=1000000000000.0\): the loss became (inf|nan) "
+                                          r"at step \d+ in a timed block, so no speed is compared; lower the learning rate"):
         nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), optimizer=sgd, b={"lr": 1e12}, block_steps=7,
                    min_pairs=2, max_pairs=2)
     assert same_weights(before, weights(model))

@@ -45,7 +45,7 @@ def test_the_public_tools_are_the_registered_ones_with_their_signatures_kept():
               "find_batch_size": nbtrain.tune.find_batch_size,
               "find_workers": nbtrain.tune.find_workers, "find_lr": nbtrain.tune.find_lr,
               "find_leaks": nbtrain.leaks.find_graph_leaks, "find_sync": nbtrain.leaks.find_sync_points,
-              "checklist": nbtrain.checklist, "cache": nbtrain.cache}
+              "checklist": nbtrain.checklist, "ab": nbtrain.ab, "cache": nbtrain.cache}
     assert {name: tool.function for name, tool in TOOLS.items()} == public
     for tool in TOOLS.values():
         parameters = inspect.signature(tool.function).parameters

@@ -1,6 +1,6 @@
 """A tool's trial never reaches the live engine (engine/borrow.py): it borrows the model and gives it back.
 
-Generated over every tool of the registry (and nbtrain.ab) x every kind of training data: after a few
+Generated over every tool of the registry (nbtrain.ab among them) x every kind of training data: after a few
 steps that leave a pass open, the tool runs with a tiny budget; the live engine is then the same objects
 (optimizer, schedule, loader, config, recipe) holding the same values (optimizer state, the schedule's
 state and notes, the loader's open pass and every generator under it, the position, notes, RNG, weights),
@@ -80,7 +80,7 @@ TINY = {
 }
 # Every launch of ranks costs seconds: the forecast over the data nbtrain batches and a user's own sampler.
 FORECAST_KINDS = ("dataset", "own_sampler")
-TOOL_NAMES = sorted(TOOLS) + ["ab"]
+TOOL_NAMES = sorted(TOOLS)
 
 
 def _fit(model, data, options, steps=3):

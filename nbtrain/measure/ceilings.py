@@ -1,24 +1,21 @@
-"""The four ceilings of a training step for one config: data, host, compute, memory.
+"""The four ceilings of a training step for one config: data, host, compute, memory, as numbers.
 
     c = nbtrain.ceilings(recipe, config=TrainConfig(batch_size=64))
     print(c.table())   # each ceiling in samples/s with its interval, the binding one first, the verdict
     c.bottleneck()     # the verdict as data (measure/bottleneck.py): binding ceiling, ratios, remedies
 
 Each ceiling is what the step could reach if only that limit were left, in samples/s:
-- data: the engine's loader alone with the config's workers and batch, no model (worker start-up set
-  apart);
-- host: the fixed per-step cost alone. Steps on one batch held on the device are timed at the config's
-  batch and at 2 samples of it, in alternation: t(b) = host + device * b; the intercept is the host's
-  (Python, dispatch, launches, the optimizer, the weights' own traffic), the slope the device's;
-- compute: the step's FLOPs (torch.utils.flop_counter: matmuls and convolutions) at the peak FLOP/s
-  of a matmul in the step's dtype, measured now;
+- data: the engine's loader alone with the config's workers and batch, no model;
+- host: the fixed per-step cost alone: the intercept of t(b) = host + device * b, from steps timed at the
+  config's batch and at 2 samples of it;
+- compute: the step's FLOPs at the peak FLOP/s of a matmul in the step's dtype, measured now;
 - memory: the bytes the step's operations read and write, at the bandwidth of a large copy, measured now.
-On CUDA the GPU's busy fraction (the union of kernel intervals from torch.profiler over the step's
-wall time) says directly how much of the step the GPU waited for the host.
+On CUDA the GPU's busy fraction says directly how much of the step the GPU waited for the host.
 
-The verdict (bottleneck.py) names the binding ceiling, by how much, and the remedies in the order the
-numbers favour. It measures in a trial (tools/trial.borrow), as every tool does: the live engine is
-never reached and the model is given back bit for bit.
+This module holds the readings (Ceilings) and what they say: each ceiling with its interval, the verdict
+(bottleneck.py names the binding ceiling, by how much, and the remedies in the order the numbers favour),
+its table and its figure. How they are read, in a trial that never reaches the live engine, is the
+tool's: tools/ceilings.py.
 """
 from __future__ import annotations
 
@@ -26,23 +23,12 @@ import math
 import textwrap
 from dataclasses import dataclass
 
-import torch
-from torch.utils.data import DataLoader
-
-from ..tools import trial
 from ..config import TrainConfig
 from ..format import PrintsAsTable
-from ..engine.data import refusal, to_device
-from ..engine.toggles import to_channels_last
-from . import device_rates
 from .bottleneck import CEILINGS, LOOK_AT, Bottleneck, bottleneck
 from .device_rates import Busy, HostSplit, Rate, StepCount
-from .steady import SteadyRate, block_rates, steady_rate, warmup_length
-from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
-from .ab import diverged_refusal
-from .verdict import TOO_WIDE, Verdict, unpaired
-
-
+from .steady import SteadyRate
+from .verdict import TOO_WIDE, Verdict
 
 COLORS = {"data": "tab:red", "host": "tab:orange", "compute": "tab:blue", "memory": "tab:green"}
 
@@ -290,77 +276,3 @@ def si(value: float) -> str:
         if abs(value) >= factor:
             return f"{value / factor:.3g} {prefix}"
     return f"{value:.3g} "
-
-
-def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 30,
-             seconds: float = 5.0, **parts) -> Ceilings:
-    """Measure the four ceilings for the current config; see the module doc.
-
-    Each ceiling reads at least `steps` batches (or steps) and at least half a second of them, at
-    most `seconds`: a tiny model's step lasts less than one time slice of a busy machine, and a
-    rate from a few of them would be one preemption's guess.
-    """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 10:
-        raise ValueError(f"steps={steps!r}: a whole number >= 10 (batches and steps measured per ceiling)")
-    if not (isinstance(seconds, (int, float)) and seconds > 0):
-        raise ValueError(f"seconds={seconds!r}: a number > 0 (longest time per ceiling)")
-    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
-        return measure_ceilings(lent.engine, steps=steps, seconds=seconds)
-
-
-def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: dict | None = None) -> Ceilings:
-    """The ceilings of a trial engine's current config; its state is put back afterwards.
-
-    `known`: the device's rates measured before (matmul peaks by dtype, copy bandwidth), read from it and
-    added to it: they belong to the machine, not the config, so a caller reading several configs (the
-    checklist walk) measures them once. A loss that is not finite ends the reading (a ToolRefusal, as ab's):
-    the steps would time NaN arithmetic, not the config."""
-    known = {} if known is None else known
-    config = trial.plain_config(engine.config)
-    snapshot = trial.Snapshot(engine)
-    device, busy, low_peak, peak_readings = engine.device, None, None, ()
-    try:
-        engine.reconfigure(config)
-        loader_series, batch = loader_alone(engine, steps, seconds)
-        held = not isinstance(engine.loader, DataLoader)
-        recipe = engine.recipe
-        hold_refused = None if held else refusal(recipe.train_data, config, recipe.collate_fn, recipe.fixed_loader)
-        source = (f"the DataLoader, {config.num_workers} workers" if not held
-                  else "batches cut from tensors held in memory (preload_data)")
-        batch = to_device(batch, device, False)
-        if config.channels_last:
-            batch = to_channels_last(batch)
-        # Steps on one batch at the real rate would fit that batch until its gradients turn denormal
-        # (a CPU computes those many times slower); at rate 0 every step costs what the next real one would.
-        for group in engine.optimizer.param_groups:
-            group["lr"] = torch.zeros_like(group["lr"]) if torch.is_tensor(group["lr"]) else 0.0
-        dtype = engine.precision.dtype or torch.get_default_dtype()
-        rates_s = min(0.3, seconds / 2)  # each device rate's repetitions: a short reading (the walk's) is short
-        peak = known.get(dtype) or device_rates.peak_flops(device, dtype, rates_s)  # before and after the model:
-        memory = known.get("bandwidth") or device_rates.bandwidth(device, rates_s)  # a passing load hits one
-        loss = train_step(engine, batch)  # warm-up: lazy state, allocator
-        if not torch.isfinite(loss):  # the steps would time NaN arithmetic
-            raise diverged_refusal("the current config", f"the loss became {loss.item()}")
-        counts = device_rates.count_step(lambda counter: train_step(engine, batch, counter))
-        small = small_batch(engine, batch)
-        full_series, small_series = model_alone(engine, batch, small, steps, seconds)
-        if device.type == "cuda":
-            busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
-        if dtype not in known:  # read again after the model: apart, the machine's load changed meanwhile
-            peak_readings = (peak, device_rates.peak_flops(device, dtype, rates_s))
-            peak = max(peak_readings, key=lambda p: p.value)
-        if dtype == torch.float32:
-            low_peak = known.get(torch.bfloat16) or device_rates.peak_flops(device, torch.bfloat16, rates_s)
-            known[torch.bfloat16] = low_peak
-        known[dtype], known["bandwidth"] = peak, memory
-    finally:
-        snapshot.restore()
-    n = batch_samples(batch)
-    warm = warmup_length(full_series[0])
-    split = (device_rates.host_split(full_series[0][warm:], small_series[warm:], n, batch_samples(small))
-             if small is not None and len(small_series) - warm >= 3 else None)
-    ratio = unpaired(block_rates(*loader_series), block_rates(*full_series))
-    has_convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in engine.model.modules())
-    return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
-                    n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
-                    source, hold_refused=hold_refused, peak_readings=peak_readings)

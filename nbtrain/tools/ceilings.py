@@ -1,9 +1,34 @@
 """The four ceilings as a checklist tool: `nbtrain.ceilings`, the `%%nbtrain --ceilings` flag, the
-panel's Ceilings button. The measurement is measure/ceilings.py; this module only declares it."""
+panel's Ceilings button. What the readings say is measure/ceilings.py's; this module reads them.
+
+Each ceiling is read in a trial (tools/trial.borrow), as every tool reads: the live engine is never reached
+and the model is given back bit for bit.
+- data: the trial engine's loader alone with the config's workers and batch, no model (worker start-up set
+  apart);
+- host and device: steps on one batch held on the device, timed at the config's batch and at 2 samples of
+  it, in alternation: t(b) = host + device * b; the intercept is the host's (Python, dispatch, launches, the
+  optimizer, the weights' own traffic), the slope the device's;
+- compute: the step's FLOPs (torch.utils.flop_counter: matmuls and convolutions) and the peak FLOP/s of a
+  matmul in the step's dtype, measured now;
+- memory: the bytes the step's operations read and write, and the bandwidth of a large copy, measured now;
+- on CUDA, the GPU's busy fraction (the union of kernel intervals from torch.profiler over the step's wall
+  time).
+"""
 from __future__ import annotations
 
+import torch
+from torch.utils.data import DataLoader
+
 from ..config import TrainConfig
-from ..measure import ceilings as measured
+from ..engine.data import refusal, to_device
+from ..engine.toggles import to_channels_last
+from ..measure import device_rates
+from ..measure.ceilings import Ceilings
+from ..measure.steady import block_rates, steady_rate, warmup_length
+from ..measure.verdict import unpaired
+from . import trial
+from .ab import diverged_refusal
+from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
 from .tool_options import declare, option
 
 
@@ -15,7 +40,71 @@ from .tool_options import declare, option
                     note="longest time per ceiling", above=0)),
          label="Ceilings", figsize=(7, 2.6))
 def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 30,
-             seconds: float = 5.0, **parts) -> measured.Ceilings:
-    """Measure the four ceilings of the current config (see nbtrain.measure.ceilings), in a trial: the live
-    engine is never reached and the model is given back bit for bit."""
-    return measured.ceilings(model, train_data, recipe=recipe, config=config, steps=steps, seconds=seconds, **parts)
+             seconds: float = 5.0, **parts) -> Ceilings:
+    """Measure the four ceilings of the current config (see the module doc), in a trial: the live engine is
+    never reached and the model is given back bit for bit.
+
+    Each ceiling reads at least `steps` batches (or steps) and at least half a second of them, at
+    most `seconds`: a tiny model's step lasts less than one time slice of a busy machine, and a
+    rate from a few of them would be one preemption's guess.
+    """
+    with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
+        return measure_ceilings(lent.engine, steps=steps, seconds=seconds)
+
+
+def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: dict | None = None) -> Ceilings:
+    """The ceilings of a trial engine's current config; its state is put back afterwards.
+
+    `known`: the device's rates measured before (matmul peaks by dtype, copy bandwidth), read from it and
+    added to it: they belong to the machine, not the config, so a caller reading several configs (the
+    checklist walk) measures them once. A loss that is not finite ends the reading (a ToolRefusal, as ab's):
+    the steps would time NaN arithmetic, not the config."""
+    known = {} if known is None else known
+    config = trial.plain_config(engine.config)
+    snapshot = trial.Snapshot(engine)
+    device, busy, low_peak, peak_readings = engine.device, None, None, ()
+    try:
+        engine.reconfigure(config)
+        loader_series, batch = loader_alone(engine, steps, seconds)
+        held = not isinstance(engine.loader, DataLoader)
+        recipe = engine.recipe
+        hold_refused = None if held else refusal(recipe.train_data, config, recipe.collate_fn, recipe.fixed_loader)
+        source = (f"the DataLoader, {config.num_workers} workers" if not held
+                  else "batches cut from tensors held in memory (preload_data)")
+        batch = to_device(batch, device, False)
+        if config.channels_last:
+            batch = to_channels_last(batch)
+        # Steps on one batch at the real rate would fit that batch until its gradients turn denormal
+        # (a CPU computes those many times slower); at rate 0 every step costs what the next real one would.
+        for group in engine.optimizer.param_groups:
+            group["lr"] = torch.zeros_like(group["lr"]) if torch.is_tensor(group["lr"]) else 0.0
+        dtype = engine.precision.dtype or torch.get_default_dtype()
+        rates_s = min(0.3, seconds / 2)  # each device rate's repetitions: a short reading (the walk's) is short
+        peak = known.get(dtype) or device_rates.peak_flops(device, dtype, rates_s)  # before and after the model:
+        memory = known.get("bandwidth") or device_rates.bandwidth(device, rates_s)  # a passing load hits one
+        loss = train_step(engine, batch)  # warm-up: lazy state, allocator
+        if not torch.isfinite(loss):  # the steps would time NaN arithmetic
+            raise diverged_refusal("the current config", f"the loss became {loss.item()}")
+        counts = device_rates.count_step(lambda counter: train_step(engine, batch, counter))
+        small = small_batch(engine, batch)
+        full_series, small_series = model_alone(engine, batch, small, steps, seconds)
+        if device.type == "cuda":
+            busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
+        if dtype not in known:  # read again after the model: apart, the machine's load changed meanwhile
+            peak_readings = (peak, device_rates.peak_flops(device, dtype, rates_s))
+            peak = max(peak_readings, key=lambda p: p.value)
+        if dtype == torch.float32:
+            low_peak = known.get(torch.bfloat16) or device_rates.peak_flops(device, torch.bfloat16, rates_s)
+            known[torch.bfloat16] = low_peak
+        known[dtype], known["bandwidth"] = peak, memory
+    finally:
+        snapshot.restore()
+    n = batch_samples(batch)
+    warm = warmup_length(full_series[0])
+    split = (device_rates.host_split(full_series[0][warm:], small_series[warm:], n, batch_samples(small))
+             if small is not None and len(small_series) - warm >= 3 else None)
+    ratio = unpaired(block_rates(*loader_series), block_rates(*full_series))
+    has_convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in engine.model.modules())
+    return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
+                    n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
+                    source, hold_refused=hold_refused, peak_readings=peak_readings)

@@ -5,7 +5,7 @@
     walk.plot("walk.png")     # waterfall of the measured speed-ups, in the order walked
     cfg = walk.best_config    # or checklist(..., keep_best=True) leaves the live engine on it
 
-The walk reads the four ceilings at the current config (measure/ceilings.py, their verdict from
+The walk reads the four ceilings at the current config (tools/ceilings.py, their verdict from
 measure/bottleneck.py: the binding ceiling and its remedies in order), tries the items that answer
 the binding ceiling (and any ceiling within `_NEAR` of it: a near one may bind after the next
 change), in the remedies' order, and keeps the first whose race shows a gain; then it reads the

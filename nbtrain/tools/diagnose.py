@@ -7,7 +7,7 @@
 A few steps are trained with the engine's own loop and its per-phase clocks; on CUDA the
 device is synchronised at every phase boundary while profiling (only then), so kernel time
 is charged to the phase that launched it. The machine's ceilings are measured apart
-(measure/ceilings.py: data, host, compute and memory, each a rate with its interval) and the
+(tools/ceilings.py: data, host, compute and memory, each a rate with its interval) and the
 verdict says what both show: the binding ceiling and by how much, the share of the step it
 costs, and the remedies in the order the numbers favour. It measures in a trial: the live engine is
 never reached and the model is given back. With `trace="run.json"` a second, short trial runs
@@ -27,11 +27,12 @@ from . import trial
 from ..config import TrainConfig
 from ..format import PrintsAsTable
 from ..hardware import usable_cores  # noqa: F401  (tune_workers and the walk import it from here)
-from ..measure.ceilings import Ceilings, measure_ceilings
+from ..measure.ceilings import Ceilings
 from ..measure.device_rates import union_length
 from ..measure.steady import NOTHING, SteadyRate, of_columns
 from ..metrics import MetricsLog
 from ..records import samples_start
+from .ceilings import measure_ceilings
 from .tool_options import ToolRefusal, declare, option
 
 PHASE_LABELS = {"data": "data wait", "h2d": "host-to-device", "forward": "forward", "backward": "backward",

@@ -26,11 +26,12 @@ import time
 import torch
 
 from ..config import TrainConfig
-from ..measure.ab import steps_lasting, trial_rate
+from ..measure.ab import steps_lasting
 from ..measure.forecast import (Quantity, fit_link, given_link, gradient_buckets, less_its_allreduce, mean_quantity,
                                 rank_wait, scaling_point)
 from ..measure.forecast_result import Check, Forecast
 from . import trial
+from .ab import trial_rate
 from .tool_options import JointProblem, ToolRefusal, declare, option
 
 DEFAULT_DEVICES, DEFAULT_NODES = (1, 2, 4, 8), (1, 2)

@@ -9,6 +9,7 @@ each front-end names an option in a refusal are all generated from these entries
 """
 from __future__ import annotations
 
+from .ab import ab
 from .cache import cache
 from .ceilings import ceilings
 from .checklist import checklist
@@ -19,4 +20,4 @@ from .tool_options import NO_VALUE, Tool, ToolOption, ToolOptionError, ToolRefus
 from .tune import find_batch_size, find_lr, find_workers
 
 TOOLS: dict[str, Tool] = {function.tool.name: function.tool for function in (
-    diagnose, ceilings, forecast, find_batch_size, find_workers, find_lr, find_graph_leaks, find_sync_points, checklist, cache)}
+    diagnose, ceilings, forecast, find_batch_size, find_workers, find_lr, find_graph_leaks, find_sync_points, checklist, ab, cache)}

@@ -7,7 +7,7 @@
 
 Every trial trains real steps on the user's model on an engine of the trial's own (trial.borrow): the live
 engine is never reached, and the model is given back bit for bit. The batch found is
-then measured against the starting batch head to head, in alternating blocks (measure/ab.py):
+then measured against the starting batch head to head, in alternating blocks (tools/ab.py):
 a larger batch fits, but whether it trains faster on this machine is a measurement.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ from ..options import Problem
 from ..recipe import fixed_reason
 from .tool_options import ToolOptionError, ToolRefusal, declare, option
 from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
-from ..measure.ab import ABResult, compare_on
+from ..measure.ab import ABResult
+from .ab import compare_on
 
 
 # --- largest batch --------------------------------------------------------------------------

@@ -5,7 +5,7 @@
     cfg = w.best       # the starting setting unless another is measurably faster, head to head
 
 Each setting is trained for `seconds` in a trial (trial.borrow: the live engine is never reached). The
-fastest is then measured against the starting setting in alternating blocks (measure/ab.py):
+fastest is then measured against the starting setting in alternating blocks (tools/ab.py):
 one trial each on a shared machine can differ by tens of percent with nothing changed, so the
 search only moves off the starting setting when the head-to-head interval says it is faster.
 """
@@ -19,9 +19,10 @@ from .. import plotting
 from . import trial
 from ..config import TrainConfig
 from .diagnose import usable_cores
-from ..measure.ab import ABResult, compare_on, steps_lasting, trial_rate
+from ..measure.ab import ABResult, steps_lasting
 from ..measure.steady import NOTHING
 from ..measure.verdict import UNMEASURED, unpaired
+from .ab import compare_on, trial_rate
 from .tool_options import declare, option
 
 

@@ -2,7 +2,7 @@
 
 The walk (checklist.py) measures through a bench: `block(config, seconds)` trains one race block
 and puts the state back; `trial(config, seconds)` one whole trial; `bottleneck(config, seconds)`
-reads the four ceilings (measure/ceilings.py) at a config and returns their verdict
+reads the four ceilings (tools/ceilings.py) at a config and returns their verdict
 (measure/bottleneck.py); `apart(label, config, steps)` runs a config in processes of its own (DDP);
 `here` answers what the items need to know (samples, cores, CUDA, held data, the optimizer's
 kernels, convolutions, whether DDP can run). `EngineBench` is a trial on the live model; a simulated machine
@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import math
 
-from ..measure.ab import trial_rate
+from .ab import diverged_refusal, trial_rate
+from .ceilings import measure_ceilings
 from ..measure.race import Block
 from ..measure.steady import NOTHING, block_rates, columns_series
 from ..records import samples_start
@@ -94,7 +95,6 @@ class EngineBench:
         on the trial's engine, which is put back where the walk started it; out of memory, a candidate whose
         loss diverged, or any error of a config the walk chose, is a result ("failed: ..."); only the user's own
         starting config raises (and the current config diverging: nothing could be compared with it)."""
-        from ..measure.ab import diverged_refusal
         try:
             m, steady, parts = trial_rate(self.engine, config, seconds=seconds)
         except Exception as error:  # noqa: BLE001 - see the docstring
@@ -150,7 +150,6 @@ class EngineBench:
 
     def bottleneck(self, config, seconds: float):
         """The ceilings' verdict at `config` (measure/bottleneck.py), each ceiling read for about `seconds`."""
-        from ..measure.ceilings import measure_ceilings
         try:
             self.engine.reconfigure(config)
             return measure_ceilings(self.engine, steps=10, seconds=seconds, known=self.device_rates).bottleneck()
