@@ -378,15 +378,12 @@ class Engine:
         synchronise the device at each phase boundary so CUDA phase times are honest (profiling only: off,
         the hot loop never waits on the device, rule 5).
         """
-        log = log if log is not None else MetricsLog()
-        stamp = load.Windows()  # the machine's load beside the steps, window by window
-        log.stamp(stamp)
         self._run = Run(self, log, stop, validate=validate, sync_phases=sync_phases)
         try:
-            return self._run.train()
+            with load.stamping(self._run.log):  # the machine's load beside the steps, window by window
+                return self._run.train()
         finally:
             self._run = None
-            log.unstamp(stamp)
 
     @property
     def stopping(self) -> bool:

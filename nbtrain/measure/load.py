@@ -9,6 +9,7 @@ the phrase a front-end shows beside a rate.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -164,6 +165,17 @@ class Windows:
         return out
 
 
+@contextlib.contextmanager
+def stamping(log):
+    """A run's log (metrics.MetricsLog) stamped with Windows while the block runs."""
+    stamp = Windows()
+    log.stamp(stamp)
+    try:
+        yield log
+    finally:
+        log.unstamp(stamp)
+
+
 @dataclass(frozen=True)
 class Window:
     """The load over rows [first, end) of a run's step columns."""
@@ -233,11 +245,40 @@ def explains(busier: Load, quieter: Load, slowdown: float) -> bool:
     explains none of its difference."""
     if waits_explain(busier.wall_s, busier.waited_cores * busier.wall_s, slowdown):
         return True
+    return cores_explain(busier, quieter, slowdown)
+
+
+def cores_explain(busier: Load, quieter: Load, slowdown: float) -> bool:
+    """Whether the cores other processes took during the busier reading, beyond the quieter one's, could
+    explain `slowdown` (the free-core ratio of `explains`; a GPU others kept busier explains any)."""
     if busier.small and quieter.small or not busier.other_cores > quieter.other_cores:
         return False
     gpu = busier.gpu_other is not None and busier.gpu_other - (quieter.gpu_other or 0) >= 100 * SMALL
     wants = demand(busier, quieter)
     return gpu or covers(quieter.free_cores(wants) / busier.free_cores(wants), slowdown)
+
+
+def could_move(reading: Load, factor: float) -> bool:
+    """Whether the load during `reading` could have slowed it by `factor` against the same reading on a quiet
+    machine: its threads' waits for a CPU, or the cores other processes left of those it used."""
+    quiet = Load(0.0, reading.cores, reading.wall_s, own_cores=reading.own_cores)
+    return (waits_explain(reading.wall_s, reading.waited_cores * reading.wall_s, factor)
+            or cores_explain(reading, quiet, factor))
+
+
+def comparable_pairs(rates_a, rates_b, loads_a, loads_b) -> list[bool]:
+    """Per pair of blocks measured in alternation: whether the two blocks ran under loads alike enough to
+    compare, i.e. the cores other processes took during the slower block, beyond the faster one's, cannot
+    explain the pair's ratio (a burst that hit one block of a pair). Their waits for a CPU do not count
+    here: the two blocks ran side by side, and a config that runs more threads waits more on its own."""
+    out = []
+    for a, b, load_a, load_b in zip(rates_a, rates_b, loads_a, loads_b):
+        if not (a > 0 and b > 0) or load_a is None or load_b is None:
+            out.append(True)
+            continue
+        slower, faster = (load_a, load_b) if b > a else (load_b, load_a)
+        out.append(not cores_explain(slower, faster, max(a, b) / min(a, b)))
+    return out
 
 
 def demand(*readings: Load) -> float:
