@@ -126,7 +126,7 @@ def judged(c, binding: str, margin: Verdict) -> tuple[str, str, Verdict, str]:
     # The loader slower than the model beyond doubt binds whatever the model's own spread (their ratio's interval
     # holds both spreads); every other verdict also needs readings the load did not move.
     loader_binds = binding == "data" and margin.low > 1 + MIN_EFFECT
-    noise = ("" if loader_binds else c.noise()) or (f"the ratio that chose the {binding} ceiling reads {margin.low:.2f}-{margin.high:.2f} "
+    noise = ("" if loader_binds else c.noise(binding)) or (f"the ratio that chose the {binding} ceiling reads {margin.low:.2f}-{margin.high:.2f} "
                           f"(95% interval)" if undecided else "")  # Verdict.too_noisy's rule, an unbounded top too
     if noise:
         return "noisy", binding, share, noise

@@ -55,6 +55,7 @@ class Ceilings(PrintsAsTable):
     hold_refused: str | None = None  # why the held-data rule would not hold this data (None: it would, or does)
     peak_readings: tuple = ()  # the peak read before and after the model (empty: read once, or known before)
     model_load: Load | None = None  # other processes' share of the machine while the model alone was read
+    loader_load: Load | None = None  # ... while the loader alone was read
 
     @property
     def device_type(self) -> str:
@@ -108,12 +109,16 @@ class Ceilings(PrintsAsTable):
     def kind(self) -> str:
         return self.bottleneck().kind
 
-    def noise(self) -> str:
+    def noise(self, binding: str = "") -> str:
         """Why these readings are too noisy to name a ceiling ('' where they are not), by ab's rule: an
-        interval wider than verdict.TOO_WIDE, or one machine rate read twice apart by more than that."""
-        m, load = self.model, self.model_load
-        if load is not None and could_move(load, TOO_WIDE):  # its interval is narrow when all its steps ran slow
-            return f"while the model alone was read, {load.text()}"
+        interval wider than verdict.TOO_WIDE, one machine rate read twice apart by more than that, or the
+        reading that decides read while other processes' load could have moved it that much (its interval is
+        narrow when all its steps ran slow). Where the loader is the nearest ceiling, that is the loader's
+        reading: a model read slower than it is only makes the loader bind less."""
+        m = self.model
+        name, load = ("loader", self.loader_load) if binding == "data" else ("model", self.model_load)
+        if load is not None and could_move(load, TOO_WIDE):
+            return f"while the {name} alone was read, {load.text()}"
         if m.low > 0 and m.high / m.low > TOO_WIDE:
             return f"the model alone read {m.low:,.0f}-{m.high:,.0f} samples/s (95% interval)"
         if len(self.peak_readings) == 2 and min(p.value for p in self.peak_readings) > 0:

@@ -66,7 +66,8 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     device, busy, low_peak, peak_readings = engine.device, None, None, ()
     try:
         engine.reconfigure(config)
-        loader_series, batch = loader_alone(engine, steps, seconds)
+        with Meter() as loader_load:
+            loader_series, batch = loader_alone(engine, steps, seconds)
         held = not isinstance(engine.loader, DataLoader)
         recipe = engine.recipe
         hold_refused = None if held else refusal(recipe.train_data, config, recipe.collate_fn, recipe.fixed_loader)
@@ -109,4 +110,5 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     has_convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in engine.model.modules())
     return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
                     n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
-                    source, hold_refused=hold_refused, peak_readings=peak_readings, model_load=model_load.last)
+                    source, hold_refused=hold_refused, peak_readings=peak_readings, model_load=model_load.last,
+                    loader_load=loader_load.last)
