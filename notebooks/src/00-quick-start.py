@@ -56,10 +56,12 @@ model = DigitsMLP()
 %nbtrain_compare first second
 
 # %% [markdown]
-# Each run above was short (its total time is in its summary), and the two ran one after the other: if the
-# machine was busier during one of them, the table cannot tell that apart from the setting — its *vs first*
-# column compares two runs measured apart, and its interval is as wide as that makes it. A speed claim needs
-# a **head-to-head** measurement: `nbtrain.ab` trains short blocks of A and B in alternation on the live
+# Each run above was short (its total time is in its summary), and the two ran one after the other. Every
+# run records how much of the machine other processes took, for the whole run and block by block: where that
+# load could explain the difference, the *vs first* column says the machine was busier instead of giving a
+# verdict. A load that stayed the same through both runs still slows both alike, and one that came and went
+# is only as visible as its blocks, so a column that compares two runs measured apart is no speed claim. That
+# needs a **head-to-head** measurement: `nbtrain.ab` trains short blocks of A and B in alternation on the live
 # model — each block from the same saved state, so neither learns from the other and the model ends as it
 # was — until the ratio's 95% interval is narrow:
 
