@@ -141,10 +141,13 @@ bf16_verdict = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 1
 print(bf16_verdict)
 
 # %% [markdown]
-# On this CPU and this small model, bf16-mixed is no speed-up: head to head it measures slower (or, on a
-# busy machine, too noisy to tell) — whatever the two panel runs seemed to show. The model's matrix
-# multiplications are too small to gain from bf16, and autocast still pays to convert around each layer. Whether it helps depends on the processor and the model: notebook 6 measures
-# it head to head on this MLP and on a convolutional network.
+# On this CPU and this small model, bf16-mixed is no speed-up: head to head it measures slower, or no
+# measurable difference, or on a busy machine too noisy to tell — never faster, whatever the two panel runs
+# seemed to show. The brackets say how busy the machine was and, where some were, how many pairs of blocks
+# were set aside because another process took more of the machine during one block of the pair than the other.
+# The model's matrix multiplications are too small to gain from bf16, and autocast still pays to convert
+# around each layer. Whether it helps depends on the processor and the model: notebook 6 measures it head to
+# head on this MLP and on a convolutional network.
 #
 # ## Checks
 
