@@ -17,7 +17,8 @@ from torch import nn
 
 import nbtrain
 from nbtrain.demo import DigitsDataset, digits_recipe
-from nbtrain.measure.load import Load, Meter, explains, explains_by_windows
+from nbtrain.measure.load import Load, Meter, explains, explains_by_windows, windows
+from nbtrain.runs.store import RunStore
 from nbtrain import plotting
 from nbtrain.plotting import draw, history_axes
 from nbtrain.recipe import Recipe
@@ -73,6 +74,17 @@ def test_the_summary_splits_the_calls_whole_wall_time(validated_run):
     assert split["other"] < 0.1 * wall, split
     row = dict(result.rows())["where the time went"]
     assert row.startswith(f"{nbtrain.format.duration(s['call_s'])} in the call: start-up") and "validation" in row
+
+
+def test_a_runs_log_carries_the_machines_load_block_by_block_and_keeps_it_when_stored(validated_run, tmp_path):
+    result, _ = validated_run
+    blocks = windows(result.history)
+    assert blocks and blocks[0].first == 0 and all(a.end == b.first for a, b in zip(blocks, blocks[1:]))
+    assert blocks[-1].end <= len(result.log) and all(0 <= b.load.other_cores <= b.load.cores for b in blocks)
+    assert all(b.load.own_cores >= 0 and b.load.wall_s > 0 for b in blocks)
+    store = RunStore(tmp_path / "runs.sqlite")
+    stored = store.load(store.record(result, name="stored"))
+    assert windows(stored.history) == blocks
 
 
 def _burn(seconds: float, own: bool, report: str):

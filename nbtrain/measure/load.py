@@ -141,11 +141,12 @@ class Meter:
 
 WINDOW_S = 0.2  # a run's load is read at most this often: a reading walks the process tree (1-3 ms)
 WINDOW_COLUMNS = ("other_cores", "own_cores", "waited_cores")  # a run's per-window load, in its step columns
+NO_READING = -1.0  # on the rows where no reading ended (not NaN: a column of them would not equal itself)
 
 
 class Windows:
     """Stamps a run's log windows (MetricsLog.stamp) with the load since the reading before: a reading
-    every WINDOW_S at most, on the last row of the window that ends it (NaN on every other row).
+    every WINDOW_S at most, on the last row of the window that ends it (NO_READING on every other row).
 
     A run's whole-run load averages a burst that hit a few of its blocks away; read beside its steps, the
     load says which blocks ran beside the burst, and a comparison can tell blocks under different loads
@@ -156,12 +157,13 @@ class Windows:
 
     def __call__(self, rows: dict) -> dict:
         n = len(rows.get("step", ()))
-        out = {name: [math.nan] * n for name in WINDOW_COLUMNS}
+        out = {name: [NO_READING] * n for name in WINDOW_COLUMNS}
         if n and time.perf_counter() - self.meter.started >= WINDOW_S:
             reading = self.meter.reading()
             self.meter.start()
-            for name in WINDOW_COLUMNS:
-                out[name][-1] = getattr(reading, name)
+            for name in WINDOW_COLUMNS:  # one not known here (a wait off Linux): NO_READING too
+                value = getattr(reading, name)
+                out[name][-1] = value if math.isfinite(value) else NO_READING
         return out
 
 
@@ -191,10 +193,11 @@ def windows(columns: dict) -> list[Window]:
     cores = psutil.cpu_count() or 1
     times, out, first = list(columns.get("time", ())), [], 0
     for row, other in enumerate(columns["other_cores"]):
-        if math.isfinite(other):
+        if math.isfinite(other) and other != NO_READING:
             wall = times[row] - (times[first - 1] if first else 0.0) if times else math.nan
-            out.append(Window(first, row + 1, Load(other, cores, wall, own_cores=columns["own_cores"][row],
-                                                   waited_cores=columns["waited_cores"][row])))
+            own, waited = (v if v != NO_READING else math.nan for v in (columns["own_cores"][row],
+                                                                       columns["waited_cores"][row]))
+            out.append(Window(first, row + 1, Load(other, cores, wall, own_cores=own, waited_cores=waited)))
             first = row + 1
     return out
 
