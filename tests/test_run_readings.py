@@ -245,3 +245,19 @@ def test_an_ab_verdict_line_says_how_busy_the_machine_was_beside_it(tmp_path):
     assert isinstance(result.load, Load) and result.load.wall_s == pytest.approx(result.seconds, rel=0.2, abs=0.05)
     assert not result.load.small and result.text().endswith(result.load.beside() + "]")
     assert "other processes took" in result.text()
+
+
+def test_an_ab_pair_whose_slower_block_ran_beside_a_burst_is_set_aside_and_the_line_says_so():
+    from nbtrain.config import TrainConfig
+    from nbtrain.measure.ab import ABResult
+    from nbtrain.measure.verdict import UNMEASURED
+    quiet, burst = Load(0.05, 2, 0.25, own_cores=1.8), Load(1.0, 2, 0.25, own_cores=1.0)
+    result = ABResult(TrainConfig(), TrainConfig(batch_size=64), UNMEASURED, rates_a=[100, 101, 99, 100],
+                      rates_b=[120, 121, 119, 60], loads_a=[quiet] * 4, loads_b=[quiet] * 3 + [burst])
+    assert result.comparable() == [True, True, True, False]
+    result.verdict = result.judged()
+    assert result.verdict.pairs == 3 and result.verdict.ratio == pytest.approx(1.2, rel=0.01) and result.verdict.faster
+    assert "1 of 4 pairs set aside: other processes took more of the machine" in result.text()
+    # a pair whose blocks ran under alike loads stays, however far apart its rates
+    assert ABResult(TrainConfig(), TrainConfig(batch_size=64), UNMEASURED, rates_a=[100], rates_b=[40],
+                    loads_a=[burst], loads_b=[burst]).comparable() == [True]
