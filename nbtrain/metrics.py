@@ -109,6 +109,7 @@ class MetricsLog:
         self.columns: dict[str, Column] = {name: _column(name) for name in COLUMNS}
         self._marks: list[list] = []  # [rows before it, event] for every event but "steps", in order
         self._views: list[View] = []
+        self._stamps: list[Callable[[dict], dict]] = []  # add columns to each window as it arrives
         self._lock = threading.Lock()  # rows, marks and thinning change together; readers copy under it
         self.dropped = 0          # step rows thinned away
         self.dropped_events = 0   # plain epoch events thinned away
@@ -117,12 +118,12 @@ class MetricsLog:
     def __getstate__(self) -> dict:
         """A pickled log is its record only: no views, no lock (e.g. a snapshot sent to be drawn)."""
         with self._lock:
-            state = {k: v for k, v in self.__dict__.items() if k not in ("_views", "_lock")}
+            state = {k: v for k, v in self.__dict__.items() if k not in ("_views", "_stamps", "_lock")}
             state["_marks"] = [list(m) for m in self._marks]
             return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _views=[], _lock=threading.Lock())
+        self.__dict__.update(state, _views=[], _stamps=[], _lock=threading.Lock())
 
     def subscribe(self, view):
         """Watch this log with a View, or a plain function `fn(event, log)`; returns what it was given."""
@@ -133,7 +134,20 @@ class MetricsLog:
         """Stop calling `view` (the View subscribe returned, or the function it was given)."""
         self._views = [v for v in self._views if v is not view and not (isinstance(v, FunctionView) and v.fn is view)]
 
+    def stamp(self, fn: Callable[[dict], dict]) -> None:
+        """Have `fn(rows)` add columns to every log window from now on, before any view sees it: it returns
+        {column: one value per row} (a measurement taken beside the steps, such as the machine's load)."""
+        self._stamps.append(fn)
+
+    def unstamp(self, fn: Callable[[dict], dict]) -> None:
+        self._stamps = [f for f in self._stamps if f is not fn]
+
     def emit(self, event: dict) -> None:
+        if event["type"] == "steps" and self._stamps:
+            rows = dict(event["rows"])
+            for fn in list(self._stamps):
+                rows.update(fn(rows))
+            event = {**event, "rows": rows}
         with self._lock:
             if event["type"] == "steps":
                 self._add_rows(event)

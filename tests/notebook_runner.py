@@ -81,8 +81,12 @@ WIDGET = "application/vnd.jupyter.widget-view+json"
 _MEASURED = [
     # A comparison withheld because the machine was busier in one run is a verdict too (runs/compare.py).
     (re.compile(r"the machine was (busier|full) during .*?: the difference may be the machine's"), "VERDICT (N-N)"),
-    (re.compile(r"[\d.]+x (faster|slower)|[\d.]+x(?= \([\d.]+-)|no measurable difference|not measurably"
-                r"|too (noisy|few \w+) to tell"), "VERDICT"),
+    # Which way a verdict went, with its interval in the words that way gives it ("(95% interval 1.2-1.4)" or "(0.9-1.1)")
+    (re.compile(r"([\d.]+x (faster|slower)|[\d.]+x(?= \([\d.]+-)|no measurable difference|not measurably"
+                r"|too (noisy|few \w+) to tell)( \((95% interval )?[\d.]+-[\d.]+\))?"), "VERDICT (N-N)"),
+    # Pairs of ab's blocks set aside where another process took more of the machine during one (measure/load.py)
+    (re.compile(r"; \d+ of \d+ pairs set aside: other processes took more of the machine during one of their blocks"),
+     ""),
     (re.compile(r"; spread \d+% between blocks: too noisy to trust"), ""),
     # How busy the machine was (measure/load.py): said beside a rate only where other processes took a share.
     (re.compile(r"; other processes took [^;\]\n]*?cores(, and its threads waited [^;\]\n]*?CPU)?"), ""),

@@ -185,3 +185,23 @@ def test_the_walks_headline_is_its_final_head_to_head_on_every_landscape(land, t
     figure = walk.plot(tmp_path / "walk.png")  # the waterfall's last bar: the head-to-head, its interval on it
     last = figure.axes[0].texts[-1].get_text()
     assert last.startswith(f"{walk.final:,.0f}\n") and h.verdict.interval_text() in last, last
+
+
+def test_an_item_that_overruns_into_the_reserve_still_leaves_the_headline_measured():
+    """A ceilings reading that took far longer than its estimate (a loaded machine) ate the time kept back
+    for the final head-to-head: the walk still measures its choice against the start, and ends later."""
+    land = next(land for land in LANDSCAPES if not land.cuda)
+    machine = SimulatedMachine(land, seed=0)
+    reading, overran = machine.bottleneck, []
+
+    def slow_reading(config, seconds):
+        if config != land.start and not overran:  # the reading after an item was kept ends a second before the budget
+            overran.append(True)
+            machine.now = max(machine.now, started + budget_s(land) - 1.0)
+        return reading(config, seconds)
+    started = machine.now
+    machine.bottleneck = slow_reading
+    walk = run_walk(machine, budget_s=budget_s(land), clock=machine.clock)
+    assert overran and walk.moved, walk.table()
+    assert walk.head_to_head is not None and walk.overall() is walk.head_to_head.verdict, walk.table()
+    assert walk.elapsed_s > walk.budget_s  # the reserve's rounds, after the budget

@@ -17,7 +17,8 @@ from torch import nn
 
 import nbtrain
 from nbtrain.demo import DigitsDataset, digits_recipe
-from nbtrain.measure.load import Load, Meter, explains
+from nbtrain.measure.load import Load, Meter, explains, explains_by_windows, windows
+from nbtrain.runs.store import RunStore
 from nbtrain import plotting
 from nbtrain.plotting import draw, history_axes
 from nbtrain.recipe import Recipe
@@ -75,6 +76,17 @@ def test_the_summary_splits_the_calls_whole_wall_time(validated_run):
     assert row.startswith(f"{nbtrain.format.duration(s['call_s'])} in the call: start-up") and "validation" in row
 
 
+def test_a_runs_log_carries_the_machines_load_block_by_block_and_keeps_it_when_stored(validated_run, tmp_path):
+    result, _ = validated_run
+    blocks = windows(result.history)
+    assert blocks and blocks[0].first == 0 and all(a.end == b.first for a, b in zip(blocks, blocks[1:]))
+    assert blocks[-1].end <= len(result.log) and all(0 <= b.load.other_cores <= b.load.cores for b in blocks)
+    assert all(b.load.own_cores >= 0 and b.load.wall_s > 0 for b in blocks)
+    store = RunStore(tmp_path / "runs.sqlite")
+    stored = store.load(store.record(result, name="stored"))
+    assert windows(stored.history) == blocks
+
+
 def _burn(seconds: float, own: bool, report: str):
     """A CPU-bound Python process spinning for `seconds`, writing the CPU time it got to `report`: our child
     (`own`), or another process's (started through a parent that exits at once, so it is no descendant)."""
@@ -122,10 +134,33 @@ def test_a_load_explains_a_slowdown_only_within_the_cores_it_took(other_busy, ot
 
 def test_a_run_whose_threads_waited_for_a_cpu_may_owe_any_slowdown_to_the_machine():
     """On a full machine two identical runs under the same measured load differed up to 4x (threads that wait
-    on each other for a CPU): a run that waited says so, whatever the other's load."""
+    on each other for a CPU): a run whose threads waited a second a second says so, whatever the other's load."""
     full, quiet = Load(1.6, 2, 5.0, own_cores=0.4, waited_cores=1.6), Load(1.6, 2, 5.0, own_cores=0.4, waited_cores=0.0)
     assert explains(full, full, 4.0) and explains(full, quiet, 4.0) and not explains(quiet, quiet, 1.3)
     assert "waited 1.6 s a second for a free CPU" in full.beside() and quiet.beside() != ""
+
+
+def test_a_burst_over_a_few_blocks_explains_a_slowdown_the_whole_runs_mean_load_does_not():
+    """Two blocks of ten beside a burst that took a core from a run wanting 1.8: the run's mean load (0.24
+    cores, 1.7 left) explains no 1.15x slowdown, its blocks do (1.0 left against 1.8)."""
+    quiet = [Load(0.05, 2, 0.3, own_cores=1.8)] * 10
+    burst = quiet[:8] + [Load(1.0, 2, 0.3, own_cores=1.0)] * 2
+    whole = Load(0.24, 2, 3.0, own_cores=1.64)
+    assert not explains(whole, Load(0.05, 2, 3.0, own_cores=1.8), 1.15)
+    assert explains_by_windows(burst, quiet, 1.15, wants=1.8) and not explains_by_windows(quiet, burst, 1.15, 1.8)
+    # a run wanting a tenth of a core: a full machine's blocks leave it what it used, within the ticks
+    sleeper = [Load(1.95, 2, 0.3, own_cores=0.05)] * 10
+    assert not explains_by_windows(sleeper, [Load(0.3, 2, 0.3, own_cores=0.1)], 1.2, wants=0.1)
+
+
+def test_a_runs_waits_for_a_cpu_explain_as_much_time_as_it_could_have_trained_no_more():
+    """Blocks whose threads waited 0.1 s a second: up to 1/0.9 = 1.11x; a whole second a second: anything."""
+    waited = [Load(0.2, 2, 0.3, own_cores=0.1, waited_cores=0.1)] * 10
+    quiet = [Load(0.2, 2, 0.3, own_cores=0.1, waited_cores=0.0)] * 10
+    assert explains_by_windows(waited, quiet, 1.1, 0.1) and not explains_by_windows(waited, quiet, 1.3, 0.1)
+    full = [Load(1.0, 2, 0.3, own_cores=1.0, waited_cores=1.2)] * 10  # several threads waiting at once
+    assert explains_by_windows(full, quiet, 5.0, 0.1)
+    assert not explains_by_windows(quiet, waited, 1.05, 0.1)
 
 
 class Sleeper(nn.Module):
@@ -148,28 +183,52 @@ def _pair(make, name: str, store) -> tuple:
     return runs
 
 
+def _bursts(seconds: float, seed: int):
+    """Another process that spins and rests in bursts of 0.2-1.5 s, as a browser and an indexer do."""
+    code = (f"import random, time\nrandom.seed({seed})\nend = time.time() + {seconds}\n"
+            "while time.time() < end:\n"
+            "    burst = time.time() + random.uniform(0.2, 1.5)\n"
+            "    while time.time() < burst: pass\n"
+            "    time.sleep(random.uniform(0.2, 1.5))\n")
+    return _another(code)
+
+
+def _speed_verdict(verdict: str) -> bool:
+    return "faster" in verdict or "slower" in verdict or "x (" in verdict
+
+
 def _verdict(runs) -> str:
     return compare(*runs).rows[1]["vs first"]
 
 
 @pytest.mark.slow
-def test_a_real_difference_still_gets_its_verdict_where_the_machine_rule_could_withhold_one():
-    # Identical pairs beside a bursty load are not asserted here: whole-run loads dilute a burst over a few
-    # blocks, and 1 or 2 pairs in 8 still got a verdict on this machine (issue 39 stays open for it).
+def test_identical_runs_beside_a_bursty_load_get_no_speed_verdict_and_a_real_difference_still_does():
     torch.manual_seed(0)
+    identical = lambda: [digits_recipe(seed=0), digits_recipe(seed=0)]  # noqa: E731
+    burner = _bursts(600, seed=1)
+    try:
+        bursty = [_verdict(_pair(identical, f"aa{i}", None)) for i in range(8)]
+    finally:
+        burner.kill()
+        psutil.wait_procs([burner], timeout=10)
+    # A burst over a few of a run's blocks is diluted in its whole-run load, not in the blocks it hit
+    # (measure.load.explains_by_windows): no pair of the eight gets a speed verdict.
+    assert not [v for v in bursty if _speed_verdict(v)], bursty
 
     def slower_b():  # B's step waits 1.3x as long as A's (as on a slower disk): a difference of the workload
         data = DigitsDataset(train=True)
         return [Recipe(model=Sleeper(wait_s), train_data=data, loss_fn=nn.CrossEntropyLoss(),
-                       optimizer=lambda p: torch.optim.SGD(p, lr=0.01)) for wait_s in (0.040, 0.052)]
+                       optimizer=lambda p: torch.optim.SGD(p, lr=0.01)) for wait_s in (0.100, 0.130)]
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread that mostly sleeps: it never waits for a CPU, however busy the machine
+    # One thread that mostly sleeps: it waits for a CPU only as it wakes, a few ms a step on a full machine,
+    # which explains a few percent of its rate (a 40 ms step woke so often that it waited a fifth of the time).
+    torch.set_num_threads(1)
     try:
         real = [_verdict(_pair(slower_b, f"ab{i}", None)) for i in range(2)]
     finally:
         torch.set_num_threads(threads)
     for v in real:  # a speed verdict, the run's own 1.3x, not the machine's
-        assert "machine" not in v and "x (" in v, real
+        assert "machine" not in v and _speed_verdict(v), real
         assert 1 / 1.45 < float(v.split("x")[0]) < 1 / 1.15, real
 
 
@@ -186,3 +245,19 @@ def test_an_ab_verdict_line_says_how_busy_the_machine_was_beside_it(tmp_path):
     assert isinstance(result.load, Load) and result.load.wall_s == pytest.approx(result.seconds, rel=0.2, abs=0.05)
     assert not result.load.small and result.text().endswith(result.load.beside() + "]")
     assert "other processes took" in result.text()
+
+
+def test_an_ab_pair_whose_slower_block_ran_beside_a_burst_is_set_aside_and_the_line_says_so():
+    from nbtrain.config import TrainConfig
+    from nbtrain.measure.ab import ABResult
+    from nbtrain.measure.verdict import UNMEASURED
+    quiet, burst = Load(0.05, 2, 0.25, own_cores=1.8), Load(1.0, 2, 0.25, own_cores=1.0)
+    result = ABResult(TrainConfig(), TrainConfig(batch_size=64), UNMEASURED, rates_a=[100, 101, 99, 100],
+                      rates_b=[120, 121, 119, 60], loads_a=[quiet] * 4, loads_b=[quiet] * 3 + [burst])
+    assert result.comparable() == [True, True, True, False]
+    result.verdict = result.judged()
+    assert result.verdict.pairs == 3 and result.verdict.ratio == pytest.approx(1.2, rel=0.01) and result.verdict.faster
+    assert "1 of 4 pairs set aside: other processes took more of the machine" in result.text()
+    # a pair whose blocks ran under alike loads stays, however far apart its rates
+    assert ABResult(TrainConfig(), TrainConfig(batch_size=64), UNMEASURED, rates_a=[100], rates_b=[40],
+                    loads_a=[burst], loads_b=[burst]).comparable() == [True]

@@ -25,6 +25,7 @@ from . import adoption, borrow, changes, checkpoint, data, data_identity, dist, 
 from .kept_loaders import KeptLoaders
 from ..config import TrainConfig, check_runnable
 from .loop import Run
+from ..measure import load
 from ..metrics import MetricsLog
 from .precision import Precision
 from ..recipe import Recipe
@@ -379,7 +380,8 @@ class Engine:
         """
         self._run = Run(self, log, stop, validate=validate, sync_phases=sync_phases)
         try:
-            return self._run.train()
+            with load.stamping(self._run.log):  # the machine's load beside the steps, window by window
+                return self._run.train()
         finally:
             self._run = None
 

@@ -10,14 +10,15 @@ change ('precision=bf16-mixed'), a block's length in steps from a rate, and a di
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from ..config import TrainConfig
 from ..format import PrintsAsTable
 from ..metrics import MetricsLog
-from .load import Load
-from .verdict import Verdict
+from .load import Load, comparable_pairs
+from .verdict import Verdict, paired
 
 
 @dataclass
@@ -31,6 +32,8 @@ class ABResult(PrintsAsTable):
     stopped_by: str = ""     # "interval" | "budget" | "max_pairs"
     block_steps: tuple = ()  # optimizer steps in each of A's and B's blocks
     load: Load | None = None  # other processes' share of the machine while the blocks ran
+    loads_a: list = field(default_factory=list)  # each block's Load, beside rates_a and rates_b
+    loads_b: list = field(default_factory=list)
     live: TrainConfig | None = None  # the live config a and b were resolved from, when they were
     inherited: dict = field(default_factory=dict)  # options b gives at the live value that a left to it
 
@@ -43,6 +46,23 @@ class ABResult(PrintsAsTable):
         """a and b resolved to one config: what it measures is an A/A check, never a speed difference."""
         return not self.b.changed_from(self.a)
 
+    def comparable(self) -> list[bool]:
+        """Per pair: whether its two blocks ran under loads alike enough to compare (load.comparable_pairs)."""
+        return comparable_pairs(self.rates_a, self.rates_b, self.loads_a, self.loads_b) if self.loads_a \
+            else [True] * min(len(self.rates_a), len(self.rates_b))
+
+    def judged(self) -> Verdict:
+        """The verdict of the pairs whose blocks ran under alike loads; an A/A check never says faster or slower."""
+        keep = self.comparable()
+        rates = [[r for r, k in zip(side, keep) if k] for side in (self.rates_a, self.rates_b)]
+        return dataclasses.replace(paired(*rates), one_config=self.same)
+
+    def set_aside(self) -> str:
+        """'; 2 of 9 pairs set aside: other processes took more of the machine during one of their blocks'."""
+        apart = self.comparable().count(False)
+        return (f"; {apart} of {len(self.comparable())} pairs set aside: other processes took more of the machine "
+                f"during one of their blocks" if apart else "")
+
     def sides(self) -> str:
         """What each side is, as changes from the live config ('A: the live config with batch_size=128')."""
         if self.live is None:
@@ -53,7 +73,7 @@ class ABResult(PrintsAsTable):
 
     def table(self) -> str:
         """One line: B against A, its verdict and how it was measured (a head to head's whole table)."""
-        tail = f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s" \
+        tail = f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s" + self.set_aside() \
             + (self.load.beside() if self.load else "") + "]"
         if not self.same:
             sides = self.sides()

@@ -122,11 +122,11 @@ def memory_undercuts(c) -> bool:
 def judged(c, binding: str, margin: Verdict) -> tuple[str, str, Verdict, str]:
     """(state, ceiling, share, noise): whether `binding` explains the rate, else the nearest ceiling."""
     share = share_of(c, binding) if binding != "data" else Verdict(1.0, 1.0, 1.0, 0, paired=False)
-    undecided = math.isfinite(margin.low) and margin.low <= 1 <= margin.high and margin.high / margin.low > TOO_WIDE
+    undecided = math.isfinite(margin.low) and margin.low <= 1 <= margin.high and margin.high > TOO_WIDE * margin.low
     # The loader slower than the model beyond doubt binds whatever the model's own spread (their ratio's interval
     # holds both spreads); every other verdict also needs readings the load did not move.
     loader_binds = binding == "data" and margin.low > 1 + MIN_EFFECT
-    noise = ("" if loader_binds else c.noise()) or (f"the ratio that chose the {binding} ceiling reads {margin.low:.2f}-{margin.high:.2f} "
+    noise = ("" if loader_binds else c.noise(binding)) or (f"the ratio that chose the {binding} ceiling reads {margin.low:.2f}-{margin.high:.2f} "
                           f"(95% interval)" if undecided else "")  # Verdict.too_noisy's rule, an unbounded top too
     if noise:
         return "noisy", binding, share, noise

@@ -27,6 +27,7 @@ from ..config import TrainConfig
 from ..format import PrintsAsTable
 from .bottleneck import CEILINGS, LOOK_AT, Bottleneck, bottleneck
 from .device_rates import Busy, HostSplit, Rate, StepCount
+from .load import Load, could_move
 from .steady import SteadyRate
 from .verdict import TOO_WIDE, Verdict
 
@@ -53,6 +54,8 @@ class Ceilings(PrintsAsTable):
     cores: int = 0              # CPU cores the loader's workers may use (0: this process's, hardware.usable_cores)
     hold_refused: str | None = None  # why the held-data rule would not hold this data (None: it would, or does)
     peak_readings: tuple = ()  # the peak read before and after the model (empty: read once, or known before)
+    model_load: Load | None = None  # other processes' share of the machine while the model alone was read
+    loader_load: Load | None = None  # ... while the loader alone was read
 
     @property
     def device_type(self) -> str:
@@ -106,10 +109,16 @@ class Ceilings(PrintsAsTable):
     def kind(self) -> str:
         return self.bottleneck().kind
 
-    def noise(self) -> str:
+    def noise(self, binding: str = "") -> str:
         """Why these readings are too noisy to name a ceiling ('' where they are not), by ab's rule: an
-        interval wider than verdict.TOO_WIDE, or one machine rate read twice apart by more than that."""
+        interval wider than verdict.TOO_WIDE, one machine rate read twice apart by more than that, or the
+        reading that decides read while other processes' load could have moved it that much (its interval is
+        narrow when all its steps ran slow). Where the loader is the nearest ceiling, that is the loader's
+        reading: a model read slower than it is only makes the loader bind less."""
         m = self.model
+        name, load = ("loader", self.loader_load) if binding == "data" else ("model", self.model_load)
+        if load is not None and could_move(load, TOO_WIDE):
+            return f"while the {name} alone was read, {load.text()}"
         if m.low > 0 and m.high / m.low > TOO_WIDE:
             return f"the model alone read {m.low:,.0f}-{m.high:,.0f} samples/s (95% interval)"
         if len(self.peak_readings) == 2 and min(p.value for p in self.peak_readings) > 0:
@@ -171,7 +180,9 @@ class Ceilings(PrintsAsTable):
         mfu = f"model FLOPs utilisation {100 * self.utilisation():.1f}% (model alone)"
         if training_rate is not None:
             mfu += f", {100 * self.utilisation(training_rate):.1f}% (training)"
-        out.append(f"  model alone: {self.model.text()} (one batch of {c.batch_size} held on {self.device}); {mfu}")
+        beside = self.model_load.beside() if self.model_load else ""
+        out.append(f"  model alone: {self.model.text()}{beside} (one batch of {c.batch_size} held on {self.device}); "
+                   f"{mfu}")
         if self.busy is not None:
             f = self.busy.fraction
             out.append(f"  GPU busy {100 * f.value:.0f}% of the step (95% interval {100 * f.low:.0f}-{100 * f.high:.0f}%;"

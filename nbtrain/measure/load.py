@@ -9,6 +9,7 @@ the phrase a front-end shows beside a rate.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 import psutil
 
 SMALL = 0.15      # other processes' cores below this (or this share of the machine) are not worth a word
-EXPLAINS = 0.05   # loads whose free-core ratio reaches within this of a rate ratio can explain it
+EXPLAINS = 0.05   # a load that explains all but this share of a slowdown (on a log scale) can explain it
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,69 @@ class Meter:
                     per_wall(max(_waited_s(self._process) - self.waited_s, 0.0)))
 
 
+WINDOW_S = 0.2  # a run's load is read at most this often: a reading walks the process tree (1-3 ms)
+WINDOW_COLUMNS = ("other_cores", "own_cores", "waited_cores")  # a run's per-window load, in its step columns
+NO_READING = -1.0  # on the rows where no reading ended (not NaN: a column of them would not equal itself)
+
+
+class Windows:
+    """Stamps a run's log windows (MetricsLog.stamp) with the load since the reading before: a reading
+    every WINDOW_S at most, on the last row of the window that ends it (NO_READING on every other row).
+
+    A run's whole-run load averages a burst that hit a few of its blocks away; read beside its steps, the
+    load says which blocks ran beside the burst, and a comparison can tell blocks under different loads
+    apart (runs/compare.py)."""
+
+    def __init__(self):
+        self.meter = Meter()
+
+    def __call__(self, rows: dict) -> dict:
+        n = len(rows.get("step", ()))
+        out = {name: [NO_READING] * n for name in WINDOW_COLUMNS}
+        if n and time.perf_counter() - self.meter.started >= WINDOW_S:
+            reading = self.meter.reading()
+            self.meter.start()
+            for name in WINDOW_COLUMNS:  # one not known here (a wait off Linux): NO_READING too
+                value = getattr(reading, name)
+                out[name][-1] = value if math.isfinite(value) else NO_READING
+        return out
+
+
+@contextlib.contextmanager
+def stamping(log):
+    """A run's log (metrics.MetricsLog) stamped with Windows while the block runs."""
+    stamp = Windows()
+    log.stamp(stamp)
+    try:
+        yield log
+    finally:
+        log.unstamp(stamp)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The load over rows [first, end) of a run's step columns."""
+    first: int
+    end: int
+    load: Load
+
+
+def windows(columns: dict) -> list[Window]:
+    """A run's per-window loads from its step columns ([] for a run recorded before they were)."""
+    if any(name not in columns for name in WINDOW_COLUMNS):
+        return []
+    cores = psutil.cpu_count() or 1
+    times, out, first = list(columns.get("time", ())), [], 0
+    for row, other in enumerate(columns["other_cores"]):
+        if math.isfinite(other) and other != NO_READING:
+            wall = times[row] - (times[first - 1] if first else 0.0) if times else math.nan
+            own, waited = (v if v != NO_READING else math.nan for v in (columns["own_cores"][row],
+                                                                       columns["waited_cores"][row]))
+            out.append(Window(first, row + 1, Load(other, cores, wall, own_cores=own, waited_cores=waited)))
+            first = row + 1
+    return out
+
+
 def of_device(device) -> Meter:
     """A Meter started now for a reading on `device` (a torch.device): a CUDA device's index is asked of NVML."""
     return Meter(gpu_index=(device.index or 0) if device.type == "cuda" else None)
@@ -159,17 +223,90 @@ def gpu_others(index: int | None, since_us: int) -> float | None:
     return float(max((s.smUtil for s in samples if s.pid not in ours), default=0))
 
 
+def waits_explain(wall_s: float, waited_s: float, slowdown: float) -> bool:
+    """Whether a run whose threads waited `waited_s` seconds for a CPU over `wall_s` could owe a `slowdown`
+    to that: each second a thread waited delays the step by at most that second (threads that wait on
+    each other wait in the run queue too), so the run could have trained up to wall / (wall - waited)
+    faster; waits of a second a second or more (several threads) may explain any slowdown."""
+    if not (math.isfinite(waited_s) and wall_s > 0):
+        return False
+    return waited_s >= wall_s or covers(wall_s / (wall_s - waited_s), slowdown)
+
+
+def covers(bound: float, slowdown: float) -> bool:
+    """A load that could slow a run by up to `bound` explains `slowdown`: all of it, within EXPLAINS."""
+    return bound > 1 and math.log(bound) >= (1 - EXPLAINS) * math.log(slowdown)
+
+
 def explains(busier: Load, quieter: Load, slowdown: float) -> bool:
     """Whether the busier reading's load could explain it being `slowdown` times slower (>= 1) than the
-    quieter one. Where its threads waited for a CPU, the machine was full and any slowdown may be its
-    doing. Otherwise a run gets, of the cores it wants, those other processes leave it, so it can slow by
-    up to the ratio of those (0.9 of 2 cores taken from a run wanting 2: 1.1 left against 2, up to 1.8x).
-    What a run wants is the most either reading used: a run that sleeps on its data wants a fraction of a
-    core, and another process's load explains none of its difference."""
-    if busier.waited:
+    quieter one. Its threads' wait for a CPU bounds what the machine took from it (`waits_explain`: on a
+    full machine, where they waited a second a second, any slowdown). Otherwise a run gets, of the cores it
+    wants, those other processes leave it, so it can slow by up to the ratio of those (0.9 of 2 cores
+    taken from a run wanting 2: 1.1 left against 2, up to 1.8x). What a run wants is the most either
+    reading used: a run that sleeps on its data wants a fraction of a core, and another process's load
+    explains none of its difference."""
+    if waits_explain(busier.wall_s, busier.waited_cores * busier.wall_s, slowdown):
         return True
+    return cores_explain(busier, quieter, slowdown)
+
+
+def cores_explain(busier: Load, quieter: Load, slowdown: float) -> bool:
+    """Whether the cores other processes took during the busier reading, beyond the quieter one's, could
+    explain `slowdown` (the free-core ratio of `explains`; a GPU others kept busier explains any)."""
     if busier.small and quieter.small or not busier.other_cores > quieter.other_cores:
         return False
     gpu = busier.gpu_other is not None and busier.gpu_other - (quieter.gpu_other or 0) >= 100 * SMALL
-    demand = max((x for x in (busier.own_cores, quieter.own_cores) if math.isfinite(x)), default=busier.cores)
-    return gpu or quieter.free_cores(demand) / busier.free_cores(demand) >= slowdown * (1 - EXPLAINS)
+    wants = demand(busier, quieter)
+    return gpu or covers(quieter.free_cores(wants) / busier.free_cores(wants), slowdown)
+
+
+def could_move(reading: Load, factor: float) -> bool:
+    """Whether the load during `reading` could have slowed it by `factor` against the same reading on a quiet
+    machine: its threads' waits for a CPU, or the cores other processes left of those it used."""
+    quiet = Load(0.0, reading.cores, reading.wall_s, own_cores=reading.own_cores)
+    return (waits_explain(reading.wall_s, reading.waited_cores * reading.wall_s, factor)
+            or cores_explain(reading, quiet, factor))
+
+
+def comparable_pairs(rates_a, rates_b, loads_a, loads_b) -> list[bool]:
+    """Per pair of blocks measured in alternation: whether the two blocks ran under loads alike enough to
+    compare, i.e. the cores other processes took during the slower block, beyond the faster one's, cannot
+    explain the pair's ratio (a burst that hit one block of a pair). Their waits for a CPU do not count
+    here: the two blocks ran side by side, and a config that runs more threads waits more on its own."""
+    out = []
+    for a, b, load_a, load_b in zip(rates_a, rates_b, loads_a, loads_b):
+        if not (a > 0 and b > 0) or load_a is None or load_b is None:
+            out.append(True)
+            continue
+        slower, faster = (load_a, load_b) if b > a else (load_b, load_a)
+        out.append(not cores_explain(slower, faster, max(a, b) / min(a, b)))
+    return out
+
+
+def demand(*readings: Load) -> float:
+    """The cores a run wants: the most any of its readings used (all of the machine where none says)."""
+    return max((x.own_cores for x in readings if math.isfinite(x.own_cores)), default=readings[0].cores)
+
+
+def explains_by_windows(slower: list[Load], faster: list[Load], slowdown: float, wants: float) -> bool:
+    """Whether the loads of the slower run's blocks (its steady windows) could explain it being `slowdown`
+    times slower than the faster run, whose blocks are `faster`; `wants`: the cores the runs want (`demand`
+    of the two whole runs). What a whole run's mean load misses when a burst hit a few of its blocks.
+
+    Its threads' waits, summed over its blocks, bound what the machine took from it (`waits_explain`).
+    And its busiest block set against the faster run's quietest by the cores each left of those wanted
+    (a burst that took a core from a run wanting two: up to 2x while it lasted), where a block lacked at
+    least SMALL of a core: a reading over a fifth of a second counts in 10 ms ticks, and a run that wants
+    a tenth of a core reads anything from none to a fifth in one."""
+    known = [w for w in slower if math.isfinite(w.waited_cores)]
+    if known and waits_explain(sum(w.wall_s for w in known), sum(w.waited_cores * w.wall_s for w in known),
+                               slowdown):
+        return True
+    if not slower or not faster:
+        return False
+
+    def left(window: Load) -> float:  # the cores of those wanted that others left it (all: a lack within the ticks)
+        free = window.cores - window.other_cores
+        return wants if free > wants - SMALL else max(free, 0.1)
+    return covers(max(left(w) for w in faster) / min(left(w) for w in slower), slowdown)

@@ -53,7 +53,7 @@ class Verdict:
         """An interval holding 1 but so wide (high/low > TOO_WIDE) that it rules out nothing a user cares
         about: "no measurable difference" would read as "the same", which it cannot show."""
         return (not self.measurable and math.isfinite(self.low) and math.isfinite(self.high)
-                and self.high / self.low > TOO_WIDE)
+                and self.high > TOO_WIDE * self.low)  # a low of 0 (no time seen) is as wide as it gets
 
     def noise_text(self) -> str:
         """What an A/A check's blocks show: how far apart one config's paired blocks read on this machine."""

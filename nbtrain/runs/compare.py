@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..measure.load import explains
+from ..measure.load import demand, explains, explains_by_windows, windows
 from ..measure.steady import WIDE_SPREAD, columns_series
 from ..measure.verdict import Verdict, steady_ratio
 from ..plotting import held_out_series
@@ -167,16 +167,31 @@ def versus(first: RunResult, other: RunResult) -> Verdict:
 
 def busier_machine(first: tuple[str, RunResult], other: tuple[str, RunResult]) -> str:
     """"the machine was busier during b (other processes took 0.9 of 2 cores): the difference may be the
-    machine's" where the two (label, run)s' speed verdict is one the machine's load could explain, else ''."""
+    machine's" where the two (label, run)s' speed verdict is one the machine's load could explain, else ''.
+
+    The load is read for each run as a whole and for each of its steady blocks: a burst over a few blocks
+    is diluted in a whole run's mean, not in the blocks it hit."""
     verdict = versus(first[1], other[1])
     if not verdict.measurable or None in (first[1].load(), other[1].load()):
         return ""
     # the slower run, and the least slowdown the interval allows: the load need explain no more than that
-    slower, faster, slowdown = (other, first, 1 / verdict.high) if verdict.ratio < 1 else (first, other, verdict.low)
-    if not explains(slower[1].load(), faster[1].load(), slowdown):
+    (label, slower), (_, faster), slowdown = (other, first, 1 / verdict.high) if verdict.ratio < 1 \
+        else (first, other, verdict.low)
+    if explains(slower.load(), faster.load(), slowdown):
+        busier = "busier" if slower.load().other_cores > faster.load().other_cores else "full"
+        return f"the machine was {busier} during {label} ({slower.load().text()}): the difference may be the machine's"
+    blocks = steady_windows(slower)
+    if not explains_by_windows(blocks, steady_windows(faster), slowdown, demand(slower.load(), faster.load())):
         return ""
-    busier = "busier" if slower[1].load().other_cores > faster[1].load().other_cores else "full"
-    return f"the machine was {busier} during {slower[0]} ({slower[1].load().text()}): the difference may be the machine's"
+    busiest = max(blocks, key=lambda w: (w.waited_cores if math.isfinite(w.waited_cores) else 0, w.other_cores))
+    return (f"the machine was busier during {label} (in some of its blocks {busiest.text()}): "
+            f"the difference may be the machine's")
+
+
+def steady_windows(run: RunResult) -> list[Load]:
+    """The loads of the windows that hold a run's steady steps (the warm-up's are left out, as its rate does)."""
+    warm = run.steady().warmup_steps
+    return [window.load for window in windows(run.history) if window.end > warm]
 
 
 def _draw(results, labels, target, times):

@@ -19,9 +19,9 @@ import time
 
 from ..config import TrainConfig
 from ..measure.ab import ABResult, describe_change, inherited_options, nonfinite_loss, steps_lasting
-from ..measure.load import of_device
+from ..measure.load import Meter, of_device
 from ..measure.steady import block_rates, columns_series, steady_rate
-from ..measure.verdict import UNMEASURED, paired
+from ..measure.verdict import UNMEASURED
 from ..metrics import MetricsLog
 from ..records import samples_start
 from . import trial
@@ -132,11 +132,12 @@ def compare_on(engine, lent, config_a: TrainConfig, config_b: TrainConfig, *, bl
             while True:
                 order = (0, 1) if len(result.rates_a) % 2 == 0 else (1, 0)
                 for i in order:
+                    meter = Meter()  # each block's load: a pair whose blocks ran under unlike loads is set aside
                     rate = block_rate(engine, configs[i], steps[i], sides[i])
+                    (result.loads_a if i == 0 else result.loads_b).append(meter.reading())
                     lent.reset()
                     (result.rates_a if i == 0 else result.rates_b).append(rate)
-                result.verdict = dataclasses.replace(paired(result.rates_a, result.rates_b),
-                                                     one_config=result.same)
+                result.verdict = result.judged()
                 pairs, v = len(result.rates_a), result.verdict
                 if pairs >= min_pairs and math.isfinite(v.low) and v.high / v.low <= 1 + 2 * precision_target:
                     result.stopped_by = "interval"

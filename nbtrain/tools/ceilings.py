@@ -24,6 +24,7 @@ from ..engine.data import refusal, to_device
 from ..engine.toggles import to_channels_last
 from ..measure import device_rates
 from ..measure.ceilings import Ceilings
+from ..measure.load import Meter
 from ..measure.steady import block_rates, steady_rate, warmup_length
 from ..measure.verdict import unpaired
 from . import trial
@@ -65,7 +66,8 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     device, busy, low_peak, peak_readings = engine.device, None, None, ()
     try:
         engine.reconfigure(config)
-        loader_series, batch = loader_alone(engine, steps, seconds)
+        with Meter() as loader_load:
+            loader_series, batch = loader_alone(engine, steps, seconds)
         held = not isinstance(engine.loader, DataLoader)
         recipe = engine.recipe
         hold_refused = None if held else refusal(recipe.train_data, config, recipe.collate_fn, recipe.fixed_loader)
@@ -87,7 +89,8 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
             raise diverged_refusal("the current config", f"the loss became {loss.item()}")
         counts = device_rates.count_step(lambda counter: train_step(engine, batch, counter))
         small = small_batch(engine, batch)
-        full_series, small_series = model_alone(engine, batch, small, steps, seconds)
+        with Meter() as model_load:  # how busy the machine was while the model alone was read
+            full_series, small_series = model_alone(engine, batch, small, steps, seconds)
         if device.type == "cuda":
             busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
         if dtype not in known:  # read again after the model: apart, the machine's load changed meanwhile
@@ -107,4 +110,5 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     has_convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in engine.model.modules())
     return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
                     n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
-                    source, hold_refused=hold_refused, peak_readings=peak_readings)
+                    source, hold_refused=hold_refused, peak_readings=peak_readings, model_load=model_load.last,
+                    loader_load=loader_load.last)

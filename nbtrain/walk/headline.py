@@ -17,6 +17,11 @@ def head_to_head(walk, start, chosen) -> tuple:
     if chosen == start:
         return None, float("nan"), ""
     walk.current = start
+    # An item that overran into the reserve (a block or a reading longer than its estimate) does not cost the
+    # headline its measurement: the final race still gets the reserve, and the walk ends that much later.
+    short = walk.left() - head_to_head_reserve(walk)
+    if short < 0:
+        walk.held_back = lambda: short
     tried = walk.race([("the walk's choice", chosen)])
     if not tried or tried[0].samples_per_s is None:
         why = tried[0].note if tried else f"no time left ({max(walk.left(), 0):.1f} s)"

@@ -56,10 +56,12 @@ model = DigitsMLP()
 %nbtrain_compare first second
 
 # %% [markdown]
-# Each run above was short (its total time is in its summary), and the two ran one after the other: if the
-# machine was busier during one of them, the table cannot tell that apart from the setting — its *vs first*
-# column compares two runs measured apart, and its interval is as wide as that makes it. A speed claim needs
-# a **head-to-head** measurement: `nbtrain.ab` trains short blocks of A and B in alternation on the live
+# Each run above was short (its total time is in its summary), and the two ran one after the other. Every
+# run records how much of the machine other processes took, for the whole run and block by block: where that
+# load could explain the difference, the *vs first* column says the machine was busier instead of giving a
+# verdict. A load that stayed the same through both runs still slows both alike, and one that came and went
+# is only as visible as its blocks, so a column that compares two runs measured apart is no speed claim. That
+# needs a **head-to-head** measurement: `nbtrain.ab` trains short blocks of A and B in alternation on the live
 # model — each block from the same saved state, so neither learns from the other and the model ends as it
 # was — until the ratio's 95% interval is narrow:
 
@@ -139,10 +141,13 @@ bf16_verdict = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 1
 print(bf16_verdict)
 
 # %% [markdown]
-# On this CPU and this small model, bf16-mixed is no speed-up: head to head it measures slower (or, on a
-# busy machine, too noisy to tell) — whatever the two panel runs seemed to show. The model's matrix
-# multiplications are too small to gain from bf16, and autocast still pays to convert around each layer. Whether it helps depends on the processor and the model: notebook 6 measures
-# it head to head on this MLP and on a convolutional network.
+# On this CPU and this small model, bf16-mixed is no speed-up: head to head it measures slower, or no
+# measurable difference, or on a busy machine too noisy to tell — never faster, whatever the two panel runs
+# seemed to show. The brackets say how busy the machine was and, where some were, how many pairs of blocks
+# were set aside because another process took more of the machine during one block of the pair than the other.
+# The model's matrix multiplications are too small to gain from bf16, and autocast still pays to convert
+# around each layer. Whether it helps depends on the processor and the model: notebook 6 measures it head to
+# head on this MLP and on a convolutional network.
 #
 # ## Checks
 

@@ -165,11 +165,14 @@ plt.show()
 # about as long at 2 samples as at 8, so each step pays the same fixed cost, and the remedies are a
 # larger batch (the fit predicts its gain), a foreach optimizer and fewer operations (`torch.compile`),
 # in the order of the operations each one would save — lower precision is not among them first. In the
-# wide MLP's row the blue compute dot is nearest the tick: it trains near the peak FLOP/s measured here,
-# memory and host would allow several times more, and its remedies are lower precision (the row says
+# wide MLP's row the blue compute dot is nearest the tick: of the step's own ceilings, its FLOPs at the peak
+# FLOP/s measured here allow the least, memory and host lie further right, and its remedies are lower precision (the row says
 # against what, with the bf16 matmul timed here: on a CPU float32 without TF32; on a GPU float32 matmuls
 # at the current `matmul_precision` and cuDNN convolutions with TF32 on, their default) and fused kernels.
 # (`c.plot()` draws one model's ceilings the same way, binding on top; the panel's Ceilings button shows it.)
+# A row's label says "too noisy to tell" instead of a ceiling where other processes took enough of the CPU
+# while the model alone (or, for the loader, the loader alone) was read to have moved it by half again: the
+# model's line in its table says how much they took. The dots still show which ceiling is nearest.
 #
 # The verdict is also data, for code that acts on it (the checklist walk will): the binding ceiling,
 # each ceiling over it, and the remedies in order, each with the config option that tries it:
@@ -178,7 +181,8 @@ plt.show()
 for name, c in cases.items():
     verdict = c.bottleneck()
     if verdict.kind == "too noisy to tell":  # the machine's load moved the readings: the nearest ceiling is shown
-        print(f"{name}: too noisy to tell on this machine just now ({c.noise()}); nearest: {verdict.binding}")
+        print(f"{name}: too noisy to tell on this machine just now ({c.noise(verdict.binding)}); "
+              f"nearest: {verdict.binding}")
     print(f"{name}: {verdict.kind}; ceilings over it: "
           + ", ".join(f"{k} {v:,.1f}x" for k, v in verdict.ratios.items() if k != verdict.binding)
           + f"; try in turn: {', '.join(r.item for r in verdict.remedies[:4])}")
@@ -224,10 +228,12 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # `TensorDataset`, so nbtrain holds it only when asked (`preload_data=True`); the walk asks, after checking
 # that a sample read twice comes back the same (no random augmentation) and that the data fits in memory —
 # here it is 0.4 MB. Read once, held, the batches wait for nothing: tens of times faster, head to head.
-# The walk then reads the ceilings again: with the wait gone, each step is mostly fixed costs (a Python
-# call per layer, the optimizer's loop over parameters) — host-bound — so the next items are what answers
-# the host: a larger batch (learning rate scaled by the linear rule) spreads those costs over more samples,
-# then the optimizer's kernels. The `path:` line under the table lists each reading's bottleneck.
+# The walk then reads the ceilings again where its budget leaves room for a reading (the `path:` line under
+# the table lists each reading's bottleneck, or says "ceilings not read"): with the wait gone, each step is
+# mostly fixed costs (a Python call per layer, the optimizer's loop over parameters) — host-bound — so the
+# next items are what answers the host: a larger batch (learning rate scaled by the linear rule) spreads
+# those costs over more samples, then the optimizer's kernels. On a busy machine the 30 s may end first,
+# and those rows say "time budget" instead.
 # Workers answer a data-bound step; once the data is held there is no DataLoader left for them, and the
 # row says so. (A data set too large to hold, or one that augments at random, gets the reason in the
 # preload row instead, and then workers are raced.) A candidate may leave on the screen of its first
