@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import random
 from dataclasses import dataclass
 
@@ -155,6 +156,28 @@ def _aligned(rows: torch.Tensor) -> torch.Tensor:
     return rows if rows.data_ptr() % _ALIGNMENT == 0 else rows.clone()
 
 
+def _batch_views(rows: torch.Tensor, order: torch.Tensor, size: int, device: torch.device) -> list[torch.Tensor]:
+    """`rows[order]` on `device`, cut into batches of `size` rows, in one gather. Each batch is a view that
+    starts on the allocator's alignment, as a freshly collated batch does (see _aligned): where a batch's
+    bytes are no multiple of it, each full batch is followed in the gathered tensor by a few padding rows
+    (copies of its first), up to a quarter of its size; past that, misaligned batches are copied one by one."""
+    full = len(order) // size
+    row_bytes = rows[0].nbytes if len(rows) else 0
+    period = _ALIGNMENT // math.gcd(row_bytes, _ALIGNMENT)  # rows after which a row starts aligned again
+    pad = -size % period
+    if not full or 4 * pad > size:
+        pad, full = 0, 0  # one plain gather, each batch a slice of it
+    head = order[:full * size].view(full, size)
+    index = torch.cat([torch.cat([head, head[:, :1].expand(full, pad)], 1).flatten(), order[full * size:]])
+    gathered = rows.index_select(0, index.to(rows.device)).to(device)
+    stride = size + pad
+    batches = list(gathered[:full * stride].view(full, stride, *rows.shape[1:])[:, :size].unbind(0))
+    batches += [gathered[lo:lo + size] for lo in range(full * stride, len(gathered), size)]
+    if full == 0 or gathered.data_ptr() % _ALIGNMENT:
+        batches = [_aligned(batch) for batch in batches]
+    return batches
+
+
 class HeldBatches:
     """The DataLoader's batches of a held data set: same EpochSampler order, same values."""
     num_workers = 0
@@ -166,17 +189,18 @@ class HeldBatches:
     def __iter__(self):
         data, device = self.held.current(), self.held.device
         order = torch.as_tensor(list(self.sampler), dtype=torch.long)
-        # The rest of the epoch in its order, in one gather (and, for a DDP rank, one copy to its device);
-        # each batch is then a slice of it: a view, no per-batch gather.
-        share = _map(lambda t: t.index_select(0, order.to(t.device)).to(device), data)
-        if type(share) is list and all(isinstance(t, torch.Tensor) for t in share):  # the collate's usual [x, y]
-            cut = lambda lo, hi: [_aligned(t[lo:hi]) for t in share]  # noqa: E731  (no recursion on the hot path)
-        else:
-            cut = lambda lo, hi: _map(lambda t: _aligned(t[lo:hi]), share)  # noqa: E731
         size, samples = self.batch_size, len(order)
-        end = samples - samples % size if self.drop_last else samples
-        for lo in range(0, end, size):
-            yield cut(lo, lo + size)
+        order = order[:samples - samples % size] if self.drop_last else order
+        # The rest of the epoch in its order, in one gather per tensor (and, for a DDP rank, one copy to its
+        # device), already cut into batches: the loop's next batch is views made here, no per-batch work.
+        parts = [_batch_views(t, order, size, device) for t in _tensors(data)]
+        if type(data) is list and all(isinstance(t, torch.Tensor) for t in data):  # the collate's usual [x, y]
+            for batch in zip(*parts):
+                yield list(batch)
+        else:
+            for batch in zip(*parts):
+                views = iter(batch)
+                yield _map(lambda t: next(views), data)
 
 
 # The held-data rule, decided here and nowhere else (the walk's preload_data item asks `hold` too).
