@@ -54,6 +54,18 @@ class EpochSampler(Sampler):
         indices = list(self._order)
         return iter(indices[self.start:])
 
+    def order(self) -> torch.Tensor:
+        """The indices `iter` gives, as one tensor, drawn as DistributedSampler draws them: for held batches,
+        which would spend more on the list (its items made and read back one by one) than on a small step."""
+        d = self._order
+        n = len(d.dataset)
+        g = torch.Generator()
+        g.manual_seed(d.seed + self.epoch)
+        indices = torch.randperm(n, generator=g) if d.shuffle else torch.arange(n)
+        if not d.drop_last and d.total_size > n:  # padded with the first indices again, to a multiple of the ranks
+            indices = torch.cat([indices, indices.repeat(math.ceil((d.total_size - n) / n))[:d.total_size - n]])
+        return indices[d.rank:d.total_size:d.num_replicas][self.start:]
+
     def __len__(self) -> int:
         return self.per_epoch - self.start
 
@@ -188,7 +200,7 @@ class HeldBatches:
 
     def __iter__(self):
         data, device = self.held.current(), self.held.device
-        order = torch.as_tensor(list(self.sampler), dtype=torch.long)
+        order = self.sampler.order()
         size, samples = self.batch_size, len(order)
         order = order[:samples - samples % size] if self.drop_last else order
         # The rest of the epoch in its order, in one gather per tensor (and, for a DDP rank, one copy to its
