@@ -10,6 +10,7 @@ the phrase a front-end shows beside a rate.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -73,11 +74,23 @@ def _busy_system_s() -> float:
     return busy - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
 
 
-def _waited_s(process: psutil.Process, descendants: list[psutil.Process]) -> float:
+def descendants(process: psutil.Process) -> list[psutil.Process]:
+    """The live processes below `process`. psutil finds them by reading the parent of every process on the
+    machine (~2 ms a hundred processes, several times that on a busy machine: most of a reading's cost); this
+    process with no child at all, which the kernel says in one call (waitid, nothing reaped), has none."""
+    if process.pid == os.getpid() and hasattr(os, "waitid"):
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return []
+    return process.children(recursive=True)
+
+
+def _waited_s(process: psutil.Process, below: list[psutil.Process]) -> float:
     """Seconds the threads of this process tree spent runnable but waiting for a CPU (the run queue's
     wait in /proc/<pid>/task/<tid>/schedstat; NaN where the kernel does not keep it)."""
     total = 0.0
-    for p in [process] + descendants:
+    for p in [process] + below:
         try:
             for thread in p.threads():
                 with open(f"/proc/{p.pid}/task/{thread.id}/schedstat") as stat:
@@ -88,11 +101,11 @@ def _waited_s(process: psutil.Process, descendants: list[psutil.Process]) -> flo
     return total
 
 
-def _tree_s(process: psutil.Process, descendants: list[psutil.Process]) -> float:
+def _tree_s(process: psutil.Process, below: list[psutil.Process]) -> float:
     """CPU-seconds of this process, its reaped children and its live descendants."""
     t = process.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system
-    for child in descendants:
+    for child in below:
         try:
             c = child.cpu_times()
             total += c.user + c.system
@@ -117,9 +130,7 @@ class Meter:
     def start(self) -> "Meter":
         self.started = time.perf_counter()
         self.gpu_since_us = int(time.time() * 1e6)
-        # One look for the processes below, for both sums: psutil finds them by reading the parent of every
-        # process on the machine (~2 ms a hundred processes), most of a reading's cost.
-        below = self._process.children(recursive=True)
+        below = descendants(self._process)  # one look for both sums
         self.system_s, self.tree_s, self.waited_s = \
             _busy_system_s(), _tree_s(self._process, below), _waited_s(self._process, below)
         return self
@@ -132,7 +143,7 @@ class Meter:
 
     def reading(self) -> Load:
         wall = time.perf_counter() - self.started
-        below = self._process.children(recursive=True)
+        below = descendants(self._process)
         ours = {self._process.pid} | {p.pid for p in below}
         own = _tree_s(self._process, below) - self.tree_s
         other = (_busy_system_s() - self.system_s) - own
