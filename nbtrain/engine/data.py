@@ -21,6 +21,7 @@ import contextlib
 import copy
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,11 +169,12 @@ def _aligned(rows: torch.Tensor) -> torch.Tensor:
     return rows if rows.data_ptr() % _ALIGNMENT == 0 else rows.clone()
 
 
-def _batch_views(rows: torch.Tensor, order: torch.Tensor, size: int, device: torch.device) -> list[torch.Tensor]:
+def _batch_views(rows: torch.Tensor, order: torch.Tensor, size: int, device: torch.device) -> Iterator[torch.Tensor]:
     """`rows[order]` on `device`, cut into batches of `size` rows, in one gather. Each batch is a view that
     starts on the allocator's alignment, as a freshly collated batch does (see _aligned): where a batch's
     bytes are no multiple of it, each full batch is followed in the gathered tensor by a few padding rows
-    (copies of its first), up to a quarter of its size; past that, misaligned batches are copied one by one."""
+    (copies of its first), up to a quarter of its size; past that, misaligned batches are copied one by one,
+    as they are read (not all at once: that could hold the epoch twice)."""
     full = len(order) // size
     row_bytes = rows[0].nbytes if len(rows) else 0
     period = _ALIGNMENT // math.gcd(row_bytes, _ALIGNMENT)  # rows after which a row starts aligned again
@@ -186,8 +188,8 @@ def _batch_views(rows: torch.Tensor, order: torch.Tensor, size: int, device: tor
     batches = list(gathered[:full * stride].view(full, stride, *rows.shape[1:])[:, :size].unbind(0))
     batches += [gathered[lo:lo + size] for lo in range(full * stride, len(gathered), size)]
     if full == 0 or gathered.data_ptr() % _ALIGNMENT:
-        batches = [_aligned(batch) for batch in batches]
-    return batches
+        return map(_aligned, batches)
+    return iter(batches)
 
 
 class HeldBatches:
