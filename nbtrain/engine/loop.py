@@ -181,7 +181,6 @@ class Run:
         # FSDP's no_sync: a flag that must hold through backward, set before every micro-step's forward.
         set_sync = getattr(model, "set_requires_gradient_sync", None) if k > 1 else None
         null = contextlib.nullcontext()
-        bare_forward = no_sync is None and precision.dtype is None  # no context to enter (two cost ~1 us a step)
         clip, warm_until, log_every = c.gradient_clip_val, c.warmup_steps, c.log_every_n_steps
         schedule = engine.schedule
         step_schedule = schedule.step if schedule is not None and schedule.interval == "step" else None
@@ -214,13 +213,10 @@ class Run:
             boundary = micro + 1 == window
             if set_sync is not None:
                 set_sync(boundary)
-            if bare_forward:
+            with (null if boundary or no_sync is None else no_sync()), precision.autocast():
                 loss = step_loss(model, batch)
-            else:
-                with (null if boundary or no_sync is None else no_sync()), precision.autocast():
-                    loss = step_loss(model, batch)
-            if window > 1:
-                loss = loss / window
+                if window > 1:
+                    loss = loss / window
             sync()
             t3 = perf()
             scaler.scale(loss).backward()
