@@ -29,7 +29,7 @@ def ratio_line(label: str, ours: list[float], theirs: list[float], target: str) 
     """The paired time ratio of interleaved timings with its 95% interval, so a reader sees whether the
     ratio is noise, and the medians it compares."""
     v = paired_time_ratio(ours, theirs)
-    interval = f" (95% interval {v.interval_text()})" if v.pairs >= 2 else ""
+    interval = f" (95% interval {v.low:.3f}-{v.high:.3f})" if v.pairs >= 2 else ""
     return (f"{label}: paired ratio {v.ratio:.3f}{interval} over {v.pairs} pairs; medians {median(ours):.4f} s "
             f"vs {median(theirs):.4f} s (ratio {median(ours) / median(theirs):.3f}) (target {target})")
 

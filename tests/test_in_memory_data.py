@@ -71,17 +71,35 @@ def test_held_batches_are_the_dataloaders_batches_on_every_rank_from_any_positio
             assert all(_same_batch(a, b) for a, b in zip(expected, got))
 
 
-def test_a_held_batch_gives_the_gradients_of_the_dataloaders_batch_at_any_offset():
+@pytest.mark.parametrize("samples", [1, 2, 50])
+@pytest.mark.parametrize("ranks", [1, 3, 4])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_held_batches_draw_their_order_as_the_dataloaders_sampler_does(samples, ranks, shuffle):
+    """Held batches take the order as one tensor; fewer samples than ranks pad it more than once over."""
+    dataset = regression_data(n=samples)
+    for rank in range(ranks):
+        sampler = data.EpochSampler(dataset, World(rank=rank, size=ranks), shuffle, seed=3)
+        for epoch, start in ((0, 0), (1, 1), (4, 0)):
+            sampler.set_position(epoch, start)
+            assert sampler.order().tolist() == list(sampler)
+
+
+@pytest.mark.parametrize("samples, batch_size, batches", [(60, 5, 12), (95, 30, 4)],
+                         ids=["batches-copied-one-by-one", "batches-padded-in-the-gather"])
+def test_a_held_batch_gives_the_gradients_of_the_dataloaders_batch_at_any_offset(samples, batch_size, batches):
     # 5 features of 4 bytes: a batch of 5 rows starts 100 bytes further each time, off the 64-byte alignment
-    # every fresh (collated) tensor has; a matmul on a misaligned slice can differ in the last bit.
+    # every fresh (collated) tensor has; a matmul on a misaligned slice can differ in the last bit. A batch
+    # of 5 rows would need 11 rows of padding to start aligned (copied instead); one of 30 needs 2.
     g = torch.Generator().manual_seed(7)
-    dataset = torch.utils.data.TensorDataset(torch.randn(60, 5, generator=g), torch.randn(60, 3, generator=g))
+    dataset = torch.utils.data.TensorDataset(torch.randn(samples, 5, generator=g),
+                                             torch.randn(samples, 3, generator=g))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 10), nn.Tanh(), nn.Linear(10, 3))
-    config = TrainConfig(batch_size=5, shuffle=False, preload_data=True)
+    config = TrainConfig(batch_size=batch_size, shuffle=False, preload_data=True)
     held, _ = data.hold(dataset, config, World(), torch.device("cpu"))
     pairs = list(zip(data.HeldBatches(held, config, World(), 0), data.build_loader(dataset, config, World(), 0)))
-    assert len(pairs) == 12
+    assert len(pairs) == batches
+    assert all(t.data_ptr() % 64 == 0 for held_batch, _ in pairs for t in held_batch)
     for held_batch, loader_batch in pairs:
         grads = []
         for x, y in (held_batch, loader_batch):

@@ -3,6 +3,7 @@ summary's steady rate and interval; the summary splits the call's whole wall tim
 it; every reading records how much of the machine other processes took, and a comparison whose
 difference that load could explain gives no speed verdict."""
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -17,7 +18,7 @@ from torch import nn
 
 import nbtrain
 from nbtrain.demo import DigitsDataset, digits_recipe
-from nbtrain.measure.load import Load, Meter, explains, explains_by_windows, windows
+from nbtrain.measure.load import Load, Meter, descendants, explains, explains_by_windows, windows
 from nbtrain.runs.store import RunStore
 from nbtrain import plotting
 from nbtrain.plotting import draw, history_axes
@@ -125,6 +126,31 @@ def test_a_reading_counts_another_processes_cpu_as_others_and_its_own_childrens_
     # other users: at least the burner's)
     assert (load.own_cores if own else load.other_cores) * load.wall_s > 0.9 * burned, (load, burned)
     assert ("other processes took" in load.beside()) == (not load.small)
+
+
+def test_the_processes_below_are_found_without_a_look_at_every_process_where_there_is_no_child():
+    """A reading looks for the processes below it (its own side of the CPU time); a process with no child
+    skips psutil's look at every process on the machine, and one with a child still finds it, grandchild too."""
+    read, write = os.pipe()
+    forked = os.fork()
+    if forked == 0:  # a process with no child: psutil's look would fail, so it must not be taken
+        psutil.Process.children = None
+        os.write(write, repr(descendants(psutil.Process())).encode())
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 100) == b"[]" and os.waitpid(forked, 0)[1] == 0
+    os.close(read)
+    child = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30"])
+    try:
+        deadline = time.time() + 10
+        while not psutil.Process(child.pid).children() and time.time() < deadline:
+            time.sleep(0.02)
+        grandchildren = {p.pid for p in psutil.Process(child.pid).children()}
+        assert grandchildren and {child.pid} | grandchildren <= {p.pid for p in descendants(psutil.Process())}
+    finally:
+        for p in psutil.Process(child.pid).children() + [psutil.Process(child.pid)]:
+            p.kill()
+        child.wait()
 
 
 @pytest.mark.parametrize("other_busy, other_own, slowdown, explained", [

@@ -25,36 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 
 from ..config import TrainConfig
 from ..user_loader import fixed_reason
 from . import data_identity
 from .dist import World
-
-
-class EpochSampler(Sampler):
-    """This rank's indices for one epoch, from `start` on; repositioned, never rebuilt."""
-
-    def __init__(self, dataset, world: World, shuffle: bool, seed: int):
-        self._order = DistributedSampler(dataset, num_replicas=world.size, rank=world.rank,
-                                         shuffle=shuffle, seed=seed, drop_last=False)
-        self.per_epoch = self._order.num_samples
-        self.length = len(dataset)  # the data set's length when built: another length needs another sampler
-        self.epoch = 0
-        self.start = 0
-
-    def set_position(self, epoch: int, start: int) -> None:
-        self.epoch, self.start = epoch, start
-
-    def __iter__(self):
-        self._order.set_epoch(self.epoch)
-        indices = list(self._order)
-        return iter(indices[self.start:])
-
-    def __len__(self) -> int:
-        return self.per_epoch - self.start
+from .epoch_order import EpochSampler, batch_views
 
 
 def build_loader(dataset, config: TrainConfig, world: World, seed: int, collate_fn=None,
@@ -145,16 +123,6 @@ class Held:
         return self.data
 
 
-_ALIGNMENT = 64  # bytes: where torch's allocators start every new tensor, a collated batch among them
-
-
-def _aligned(rows: torch.Tensor) -> torch.Tensor:
-    """`rows` where a fresh tensor would lie: a slice starting off the allocator's alignment is copied. Math
-    libraries pick kernels by alignment, and a matmul on misaligned inputs can differ in the last bit from
-    the DataLoader's freshly collated batch; an aligned slice stays a view (no copy)."""
-    return rows if rows.data_ptr() % _ALIGNMENT == 0 else rows.clone()
-
-
 class HeldBatches:
     """The DataLoader's batches of a held data set: same EpochSampler order, same values."""
     num_workers = 0
@@ -165,18 +133,19 @@ class HeldBatches:
 
     def __iter__(self):
         data, device = self.held.current(), self.held.device
-        order = torch.as_tensor(list(self.sampler), dtype=torch.long)
-        # The rest of the epoch in its order, in one gather (and, for a DDP rank, one copy to its device);
-        # each batch is then a slice of it: a view, no per-batch gather.
-        share = _map(lambda t: t.index_select(0, order.to(t.device)).to(device), data)
-        if type(share) is list and all(isinstance(t, torch.Tensor) for t in share):  # the collate's usual [x, y]
-            cut = lambda lo, hi: [_aligned(t[lo:hi]) for t in share]  # noqa: E731  (no recursion on the hot path)
-        else:
-            cut = lambda lo, hi: _map(lambda t: _aligned(t[lo:hi]), share)  # noqa: E731
+        order = self.sampler.order()
         size, samples = self.batch_size, len(order)
-        end = samples - samples % size if self.drop_last else samples
-        for lo in range(0, end, size):
-            yield cut(lo, lo + size)
+        order = order[:samples - samples % size] if self.drop_last else order
+        # The rest of the epoch in its order, in one gather per tensor (and, for a DDP rank, one copy to its
+        # device), already cut into batches: the loop's next batch is views made here, no per-batch work.
+        parts = [batch_views(t, order, size, device) for t in _tensors(data)]
+        if type(data) is list and all(isinstance(t, torch.Tensor) for t in data):  # the collate's usual [x, y]
+            for batch in zip(*parts):
+                yield list(batch)
+        else:
+            for batch in zip(*parts):
+                views = iter(batch)
+                yield _map(lambda t: next(views), data)
 
 
 # The held-data rule, decided here and nowhere else (the walk's preload_data item asks `hold` too).
@@ -217,28 +186,30 @@ def hold(dataset, config: TrainConfig, world: World, device: torch.device, colla
             and previous.seen is not None and data_identity.change(previous.seen, dataset) is None:  # (rule 4)
         return previous, previous.note  # (auto: TensorDatasets only)
     gathered, where = _gather_cost(dataset)
-    if gathered > _SHARE * _free(where):  # a Subset's rows are gathered where its tensors are, before any move
+    if gathered and gathered > _SHARE * _free(where):  # a Subset's rows are gathered where its tensors are
         return None, (f"preload_data: not used, the data ({size_text(gathered)}) is more than a quarter of the "
                       f"free memory on {where} ({size_text(_free(where))})")
     seen = data_identity.seen(dataset)  # before reading: a change made while reading shows as one later
-    with _rng_kept():  # reading samples must not move the random numbers the run then draws
-        rows = _tensor_rows(dataset)
-        sources = _tensor_sources(dataset) if rows is not None else ()
-        if rows is None and not wanted:
-            return None, ("preload_data=auto holds only a TensorDataset (another Dataset's __getitem__ may make "
-                          "new samples at each read); preload_data=True holds these samples once, if reading them "
-                          "again gives the same values")
-        if rows is None:
+    rows = _tensor_rows(dataset)  # a TensorDataset's tensors, read without its __getitem__
+    sources = _tensor_sources(dataset) if rows is not None else ()
+    if rows is None and not wanted:
+        return None, ("preload_data=auto holds only a TensorDataset (another Dataset's __getitem__ may make "
+                      "new samples at each read); preload_data=True holds these samples once, if reading them "
+                      "again gives the same values")
+    if rows is None:
+        # Reading samples must not move the random numbers the run then draws (keeping numpy's state costs
+        # ~0.5 ms: only where samples are read).
+        with _rng_kept():
             rows, why = _collate_all(dataset, _free(torch.device("cpu")))
-            if rows is None:
-                return None, f"preload_data: not used, {why}"
+        if rows is None:
+            return None, f"preload_data: not used, {why}"
     size = sum(t.nbytes for t in _tensors(rows))
     shard = world.size > 1
     on_device = size * len(EpochSampler(dataset, world, False, 0)) // max(len(dataset), 1) if shard else size
     moved = sum(t.nbytes for t in _tensors(rows) if t.device != device)
     needed = on_device if shard else moved
-    free = _free(device)
-    if needed > _SHARE * free:
+    free = _free(device) if needed else 0  # nothing to copy (a TensorDataset's own tensors): nothing to fit
+    if needed and needed > _SHARE * free:
         return None, (f"preload_data: not used, the data ({size_text(needed)}) is more than a quarter of the free "
                       f"memory on {device} ({size_text(free)})")
     data = rows if shard else _map(lambda t: t.to(device), rows)

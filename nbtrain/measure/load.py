@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -74,11 +75,23 @@ def _busy_system_s() -> float:
     return busy - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
 
 
-def _waited_s(process: psutil.Process) -> float:
+def descendants(process: psutil.Process) -> list[psutil.Process]:
+    """The live processes below `process`. psutil finds them by reading the parent of every process on the
+    machine (~2 ms a hundred processes, several times that on a busy machine: most of a reading's cost); this
+    process with no child at all, which the kernel says in one call (waitid, nothing reaped), has none."""
+    if process.pid == os.getpid() and hasattr(os, "waitid"):
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return []
+    return process.children(recursive=True)
+
+
+def _waited_s(process: psutil.Process, below: list[psutil.Process]) -> float:
     """Seconds the threads of this process tree spent runnable but waiting for a CPU (the run queue's
     wait in /proc/<pid>/task/<tid>/schedstat; NaN where the kernel does not keep it)."""
     total = 0.0
-    for p in [process] + process.children(recursive=True):
+    for p in [process] + below:
         try:
             for thread in p.threads():
                 with open(f"/proc/{p.pid}/task/{thread.id}/schedstat") as stat:
@@ -89,11 +102,11 @@ def _waited_s(process: psutil.Process) -> float:
     return total
 
 
-def _tree_s(process: psutil.Process) -> float:
+def _tree_s(process: psutil.Process, below: list[psutil.Process]) -> float:
     """CPU-seconds of this process, its reaped children and its live descendants."""
     t = process.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system
-    for child in process.children(recursive=True):
+    for child in below:
         try:
             c = child.cpu_times()
             total += c.user + c.system
@@ -118,7 +131,9 @@ class Meter:
     def start(self) -> "Meter":
         self.started = time.perf_counter()
         self.gpu_since_us = int(time.time() * 1e6)
-        self.system_s, self.tree_s, self.waited_s = _busy_system_s(), _tree_s(self._process), _waited_s(self._process)
+        below = descendants(self._process)  # one look for both sums
+        self.system_s, self.tree_s, self.waited_s = \
+            _busy_system_s(), _tree_s(self._process, below), _waited_s(self._process, below)
         return self
 
     def __enter__(self) -> "Meter":
@@ -129,14 +144,16 @@ class Meter:
 
     def reading(self) -> Load:
         wall = time.perf_counter() - self.started
-        own = _tree_s(self._process) - self.tree_s
+        below = descendants(self._process)
+        ours = {self._process.pid} | {p.pid for p in below}
+        own = _tree_s(self._process, below) - self.tree_s
         other = (_busy_system_s() - self.system_s) - own
         cores = psutil.cpu_count() or 1
         # /proc/stat counts in ticks of 10 ms: a short reading's difference can dip below zero or above the machine
         other_cores = min(max(other / wall, 0.0), cores) if wall > 0 else float("nan")
         per_wall = (lambda seconds: seconds / wall) if wall > 0 else (lambda seconds: float("nan"))
-        return Load(other_cores, cores, wall, gpu_others(self.gpu_index, self.gpu_since_us), per_wall(own),
-                    per_wall(max(_waited_s(self._process) - self.waited_s, 0.0)))
+        return Load(other_cores, cores, wall, gpu_others(self.gpu_index, self.gpu_since_us, ours), per_wall(own),
+                    per_wall(max(_waited_s(self._process, below) - self.waited_s, 0.0)))
 
 
 WINDOW_S = 0.2  # a run's load is read at most this often: a reading walks the process tree (1-3 ms)
@@ -207,8 +224,8 @@ def of_device(device) -> Meter:
     return Meter(gpu_index=(device.index or 0) if device.type == "cuda" else None)
 
 
-def gpu_others(index: int | None, since_us: int) -> float | None:
-    """The highest GPU utilisation (%) a process outside this tree had since `since_us`, by NVML's
+def gpu_others(index: int | None, since_us: int, ours: set[int]) -> float | None:
+    """The highest GPU utilisation (%) a process outside this tree (`ours`: its pids) had since `since_us`, by NVML's
     per-process samples; None where there is no GPU, no NVML, or the driver keeps no samples."""
     if index is None:
         return None
@@ -219,7 +236,6 @@ def gpu_others(index: int | None, since_us: int) -> float | None:
         samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
     except Exception:  # no pynvml, no driver, or no samples kept: unknown, not zero
         return None
-    ours = {psutil.Process().pid} | {p.pid for p in psutil.Process().children(recursive=True)}
     return float(max((s.smUtil for s in samples if s.pid not in ours), default=0))
 
 
