@@ -12,6 +12,7 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 CHECKS_PASSED = "all checks passed"
+QUICK_START = "00-quick-start.ipynb"  # run by the Binder test (tests/test_binder.py), in a fresh environment
 
 
 def stored_notebooks() -> list[Path]:
@@ -132,6 +133,8 @@ def stale_cells(stored: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> 
 
 
 if __name__ == "__main__":  # used by the Binder test inside a fresh virtual environment
+    # argv: the notebook, the kernel's folder, the cell timeout and, optionally, where to write the executed
+    # notebook (without the harness's cell), so the caller can compare its outputs with the stored ones.
     target, workdir, timeout = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     nb = without_outputs(target)
     # One cell of the harness's own after the notebook's: which interpreter the kernel ran.
@@ -139,3 +142,7 @@ if __name__ == "__main__":  # used by the Binder test inside a fresh virtual env
     ran = execute(nb, workdir, timeout, this_checkout=False)
     print(text_of(ran.cells[-2]))
     print(text_of(ran.cells[-1]))
+    if len(sys.argv) > 4:
+        harness = ran.cells.pop()
+        nbformat.write(ran, sys.argv[4])
+        ran.cells.append(harness)
