@@ -173,7 +173,7 @@ WRITER = textwrap.dedent("""
 @pytest.mark.slow
 def test_concurrent_writers_in_separate_processes_all_land(tmp_path, run):
     (tmp_path / "events.json").write_text(json.dumps(run.log.events))
-    (tmp_path / "summary.json").write_text(json.dumps(run.summary))
+    (tmp_path / "summary.json").write_text(run.summary.to_json())
     path, go = tmp_path / "runs.sqlite", tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     workers = [subprocess.Popen([sys.executable, "-W", "error::RuntimeWarning", "-c", WRITER, str(path),
