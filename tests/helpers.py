@@ -24,6 +24,19 @@ def edge_of_stability_recipe():
                   optimizer=lambda p: torch.optim.SGD(p, lr=0.02))
 
 
+def unstable_at_four_times_its_rate_recipe():
+    """One weight w on the loss w**2 (every sample x=1, y=0), w from 1000, SGD at lr 0.45: each step multiplies
+    w by 1 - 2 lr, so w shrinks at this rate (x 0.1) and at twice it (x -0.8), and grows x -2.6 at 4x it (the
+    linear rule's rate for 4x the batch): the loss overflows at step 39, whatever the batch order or the
+    machine's speed."""
+    model = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1000.0)
+    data = TensorDataset(torch.ones(512, 1), torch.zeros(512, 1))
+    return Recipe(model=model, train_data=data, loss_fn=nn.MSELoss(),
+                  optimizer=lambda p: torch.optim.SGD(p, lr=0.45))
+
+
 def regression_recipe(seed=0, optimizer=None, **data):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))

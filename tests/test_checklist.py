@@ -330,8 +330,8 @@ def test_the_batch_to_retry_with_workers_is_the_largest_batch_not_shown_slower()
 @pytest.mark.slow
 def test_the_walk_drops_a_candidate_whose_loss_diverges_and_refuses_when_the_current_config_does():
     """A block whose loss became NaN/inf timed NaN arithmetic: never a speed-up of the config. Batch 16 and
-    up with the linear rule scale this recipe's rate 4x and more, past its stable rate."""
-    from helpers import edge_of_stability_recipe
+    up with the linear rule scale this recipe's rate 4x and more, where its loss overflows within ~20 steps."""
+    from helpers import unstable_at_four_times_its_rate_recipe as edge_of_stability_recipe
     walk = checklist(recipe=edge_of_stability_recipe(), config=TrainConfig(batch_size=4, accelerator="cpu"),
                      items=("batch_size",), budget_s=30, clock=lambda: 0.0, trial_s=0.2)
     tried = {t.label: t for t in walk.items[0].tried}

@@ -340,10 +340,23 @@ def weights_of(handle):
 
 @pytest.mark.slow
 def test_a_preempted_job_is_requeued_and_resumes_from_its_step_to_the_same_weights(slurm_cluster, project):  # noqa: F811
-    config = two_nodes(max_epochs=8, log_every_n_steps=4)  # long enough to be preempted in the middle
-    whole = slurm.submit(digits_recipe(seed=0), config, cpus_per_task=1)
+    config = two_nodes(max_epochs=8, log_every_n_steps=4)
+
+    def slowed(recipe):
+        """The digits recipe whose steps last at least 30 ms (96 steps, about 3 s): long enough to be preempted
+        in the middle on a quiet machine too, where the plain digits steps end before the signal arrives. A
+        nested function travels by value (cloudpickle), so the job's ranks need no test module."""
+        cross_entropy = recipe.loss_fn
+
+        def slow_loss(output, target):
+            time.sleep(0.03)
+            return cross_entropy(output, target)
+        recipe.loss_fn = slow_loss
+        return recipe
+
+    whole = slurm.submit(slowed(digits_recipe(seed=0)), config, cpus_per_task=1)
     whole.wait(echo=False, timeout=120)
-    handle = slurm.submit(digits_recipe(seed=0), config, cpus_per_task=1)
+    handle = slurm.submit(slowed(digits_recipe(seed=0)), config, cpus_per_task=1)
     wait_for_ranks(handle)
     # What submitit has SLURM send before the time limit (--signal=USR2@90), sent now to every rank: a preemption.
     subprocess.run(["scancel", "--signal=USR2", handle.job_id], check=True)

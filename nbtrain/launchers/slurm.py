@@ -174,6 +174,7 @@ class SlurmRanks:
         self.job.watcher = _Watcher(delay_s=600)
         self.current = JobState("PENDING", "submitted")
         self._asked, self._replay, self._shown = float("-inf"), run.tail_events(), 0
+        self._ran = False  # seen running once: a requeued job's PENDING after that is the queue's
 
     def poll(self, force: bool = False) -> JobState:
         """Ask SLURM's accounting for the job's state (at most every poll_s unless `force`). Once every rank
@@ -187,6 +188,12 @@ class SlurmRanks:
             if info:  # a job sacct does not list yet stays as it was (submitted)
                 self.current = JobState(info.get("State", "UNKNOWN").split()[0], info.get("Reason", "None"),
                                         info.get("ExitCode", ""), info.get("NodeList", ""))
+        if self.current.state == "RUNNING":
+            self._ran = True
+        elif self.current.state == "PENDING" and not self._ran and self.job.task(0).paths.stdout.exists():
+            # slurmdbd records a start a moment after it happened (a short job can be over before sacct says
+            # RUNNING); rank 0's output file, which submitit opens as the task starts, says so first
+            self.current, self._ran = JobState("RUNNING", nodes=self.current.nodes), True
         return self.current
 
     def _every_rank_returned(self) -> bool:
