@@ -82,6 +82,9 @@ WIDGET = "application/vnd.jupyter.widget-view+json"
 _MEASURED = [
     # A comparison withheld because the machine was busier in one run is a verdict too (runs/compare.py).
     (re.compile(r"the machine was (busier|full) during .*?: the difference may be the machine's"), "VERDICT (N-N)"),
+    # ... and one withheld because a run was too short to read the machine's load beside it
+    (re.compile(r"too short to compare \(.*? of steady steps\)"), "VERDICT (N-N)"),
+    (re.compile(r"^too short to compare: runs taken at different times.*$", re.M), ""),
     # Which way a verdict went, with its interval in the words that way gives it ("(95% interval 1.2-1.4)" or "(0.9-1.1)")
     (re.compile(r"([\d.]+x (faster|slower)|[\d.]+x(?= \([\d.]+-)|no measurable difference|not measurably"
                 r"|too (noisy|few \w+) to tell)( \((95% interval )?[\d.]+-[\d.]+\))?"), "VERDICT (N-N)"),

@@ -89,6 +89,10 @@ def test_vs_first_states_the_ratio_with_its_interval_or_no_measurable_difference
                             r"cores.*\): the difference may be the machine's", cell), cell
         assert nbtrain.runs.compare.versus(*runs).measurable
         return
+    if cell.startswith("too short to compare"):  # runs of a fraction of a second: a difference is withheld
+        assert re.fullmatch(r"too short to compare \(b(8|256): [\d.]+ (ms|s) of steady steps\)", cell), cell
+        assert nbtrain.runs.compare.versus(*runs).measurable
+        return
     found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)|(?:no measurable difference|too noisy to tell) \(([\d.]+)-([\d.]+)\)", cell)
     assert found, cell
     if found.group(1):  # a measured difference: the interval holds the ratio and excludes 1
@@ -280,3 +284,24 @@ def test_a_noisy_rate_is_a_mark_in_its_cell_and_a_footnote_below_the_table():
     footnote = result.table().splitlines()[-1]
     assert footnote.startswith("* too noisy to trust") and spread in footnote and "steady" not in footnote
     assert footnote in result.html_table()
+
+
+def test_runs_too_short_to_read_the_load_beside_them_get_no_speed_verdict_and_longer_ones_do():
+    # Identical runs of 30 ms read 1.35x apart with tight intervals beside a bursty load: each fits in one
+    # burst or one lull, and the load is read every 0.2 s. Under a second of steady steps, no verdict.
+    rng = np.random.default_rng(0)
+    noise = lambda n: 1 + 0.01 * rng.standard_normal(n)  # noqa: E731
+    short = [_run_of(0.001 * noise(30), name="a"), _run_of(0.00135 * noise(30), name="b")]
+    assert versus(*short).measurable  # the two intervals alone would call it
+    comparison = nbtrain.compare(*short)
+    cell = comparison.rows[1]["vs first"]
+    assert re.fullmatch(r"too short to compare \(a: [\d.]+ ms of steady steps\)", cell), cell
+    assert comparison.notes[-1] == ("too short to compare: runs taken at different times need 1 s of steady steps "
+                                    "each, for the machine's load to be read beside them (every 0.2 s); run more "
+                                    "steps, or nbtrain.ab, which alternates the two")
+    long = [_run_of(0.01 * noise(300), name="a"), _run_of(0.0135 * noise(300), name="b")]  # 3 and 4 s
+    cell = nbtrain.compare(*long).rows[1]["vs first"]
+    assert re.fullmatch(r"0\.7\dx \(0\.7\d-0\.7\d\)", cell), cell
+    # where the runs are alike, the words say so whatever their length
+    same = [_run_of(0.001 * noise(30), name="a"), _run_of(0.001 * noise(30), name="b")]
+    assert nbtrain.compare(*same).rows[1]["vs first"].startswith("no measurable difference")

@@ -400,12 +400,15 @@ def test_live_plot_and_compare_view_are_drawn_from_measured_runs(make_panel):
     run_twice(panel, "15", "128")
     assert bytes(panel.plot.image.value).startswith(b"\x89PNG")
     assert panel.compare.select.value == (1, 2)
-    from nbtrain.runs.compare import versus
-    verdict = versus(panel.runs[0].result, panel.runs[1].result)
+    from nbtrain.runs.compare import versus, withheld
+    first, second = panel.runs[0].result, panel.runs[1].result
+    # the comparison table's rule: runs too short, or a load that could explain it, get no speed verdict
+    said = withheld(("#1", first), ("#2", second)) or versus(first, second).text("batch_size=128")
     text = text_of(panel.compare.summary.value)
-    assert text.startswith("#2 vs #1: " + verdict.text("batch_size=128")), text
-    assert "faster" in text or "slower" in text or "no measurable difference" in text or "too few" in text
-    assert "measured at different times" in text
+    assert text.startswith("#2 vs #1: " + said), text
+    assert any(words in text for words in ("faster", "slower", "no measurable difference", "too few", "too short",
+                                           "the machine was"))
+    assert "measured at different times" in text or "taken at different times" in text
     assert bytes(panel.compare.image.value).startswith(b"\x89PNG")
     panel.compare.select.value = (2,)
     assert text_of(panel.compare.summary.value) == "#2 alone"

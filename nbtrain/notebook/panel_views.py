@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..runs import table
-from ..runs.compare import versus
+from ..runs.compare import TOO_SHORT, TOO_SHORT_CELL, versus, withheld
 from ..config import TrainConfig
 from ..measure.ab import describe_change
 from .panel_help import BUTTONS
@@ -177,9 +177,14 @@ def run_labels(runs: list[RunRecord]) -> list[str]:
 def comparison_text(runs: list[RunRecord]) -> str:
     """Each run's steady throughput against the first chosen one, as a verdict with its interval."""
     first = runs[0]
-    parts = [f"#{run.number} vs #{first.number}: " + versus(first.result, run.result).text(
-        describe_change(first.result.config, run.result.config)) for run in runs[1:]]
-    if parts:
+    # the table's rule: no speed verdict where a run was too short or the machine's load could explain it
+    parts = [f"#{run.number} vs #{first.number}: "
+             + (withheld((f"#{first.number}", first.result), (f"#{run.number}", run.result))
+                or versus(first.result, run.result).text(describe_change(first.result.config, run.result.config)))
+             for run in runs[1:]]
+    if any(TOO_SHORT_CELL in part for part in parts):
+        parts.append(TOO_SHORT)
+    elif parts:
         parts.append("runs measured at different times; nbtrain.ab(...) measures two configs in alternation")
     return ("<div style='font-size:12px;line-height:1.4;white-space:normal'>"
             + "<br>".join(html.escape(p) for p in parts or [f"#{first.number} alone"]) + "</div>")

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..measure.load import demand, explains, explains_by_windows, windows
+from ..measure.load import WINDOW_S, demand, explains, explains_by_windows, windows
 from ..measure.steady import WIDE_SPREAD, columns_series
 from ..measure.verdict import Verdict, steady_ratio
 from ..plotting import held_out_series
-from ..format import number, rate_with_interval
+from ..format import duration, number, rate_with_interval
 from ..records import Summary, samples_start
 from .result import RunResult, peak_memory, peak_memory_text
 
@@ -126,7 +126,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
             noisy.append(f"{label} {100 * steady.spread:.0f}%")
         rows.append({"run": label, "status": run.status, "steps": s.steps,
                      "samples/s": rate_with_interval(steady.rate, steady.low, steady.high) + (NOISY_MARK if wide else ""),
-                     "vs first": "-" if run is base else busier_machine((labels[0], base), (label, run))
+                     "vs first": "-" if run is base else withheld((labels[0], base), (label, run))
                      or versus(base, run).short(),
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
                      "peak memory": peak_memory_text(s), "last loss": number(s.last_loss),
@@ -137,6 +137,8 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     figure = _draw(results, labels, target, times)
     notes = [f"{NOISY_MARK} too noisy to trust: the spread between timed blocks ({', '.join(noisy)}) is over "
              f"{100 * WIDE_SPREAD:.0f}%; samples/s with the 95% interval"] if noisy else []
+    if any(row["vs first"].startswith(TOO_SHORT_CELL) for row in rows):
+        notes.append(TOO_SHORT)
     result = Comparison(results, labels, target, rows, figure, notes)
     if path is not None:
         result.save(path)
@@ -163,6 +165,39 @@ def versus(first: RunResult, other: RunResult) -> Verdict:
     """
     return steady_ratio(columns_series(first.history, samples_start(first.log)),
                         columns_series(other.history, samples_start(other.log)))
+
+
+APART_MIN_S = 5 * WINDOW_S  # the steady seconds a run needs before its speed is set against another run's
+
+
+def withheld(first: tuple[str, RunResult], other: tuple[str, RunResult]) -> str:
+    """Why the two (label, run)s get no speed verdict, or '' where they may (or their verdict is none): a run
+    too short to compare (`too_short`) or a load that could explain the difference (`busier_machine`)."""
+    if not versus(first[1], other[1]).measurable:
+        return ""
+    return too_short(first, other) or busier_machine(first, other)
+
+
+def too_short(*labelled: tuple[str, RunResult]) -> str:
+    """"too short to compare (a: 0.12 s)" where a run's steady steps lasted under APART_MIN_S, else ''
+    (TOO_SHORT says why, once below the table).
+
+    Runs taken at different times differ by what the machine did in each, and the machine's load is read
+    every WINDOW_S: a run of a few hundredths of a second fits in one burst, or in the lull between two, and
+    no reading says which (identical runs of 30 ms read 1.35x apart with tight intervals). Its interval,
+    from its own steps, cannot see that."""
+    for label, run in labelled:
+        steady = run.steady()
+        seconds = steady.total_s - steady.warmup_s
+        if run.summary.steps and math.isfinite(seconds) and seconds < APART_MIN_S:
+            return f"{TOO_SHORT_CELL} ({label}: {duration(seconds)} of steady steps)"
+    return ""
+
+
+TOO_SHORT_CELL = "too short to compare"
+TOO_SHORT = (f"{TOO_SHORT_CELL}: runs taken at different times need {APART_MIN_S:g} s of steady steps each, for the "
+             f"machine's load to be read beside them (every {WINDOW_S:g} s); run more steps, or nbtrain.ab, which "
+             "alternates the two")
 
 
 def busier_machine(first: tuple[str, RunResult], other: tuple[str, RunResult]) -> str:

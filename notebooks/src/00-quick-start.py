@@ -56,7 +56,9 @@ model = DigitsMLP()
 %nbtrain_compare first second
 
 # %% [markdown]
-# Each run above was short (its total time is in its summary), and the two ran one after the other. Every
+# Each run above was short (its total time is in its summary), and the two ran one after the other. A run
+# whose steady steps lasted under a second is *too short to compare*: the machine's load is read beside a run
+# every 0.2 s, and a run that short fits in one burst of another process, or in the lull between two. Every
 # run records how much of the machine other processes took, for the whole run and block by block: where that
 # load could explain the difference, the *vs first* column says the machine was busier instead of giving a
 # verdict. A load that stayed the same through both runs still slows both alike, and one that came and went
