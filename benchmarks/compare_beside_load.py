@@ -7,8 +7,10 @@
   another process that spins and rests in bursts of 0.2-1.5 s (a browser, an indexer): no speed verdict
   in 8 of 8 pairs. "no measurable difference", "too noisy to tell" and "the machine was busier during
   ...: the difference may be the machine's" are all right answers; "1.3x faster" is not.
-- The same beside the same bursts for a small MLP's runs of 3000 steps (3 s, a rate steady enough for
-  a burst to show) and of 25 steps (30 ms: too short for the load to be read beside them): no speed verdict.
+  Identical settings are an A/A check ("same settings (A/A): ..."), so:
+- The same beside the same bursts for a small MLP's runs that differ only in their seed (a change of
+  settings that leaves the work alike, so the load's rules decide), of 3000 steps (3 s, a rate steady
+  enough for a burst to show) and of 25 steps (30 ms: too short for the load to be read beside them).
 - A real difference on the machine as it is: B's step waits 1.3x as long as A's (a sleep, as on a slower
   disk), so the difference is the workload's: found, near 1/1.3, in every pair.
 
@@ -90,7 +92,9 @@ def bursts(seconds: float, seed: int) -> psutil.Process:
 def speed_verdict(text: str) -> bool:
     """Whether a 'vs first' cell gives a speed verdict (a ratio), rather than no difference, too noisy or
     the machine's."""
-    return "machine" not in text and ("faster" in text or "slower" in text or "x (" in text)
+    if "machine" in text or text.startswith("same settings"):  # the machine's, or an A/A check
+        return False
+    return "faster" in text or "slower" in text or "x (" in text
 
 
 def shell():
@@ -100,11 +104,13 @@ def shell():
     return ip
 
 
-def pair(ip, name: str, cells: tuple[str, str], steps: int, verbose: bool) -> str:
-    """Runs the two cells as `{name}_a` and `{name}_b`, then `%nbtrain_compare`; returns its 'vs first' cell."""
-    for side, cell in zip("ab", cells):
+def pair(ip, name: str, cells: tuple[str, str], steps: int, verbose: bool, seeds=(None, None)) -> str:
+    """Runs the two cells as `{name}_a` and `{name}_b` (with --seed where `seeds` gives one), then
+    `%nbtrain_compare`; returns its 'vs first' cell."""
+    for side, cell, seed in zip("ab", cells, seeds):
+        flags = f" --seed {seed}" if seed is not None else ""
         result = ip.run_cell(f"%%nbtrain --max-steps {steps} --batch-size 32 --accelerator cpu --no-plot --no-progress "
-                             f"--name {name}_{side}\n{cell}")
+                             f"--name {name}_{side}{flags}\n{cell}")
         result.raise_error()
     ip.run_line_magic("nbtrain_compare", f"{name}_a {name}_b")
     comparison = ip.user_ns["_nbtrain_compare"]
@@ -139,20 +145,22 @@ def main(argv=None) -> dict:
         burner = bursts(3600, seed=1)
         try:
             identical = [pair(ip, f"aa{i}", (IDENTICAL, IDENTICAL), args.steps, args.verbose) for i in range(n)]
-            mlp = [pair(ip, f"mlp{i}", (MLP, MLP), 3000, args.verbose) for i in range(n)]
-            short = [pair(ip, f"short{i}", (MLP, MLP), 25, args.verbose) for i in range(n)]
+            # Another seed: a change of settings that leaves the work alike, so the load's rules, not the
+            # A/A check of identical settings, decide what is said.
+            mlp = [pair(ip, f"mlp{i}", (MLP, MLP), 3000, args.verbose, seeds=(0, 1)) for i in range(n)]
+            short = [pair(ip, f"short{i}", (MLP, MLP), 25, args.verbose, seeds=(0, 1)) for i in range(n)]
         finally:
             burner.kill()
             psutil.wait_procs([burner], timeout=10)
         for i, verdict in enumerate(identical):
             print(f"  identical pair {i + 1}: {verdict}")
         for i, verdict in enumerate(mlp):
-            print(f"  identical pair of 3000-step MLP runs {i + 1}: {verdict}")
+            print(f"  3000-step MLP runs, seeds 0 and 1, pair {i + 1}: {verdict}")
         for i, verdict in enumerate(short):
-            print(f"  identical pair of 25-step MLP runs {i + 1}: {verdict}")
+            print(f"  25-step MLP runs, seeds 0 and 1, pair {i + 1}: {verdict}")
         for label, verdicts in ((f"identical {args.steps}-step CNN runs beside bursts", identical),
-                                ("identical 3000-step MLP runs (3 s) beside bursts", mlp),
-                                ("identical 25-step MLP runs (30 ms) beside bursts", short)):
+                                ("3000-step MLP runs (3 s), seeds 0 and 1, beside bursts", mlp),
+                                ("25-step MLP runs (30 ms), seeds 0 and 1, beside bursts", short)):
             calm = sum(not speed_verdict(v) for v in verdicts)
             out[f"{label}: no speed verdict"] = (f"{calm} of {n}", f"{n} of {n}")
 

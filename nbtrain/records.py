@@ -105,6 +105,7 @@ class EngineInfo(Record):
     scaler: bool | None = None         # a GradScaler is on
     pin_memory: bool | None = None
     seed: int | None = None
+    workload: str | None = None        # a digest of what the run trains beyond its config (engine/workload.py)
 
 
 @dataclass(frozen=True)

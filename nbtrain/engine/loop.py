@@ -12,11 +12,11 @@
         keep the loss on the device; every log_every_n_steps read the window back
         in one transfer and emit it to the MetricsLog
 
-`Engine.run()` (engine.py) makes a Run: what a run resets lives here (its buffered rows and losses,
-the monitor, the user's logged values, the stop events, the clock, the peak memory), what lives
-across runs (model, optimizer, loader, precision, config, position) stays on the Engine. Read top to
-bottom: the start (`train`), the loop (`_train_some`), the loop's helpers (losses read back, epoch
-ends, held-out numbers), the end (`_finish`). `report` states the plan, device and compile cost.
+`Engine.run()` (engine.py) makes a Run: what a run resets lives here (its buffered rows and losses, the
+monitor, the user's logged values, the stop events, the clock, the peak memory), what lives across runs
+(model, optimizer, loader, precision, config, position) stays on the Engine. Read top to bottom: the start
+(`train`), the loop (`_train_some`), its helpers (losses read back, epoch ends, held-out numbers), the end
+(`_finish`). `report` states the plan, device and compile cost; `workload` digests what a run trains.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from . import checkpoint, data, fsdp, loggers, report
+from . import checkpoint, data, fsdp, loggers, report, workload
 from ..config import ConfigError, Problem
 from ..measure import load
 from .changes import check_batches
@@ -114,9 +114,9 @@ class Run:
         if cuda:
             torch.cuda.synchronize(engine.device)
         self._clock = Clock()
-        self._load = load.of_device(engine.device)  # other processes' share
+        self._load, self._workload = load.of_device(engine.device), workload.digest(engine.recipe, engine.model)
         self.log.emit(StartEvent(type="start", config=plain(c.to_dict()),
-                                 info=StartInfo(**report.info(engine), samples_start=engine.samples,
+                                 info=StartInfo(**report.info(engine, self._workload), samples_start=engine.samples,
                                                 step_start=engine.step,
                                                 planned_steps=report.planned_steps(c, engine.loader)
                                                 - (from_step - start_step),
@@ -371,7 +371,7 @@ class Run:
         epochs = (engine.samples - from_samples) / per_epoch if per_epoch else engine.run_start["epochs_done"]
         extra = {"epochs_trained": epochs, "status": status,
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": engine.step - from_step}
-        extra.update(report.info(engine))
+        extra.update(report.info(engine, self._workload))
         if self._device_done_s is not None:
             extra["device_done_s"] = self._device_done_s
         # preload_data left on auto and not applying is the engine's business, not this summary's (except

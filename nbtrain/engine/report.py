@@ -58,12 +58,14 @@ def planned_steps(c, loader) -> int:
     return min(x for x in (by_epochs, c.max_steps) if x is not None)
 
 
-def info(engine) -> EngineInfo:
+def info(engine, workload: str | None = None) -> EngineInfo:
+    """What the engine runs with; `workload`: the run's digest of what it trains (engine/workload.py)."""
     c = engine.config
     return EngineInfo(device=str(engine.device), strategy=strategy(engine), world_size=engine.world.size,
                       global_batch=c.global_batch_size,
                       lr=engine.target_lrs()[0], lr_note=engine.lr_note(), precision=c.precision,
-                      scaler=engine.precision.scaler.is_enabled(), pin_memory=c.pin, seed=engine.seed)
+                      scaler=engine.precision.scaler.is_enabled(), pin_memory=c.pin, seed=engine.seed,
+                      workload=workload)
 
 
 def strategy(engine) -> str:

@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..runs import table
-from ..runs.compare import TOO_SHORT, TOO_SHORT_CELL, versus, withheld
+from ..runs.compare import footnotes, same_settings, versus, vs_first, withheld
 from ..config import TrainConfig
 from ..measure.ab import describe_change
 from .panel_help import BUTTONS
@@ -175,16 +175,20 @@ def run_labels(runs: list[RunRecord]) -> list[str]:
 
 
 def comparison_text(runs: list[RunRecord]) -> str:
-    """Each run's steady throughput against the first chosen one, as a verdict with its interval."""
+    """Each run's steady throughput against the first chosen one, as a verdict with its interval (the
+    comparison table's rules: an A/A check for the same settings, none for runs too short or a load that
+    could explain it)."""
     first = runs[0]
-    # the table's rule: no speed verdict where a run was too short or the machine's load could explain it
-    parts = [f"#{run.number} vs #{first.number}: "
-             + (withheld((f"#{first.number}", first.result), (f"#{run.number}", run.result))
-                or versus(first.result, run.result).text(describe_change(first.result.config, run.result.config)))
-             for run in runs[1:]]
-    if any(TOO_SHORT_CELL in part for part in parts):
-        parts.append(TOO_SHORT)
-    elif parts:
-        parts.append("runs measured at different times; nbtrain.ab(...) measures two configs in alternation")
+
+    def against_first(run: RunRecord) -> str:
+        labelled = (f"#{first.number}", first.result), (f"#{run.number}", run.result)
+        if same_settings(first.result, run.result) or withheld(*labelled):
+            return vs_first(*labelled)
+        return versus(first.result, run.result).text(describe_change(first.result.config, run.result.config))
+    cells = [against_first(run) for run in runs[1:]]
+    parts = [f"#{run.number} vs #{first.number}: {cell}" for run, cell in zip(runs[1:], cells)]
+    if parts:
+        parts += footnotes(cells) or ["runs measured at different times; nbtrain.ab(...) measures two configs in "
+                                      "alternation"]
     return ("<div style='font-size:12px;line-height:1.4;white-space:normal'>"
             + "<br>".join(html.escape(p) for p in parts or [f"#{first.number} alone"]) + "</div>")

@@ -126,8 +126,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
             noisy.append(f"{label} {100 * steady.spread:.0f}%")
         rows.append({"run": label, "status": run.status, "steps": s.steps,
                      "samples/s": rate_with_interval(steady.rate, steady.low, steady.high) + (NOISY_MARK if wide else ""),
-                     "vs first": "-" if run is base else withheld((labels[0], base), (label, run))
-                     or versus(base, run).short(),
+                     "vs first": "-" if run is base else vs_first((labels[0], base), (label, run)),
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
                      "peak memory": peak_memory_text(s), "last loss": number(s.last_loss),
                      "held-out": held_out_text(s), "changed from first": changes or "-"})
@@ -137,8 +136,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     figure = _draw(results, labels, target, times)
     notes = [f"{NOISY_MARK} too noisy to trust: the spread between timed blocks ({', '.join(noisy)}) is over "
              f"{100 * WIDE_SPREAD:.0f}%; samples/s with the 95% interval"] if noisy else []
-    if any(row["vs first"].startswith(TOO_SHORT_CELL) for row in rows):
-        notes.append(TOO_SHORT)
+    notes += footnotes([row["vs first"] for row in rows])
     result = Comparison(results, labels, target, rows, figure, notes)
     if path is not None:
         result.save(path)
@@ -165,6 +163,34 @@ def versus(first: RunResult, other: RunResult) -> Verdict:
     """
     return steady_ratio(columns_series(first.history, samples_start(first.log)),
                         columns_series(other.history, samples_start(other.log)))
+
+
+def vs_first(first: tuple[str, RunResult], other: tuple[str, RunResult]) -> str:
+    """The table's "vs first" cell for two (label, run)s: an A/A check where they ran the same settings, no
+    speed verdict where one is `withheld`, else the verdict."""
+    verdict = versus(first[1], other[1])
+    if same_settings(first[1], other[1]):
+        return f"{SAME_SETTINGS_CELL}: {verdict.short()}"
+    return withheld(first, other) or verdict.short()
+
+
+def same_settings(first: RunResult, other: RunResult) -> bool:
+    """Whether the two runs trained the same code and data (their workload digests, engine/workload.py, are
+    known and equal) with the same config: then a difference in speed is the machine's. Unknown: False."""
+    a, b = first.summary, other.summary
+    engine = ("workload", "world_size", "device", "strategy", "global_batch", "lr", "precision")  # as it ran
+    return a.workload is not None and all(getattr(a, name) == getattr(b, name) for name in engine) \
+        and not other.config.changed_from(first.config)
+
+
+SAME_SETTINGS_CELL = "same settings (A/A)"
+SAME_SETTINGS = (f"{SAME_SETTINGS_CELL}: both runs trained the same code and data with the same config, so how far "
+                 "apart their speeds read is how much the machine moved between them, not a difference of settings")
+
+def footnotes(cells: list[str]) -> list[str]:
+    """What the words of "vs first" cells mean, once each (a cell says "same settings (A/A)", the note why)."""
+    return [note for cell, note in ((TOO_SHORT_CELL, TOO_SHORT), (SAME_SETTINGS_CELL, SAME_SETTINGS))
+            if any(text.startswith(cell) for text in cells)]
 
 
 APART_MIN_S = 5 * WINDOW_S  # the steady seconds a run needs before its speed is set against another run's
