@@ -123,7 +123,7 @@ def pair(ip, name: str, cells: tuple[str, str], steps: int, verbose: bool, seeds
 
 def explain(run) -> str:
     """One run's whole load and its steady windows' loads, for reading a verdict that went wrong."""
-    from nbtrain.runs.compare import steady_windows
+    from nbtrain.runs.apart import steady_windows
     whole, blocks = run.load(), steady_windows(run)
     return (f"whole: {whole.text() if whole else '-'}; own {whole.own_cores:.2f}; windows other "
             + " ".join(f"{w.other_cores:.2f}" for w in blocks) + "; waited "

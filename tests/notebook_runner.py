@@ -85,6 +85,11 @@ _MEASURED = [
     # ... and one withheld because a run was too short to read the machine's load beside it
     (re.compile(r"too short to compare \(.*? of steady steps\)"), "VERDICT (N-N)"),
     (re.compile(r"^too short to compare: runs taken at different times.*$", re.M), ""),
+    # ... one within how far repeats of one settings read apart; and the mark of a verdict no repeat qualifies
+    (re.compile(r"within the machine's own spread \(.*?apart\)"), "VERDICT (N-N)"),
+    (re.compile(r"^within the machine's own spread: .*$", re.M), ""),
+    (re.compile(r"(?<=\))†"), ""),
+    (re.compile(r"^† no run of either's settings.*$", re.M), ""),
     # Which way a verdict went, with its interval in the words that way gives it ("(95% interval 1.2-1.4)" or "(0.9-1.1)")
     (re.compile(r"([\d.]+x (faster|slower)|[\d.]+x(?= \([\d.]+-)|no measurable difference|not measurably"
                 r"|too (noisy|few \w+) to tell)( \((95% interval )?[\d.]+-[\d.]+\))?"), "VERDICT (N-N)"),

@@ -10,7 +10,8 @@ from torch import nn
 
 import nbtrain
 from nbtrain import TrainConfig
-from nbtrain.runs.compare import smoothed, time_to_loss, versus
+from nbtrain.runs.apart import versus
+from nbtrain.runs.compare import smoothed, time_to_loss
 from nbtrain.demo import DigitsDataset, digits_recipe
 from nbtrain.format import number
 from nbtrain.runs.store import RunStore, StoreError
@@ -87,13 +88,13 @@ def test_vs_first_states_the_ratio_with_its_interval_or_no_measurable_difference
     if cell.startswith("the machine was"):  # a speed verdict the machine's load could explain is withheld
         assert re.fullmatch(r"the machine was (busier|full) during b(8|256) \(other processes took [\d.]+ of \d+ "
                             r"cores.*\): the difference may be the machine's", cell), cell
-        assert nbtrain.runs.compare.versus(*runs).measurable
+        assert versus(*runs).measurable
         return
     if cell.startswith("too short to compare"):  # runs of a fraction of a second: a difference is withheld
         assert re.fullmatch(r"too short to compare \(b(8|256): [\d.]+ (ms|s) of steady steps\)", cell), cell
-        assert nbtrain.runs.compare.versus(*runs).measurable
+        assert versus(*runs).measurable
         return
-    found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)|(?:no measurable difference|too noisy to tell) \(([\d.]+)-([\d.]+)\)", cell)
+    found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)†|(?:no measurable difference|too noisy to tell) \(([\d.]+)-([\d.]+)\)", cell)
     assert found, cell
     if found.group(1):  # a measured difference: the interval holds the ratio and excludes 1
         ratio, low, high = map(float, found.group(1, 2, 3))
@@ -191,7 +192,7 @@ def test_vs_first_is_the_ratio_of_the_samples_per_s_shown_and_its_interval_holds
     second = _bursty_run(rng, 8554, 60, "second")
     rows = nbtrain.compare(first, second).rows
     shown = [float(row["samples/s"].split(" ")[0].replace(",", "")) for row in rows]
-    found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)", rows[1]["vs first"])
+    found = re.fullmatch(r"([\d.]+)x \(([\d.]+)-([\d.]+)\)†", rows[1]["vs first"])
     assert found, rows[1]["vs first"]
     ratio, low, high = map(float, found.groups())
     assert ratio == pytest.approx(shown[1] / shown[0], abs=0.006), (rows[0]["samples/s"], rows[1]["samples/s"], ratio)
@@ -281,7 +282,7 @@ def test_a_noisy_rate_is_a_mark_in_its_cell_and_a_footnote_below_the_table():
     assert not cells[0].endswith("*") and cells[1].endswith(")*") and "noisy" not in cells[1], cells
     assert all(len(cell) <= 24 for cell in cells), cells  # a number and its interval: one line
     spread = f"noisy {100 * noisy.steady().spread:.0f}%"
-    footnote = result.table().splitlines()[-1]
+    footnote = next(line for line in result.table().splitlines() if line.startswith("*"))
     assert footnote.startswith("* too noisy to trust") and spread in footnote and "steady" not in footnote
     assert footnote in result.html_table()
 
@@ -301,7 +302,49 @@ def test_runs_too_short_to_read_the_load_beside_them_get_no_speed_verdict_and_lo
                                     "steps, or nbtrain.ab, which alternates the two")
     long = [_run_of(0.01 * noise(300), name="a"), _run_of(0.0135 * noise(300), name="b")]  # 3 and 4 s
     cell = nbtrain.compare(*long).rows[1]["vs first"]
-    assert re.fullmatch(r"0\.7\dx \(0\.7\d-0\.7\d\)", cell), cell
+    assert re.fullmatch(r"0\.7\dx \(0\.7\d-0\.7\d\)†", cell), cell
     # where the runs are alike, the words say so whatever their length
     same = [_run_of(0.001 * noise(30), name="a"), _run_of(0.001 * noise(30), name="b")]
     assert nbtrain.compare(*same).rows[1]["vs first"].startswith("no measurable difference")
+
+
+def _settings_run(durations, name, workload="w1", batch=64):
+    """A run of `durations` whose workload digest is `workload` (two equal: the same code and data)."""
+    run = _run_of(durations, batch=batch, name=name)
+    return run.__class__(run.config, run.log, run.summary.replace(workload=workload), run.status, name=name)
+
+
+def test_a_difference_within_how_far_repeats_of_one_settings_read_apart_is_the_machines():
+    # Identical runs of a small CNN read 0.81x-1.21x apart on a quiet 2-core VM, each interval narrow: their
+    # intervals cannot see how far the machine moves between runs; repeats of one settings can.
+    rng = np.random.default_rng(2)
+    steps = lambda seconds: seconds * (1 + 0.01 * rng.standard_normal(300))  # noqa: E731  (3 s runs)
+    a, b = _settings_run(steps(0.010), "a"), _settings_run(steps(0.0115), "b", workload="w2")
+    alone = nbtrain.compare(a, b)  # nothing repeated: the verdict, marked, and the footnote says why
+    assert re.fullmatch(r"0\.8\dx \(0\.8\d-0\.8\d\)†", alone.rows[1]["vs first"]), alone.rows
+    assert any(note.startswith("† no run of either's settings was repeated here") for note in alone.notes)
+    # a's settings run again, 1.2x faster: b's 1.15x slower is within how far a's own runs read apart
+    again = _settings_run(steps(0.010 / 1.2), "a again")
+    assert nbtrain.compare(a, b, again).rows[1]["vs first"] == \
+        "within the machine's own spread (2 runs of one's settings read up to 1.20x apart)"
+    # ... and a difference beyond that spread keeps its verdict, unmarked: the spread is known
+    slow = _settings_run(steps(0.020), "slow", workload="w3")
+    cell = nbtrain.compare(a, slow, again).rows[1]["vs first"]
+    assert re.fullmatch(r"0\.\d\dx \(0\.\d\d-0\.\d\d\)", cell), cell
+
+
+def test_repeats_in_the_store_count_and_a_run_loaded_from_it_is_not_counted_twice(tmp_path):
+    from nbtrain.runs.repeats import evidence, spread
+    from nbtrain.runs.store import RunStore
+    store = RunStore(tmp_path / "runs.sqlite")
+    rng = np.random.default_rng(3)
+    steps = lambda seconds: seconds * (1 + 0.01 * rng.standard_normal(300))  # noqa: E731
+    a, b = _settings_run(steps(0.010), "a"), _settings_run(steps(0.0115), "b", workload="w2")
+    for run in (a, b):
+        store.record(run)
+    loaded = store.load("a")
+    assert spread(loaded, evidence([loaded, store.load("b")], store)) is None  # a itself, once: no repeat
+    store.record(_settings_run(steps(0.010 / 1.2), "a again"))
+    assert spread(loaded, evidence([loaded], store)).runs == 2
+    cell = nbtrain.compare("a", "b", store=store).rows[1]["vs first"]
+    assert cell.startswith("within the machine's own spread (2 runs"), cell

@@ -400,7 +400,7 @@ def test_live_plot_and_compare_view_are_drawn_from_measured_runs(make_panel):
     run_twice(panel, "15", "128")
     assert bytes(panel.plot.image.value).startswith(b"\x89PNG")
     assert panel.compare.select.value == (1, 2)
-    from nbtrain.runs.compare import versus, withheld
+    from nbtrain.runs.apart import versus, withheld
     first, second = panel.runs[0].result, panel.runs[1].result
     # the comparison table's rule: runs too short, or a load that could explain it, get no speed verdict
     said = withheld(("#1", first), ("#2", second)) or versus(first, second).text("batch_size=128")

@@ -17,7 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..runs import table
-from ..runs.compare import footnotes, same_settings, versus, vs_first, withheld
+from ..runs.apart import footnotes, versus, vs_first, withheld
+from ..runs.repeats import evidence, same_settings
 from ..config import TrainConfig
 from ..measure.ab import describe_change
 from .panel_help import BUTTONS
@@ -179,11 +180,12 @@ def comparison_text(runs: list[RunRecord]) -> str:
     comparison table's rules: an A/A check for the same settings, none for runs too short or a load that
     could explain it)."""
     first = runs[0]
+    seen = evidence([run.result for run in runs])  # the panel's runs of one settings: A/A evidence
 
     def against_first(run: RunRecord) -> str:
         labelled = (f"#{first.number}", first.result), (f"#{run.number}", run.result)
-        if same_settings(first.result, run.result) or withheld(*labelled):
-            return vs_first(*labelled)
+        if same_settings(first.result, run.result) or withheld(*labelled, seen):
+            return vs_first(*labelled, seen)
         return versus(first.result, run.result).text(describe_change(first.result.config, run.result.config))
     cells = [against_first(run) for run in runs[1:]]
     parts = [f"#{run.number} vs #{first.number}: {cell}" for run, cell in zip(runs[1:], cells)]

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..measure.load import WINDOW_S, demand, explains, explains_by_windows, windows
-from ..measure.steady import WIDE_SPREAD, columns_series
-from ..measure.verdict import Verdict, steady_ratio
+from ..measure.steady import WIDE_SPREAD
 from ..plotting import held_out_series
-from ..format import duration, number, rate_with_interval
-from ..records import Summary, samples_start
+from ..format import number, rate_with_interval
+from ..records import Summary
+from . import repeats
+from .apart import footnotes, vs_first
 from .result import RunResult, peak_memory, peak_memory_text
 
 NOISY_MARK = "*"  # a samples/s too noisy to trust, said once in the table's footnote
@@ -117,6 +117,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     target = loss if loss is not None else max(reached)
     times = [time_to_loss(r, target) for r in results]
     base = results[0]
+    seen = repeats.evidence(results, evidence_store(store, results))  # runs of the same settings: A/A evidence
     rows, noisy = [], []
     for label, run, t in zip(labels, results, times):
         s, steady = run.summary, run.steady()
@@ -126,7 +127,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
             noisy.append(f"{label} {100 * steady.spread:.0f}%")
         rows.append({"run": label, "status": run.status, "steps": s.steps,
                      "samples/s": rate_with_interval(steady.rate, steady.low, steady.high) + (NOISY_MARK if wide else ""),
-                     "vs first": "-" if run is base else vs_first((labels[0], base), (label, run)),
+                     "vs first": "-" if run is base else vs_first((labels[0], base), (label, run), seen),
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
                      "peak memory": peak_memory_text(s), "last loss": number(s.last_loss),
                      "held-out": held_out_text(s), "changed from first": changes or "-"})
@@ -143,6 +144,19 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     return result
 
 
+def evidence_store(store, results: list[RunResult]):
+    """The run store whose repeats of the runs' settings say how far the machine alone moves a run: the one
+    given, else the one the runs were loaded from, else the default one where it exists (None: none)."""
+    from .store import RunStore, default_path
+    if isinstance(store, RunStore):
+        return store
+    paths = {run.extras.get("store") for run in results} - {None}
+    path = store if store is not None else paths.pop() if len(paths) == 1 else None
+    if path is None and default_path().exists():
+        path = default_path()
+    return RunStore(path) if path is not None else None
+
+
 def held_out_text(summary: Summary) -> str:
     """The last validation's numbers, compact: "loss 0.31, acc 91.2%, f1 0.88" ("-" without one)."""
     if summary.val_loss is None:
@@ -152,107 +166,6 @@ def held_out_text(summary: Summary) -> str:
         parts.append(f"acc {100 * summary.val_acc:.1f}%")
     parts += [f"{k[4:] if k.startswith('val_') else k} {number(v)}" for k, v in summary.val_metrics.items()]
     return ", ".join(parts)
-
-
-def versus(first: RunResult, other: RunResult) -> Verdict:
-    """`other`'s steady throughput over `first`'s: the ratio of the samples/s the two runs show, with its
-    interval (runs measured apart: unpaired).
-
-    Two runs taken at different times cannot see a load that changed between them; for a
-    verdict on one config against another, `nbtrain.ab` measures them in alternation.
-    """
-    return steady_ratio(columns_series(first.history, samples_start(first.log)),
-                        columns_series(other.history, samples_start(other.log)))
-
-
-def vs_first(first: tuple[str, RunResult], other: tuple[str, RunResult]) -> str:
-    """The table's "vs first" cell for two (label, run)s: an A/A check where they ran the same settings, no
-    speed verdict where one is `withheld`, else the verdict."""
-    verdict = versus(first[1], other[1])
-    if same_settings(first[1], other[1]):
-        return f"{SAME_SETTINGS_CELL}: {verdict.short()}"
-    return withheld(first, other) or verdict.short()
-
-
-def same_settings(first: RunResult, other: RunResult) -> bool:
-    """Whether the two runs trained the same code and data (their workload digests, engine/workload.py, are
-    known and equal) with the same config: then a difference in speed is the machine's. Unknown: False."""
-    a, b = first.summary, other.summary
-    engine = ("workload", "world_size", "device", "strategy", "global_batch", "lr", "precision")  # as it ran
-    return a.workload is not None and all(getattr(a, name) == getattr(b, name) for name in engine) \
-        and not other.config.changed_from(first.config)
-
-
-SAME_SETTINGS_CELL = "same settings (A/A)"
-SAME_SETTINGS = (f"{SAME_SETTINGS_CELL}: both runs trained the same code and data with the same config, so how far "
-                 "apart their speeds read is how much the machine moved between them, not a difference of settings")
-
-def footnotes(cells: list[str]) -> list[str]:
-    """What the words of "vs first" cells mean, once each (a cell says "same settings (A/A)", the note why)."""
-    return [note for cell, note in ((TOO_SHORT_CELL, TOO_SHORT), (SAME_SETTINGS_CELL, SAME_SETTINGS))
-            if any(text.startswith(cell) for text in cells)]
-
-
-APART_MIN_S = 5 * WINDOW_S  # the steady seconds a run needs before its speed is set against another run's
-
-
-def withheld(first: tuple[str, RunResult], other: tuple[str, RunResult]) -> str:
-    """Why the two (label, run)s get no speed verdict, or '' where they may (or their verdict is none): a run
-    too short to compare (`too_short`) or a load that could explain the difference (`busier_machine`)."""
-    if not versus(first[1], other[1]).measurable:
-        return ""
-    return too_short(first, other) or busier_machine(first, other)
-
-
-def too_short(*labelled: tuple[str, RunResult]) -> str:
-    """"too short to compare (a: 0.12 s)" where a run's steady steps lasted under APART_MIN_S, else ''
-    (TOO_SHORT says why, once below the table).
-
-    Runs taken at different times differ by what the machine did in each, and the machine's load is read
-    every WINDOW_S: a run of a few hundredths of a second fits in one burst, or in the lull between two, and
-    no reading says which (identical runs of 30 ms read 1.35x apart with tight intervals). Its interval,
-    from its own steps, cannot see that."""
-    for label, run in labelled:
-        steady = run.steady()
-        seconds = steady.total_s - steady.warmup_s
-        if run.summary.steps and math.isfinite(seconds) and seconds < APART_MIN_S:
-            return f"{TOO_SHORT_CELL} ({label}: {duration(seconds)} of steady steps)"
-    return ""
-
-
-TOO_SHORT_CELL = "too short to compare"
-TOO_SHORT = (f"{TOO_SHORT_CELL}: runs taken at different times need {APART_MIN_S:g} s of steady steps each, for the "
-             f"machine's load to be read beside them (every {WINDOW_S:g} s); run more steps, or nbtrain.ab, which "
-             "alternates the two")
-
-
-def busier_machine(first: tuple[str, RunResult], other: tuple[str, RunResult]) -> str:
-    """"the machine was busier during b (other processes took 0.9 of 2 cores): the difference may be the
-    machine's" where the two (label, run)s' speed verdict is one the machine's load could explain, else ''.
-
-    The load is read for each run as a whole and for each of its steady blocks: a burst over a few blocks
-    is diluted in a whole run's mean, not in the blocks it hit."""
-    verdict = versus(first[1], other[1])
-    if not verdict.measurable or None in (first[1].load(), other[1].load()):
-        return ""
-    # the slower run, and the least slowdown the interval allows: the load need explain no more than that
-    (label, slower), (_, faster), slowdown = (other, first, 1 / verdict.high) if verdict.ratio < 1 \
-        else (first, other, verdict.low)
-    if explains(slower.load(), faster.load(), slowdown):
-        busier = "busier" if slower.load().other_cores > faster.load().other_cores else "full"
-        return f"the machine was {busier} during {label} ({slower.load().text()}): the difference may be the machine's"
-    blocks = steady_windows(slower)
-    if not explains_by_windows(blocks, steady_windows(faster), slowdown, demand(slower.load(), faster.load())):
-        return ""
-    busiest = max(blocks, key=lambda w: (w.waited_cores if math.isfinite(w.waited_cores) else 0, w.other_cores))
-    return (f"the machine was busier during {label} (in some of its blocks {busiest.text()}): "
-            f"the difference may be the machine's")
-
-
-def steady_windows(run: RunResult) -> list[Load]:
-    """The loads of the windows that hold a run's steady steps (the warm-up's are left out, as its rate does)."""
-    warm = run.steady().warmup_steps
-    return [window.load for window in windows(run.history) if window.end > warm]
 
 
 def _draw(results, labels, target, times):
