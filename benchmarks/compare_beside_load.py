@@ -13,6 +13,9 @@
   enough for a burst to show) and of 25 steps (30 ms: too short for the load to be read beside them).
 - A real difference on the machine as it is: B's step waits 1.3x as long as A's (a sleep, as on a slower
   disk), so the difference is the workload's: found, near 1/1.3, in every pair.
+- Equal speed on the machine as it is: the CNN cell with seeds 0 and 1, six pairs. Identical runs of it read
+  up to 1.2x apart on a quiet 2-core VM; no verdict beyond how far repeats of one settings read apart (a
+  verdict before any repeat is marked †, and counted apart).
 
 Through a real IPython shell with the extension loaded, as a notebook runs it.
 """
@@ -135,6 +138,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--quiet-pairs", type=int, default=6, help="equal-speed pairs on the machine as it is")
     parser.add_argument("--verbose", action="store_true", help="each comparison's table and its runs' loads")
     args = parser.parse_args(argv)
     print(f"machine: {machine()}")
@@ -172,6 +176,18 @@ def main(argv=None) -> dict:
         found = [v for v in real if speed_verdict(v) and 1 / 1.45 < float(v.split("x")[0]) < 1 / 1.15]
         out["a 1.3x slower step, the machine as it is: found"] = (
             f"{len(found)} of {len(real)} ({'; '.join(real)})", f"{len(real)} of {len(real)}")
+
+        # Equal speed, other settings, the machine as it is: identical CNN runs read up to 1.2x apart on a
+        # quiet 2-core VM. The first pair has no repeat to say how far the machine moves a run (a verdict
+        # there is marked †); later ones have the earlier pairs' runs of the same settings.
+        quiet = [pair(ip, f"quiet{i}", (IDENTICAL, IDENTICAL), args.steps, args.verbose, seeds=(0, 1))
+                 for i in range(args.quiet_pairs)]
+        for i, verdict in enumerate(quiet):
+            print(f"  {args.steps}-step CNN runs, seeds 0 and 1, the machine as it is, pair {i + 1}: {verdict}")
+        unmarked = sum(speed_verdict(v) and not v.endswith("†") for v in quiet)
+        marked = sum(speed_verdict(v) and v.endswith("†") for v in quiet)
+        out["equal-speed CNN runs (seeds 0 and 1), the machine as it is: a verdict beyond the machine's spread"] = (
+            f"{unmarked} of {len(quiet)} ({marked} more marked † before any repeat)", f"0 of {len(quiet)}")
     for measure, (value, wanted) in out.items():
         print(f"{measure}: {value} (target {wanted})")
     return out

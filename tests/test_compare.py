@@ -348,3 +348,15 @@ def test_repeats_in_the_store_count_and_a_run_loaded_from_it_is_not_counted_twic
     assert spread(loaded, evidence([loaded], store)).runs == 2
     cell = nbtrain.compare("a", "b", store=store).rows[1]["vs first"]
     assert cell.startswith("within the machine's own spread (2 runs"), cell
+
+
+def test_a_repeat_beside_a_load_says_nothing_of_how_far_a_quiet_machine_moves_a_run():
+    from nbtrain.measure.load import Load
+    rng = np.random.default_rng(4)
+    steps = lambda seconds: seconds * (1 + 0.01 * rng.standard_normal(300))  # noqa: E731
+    a, b = _settings_run(steps(0.010), "a"), _settings_run(steps(0.0115), "b", workload="w2")
+    loaded = _settings_run(steps(0.010 * 1.5), "a beside a load")
+    busy = Load(1.0, 2, 4.5, own_cores=1.0, waited_cores=0.9)
+    loaded = loaded.__class__(loaded.config, loaded.log, loaded.summary.replace(load=busy), name="a beside a load")
+    cell = nbtrain.compare(a, b, loaded).rows[1]["vs first"]
+    assert re.fullmatch(r"0\.8\dx \(0\.8\d-0\.8\d\)†", cell), cell  # no quiet repeat: still unknown

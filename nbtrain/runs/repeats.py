@@ -50,29 +50,34 @@ class Spread:
 
 
 def spread(run: RunResult, others: Iterable[tuple[object, str | None, float]]) -> Spread | None:
-    """The spread of `run`'s settings among itself and `others` ((who, settings key, steady rate): `evidence`);
-    None where no other run had its settings."""
+    """The spread of `run`'s settings among itself and `others` ((who, settings key, steady rate): `evidence`),
+    quiet runs only; None where fewer than two had its settings."""
     key = key_of(run)
     if key is None:
         return None
     rates = [rate for who, other_key, rate in others
              if who != id(run) and other_key == key and rate > 0 and math.isfinite(rate)]
     own = run.steady().rate
-    if not rates or not (own > 0 and math.isfinite(own)):
-        return None
-    rates.append(own)
-    return Spread(max(rates) / min(rates), len(rates))
+    if quiet(run.summary) and own > 0 and math.isfinite(own):
+        rates.append(own)
+    return Spread(max(rates) / min(rates), len(rates)) if len(rates) >= 2 else None
 
 
 def evidence(runs: list[RunResult], store=None, last: int = 500) -> list[tuple[object, str | None, float]]:
     """(who, settings key, steady rate) of the compared runs (who: the RunResult's id()) and of the newest
     `last` completed runs in `store` (a RunStore, or None; who: its row id), each once: a compared run loaded
-    from the store is not counted again."""
+    from the store is not counted again; a run beside a load has no rate here (`quiet`)."""
     loaded = {run.extras.get("run_id") for run in runs} - {None}
-    out = [(id(run), key_of(run), run.steady().rate) for run in runs]
+    out = [(id(run), key_of(run), run.steady().rate if quiet(run.summary) else math.nan) for run in runs]
     if store is not None:
         for row in store.runs(last=last):
-            if row.id not in loaded and row.status == "completed":
+            if row.id not in loaded and row.status == "completed" and quiet(row.summary):
                 rate = row.summary.steady.rate if row.summary.steady else math.nan
                 out.append((("store", row.id), settings_key(row.config, row.summary), rate))
     return out
+
+
+def quiet(summary: Summary) -> bool:
+    """Whether a run counts as a repeat: one beside a load other processes put on the machine says how far
+    that load moved it (the load's own rules, runs/apart.py), not how far a quiet machine moves a run."""
+    return summary.load is None or summary.load.small
