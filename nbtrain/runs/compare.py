@@ -117,7 +117,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     target = loss if loss is not None else max(reached)
     times = [time_to_loss(r, target) for r in results]
     base = results[0]
-    seen = repeats.evidence(results, evidence_store(store, results))  # runs of the same settings: A/A evidence
+    seen = repeats_seen(results, store)
     rows, noisy = [], []
     for label, run, t in zip(labels, results, times):
         s, steady = run.summary, run.steady()
@@ -142,6 +142,16 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     if path is not None:
         result.save(path)
     return result
+
+
+def repeats_seen(results: list[RunResult], store) -> list:
+    """The A/A evidence of the runs compared and their store (repeats.evidence); a store that cannot be read
+    gives none (the table still shows what the runs themselves say)."""
+    from .store import StoreError
+    try:
+        return repeats.evidence(results, evidence_store(store, results))
+    except StoreError:
+        return repeats.evidence(results)
 
 
 def evidence_store(store, results: list[RunResult]):
