@@ -184,9 +184,11 @@ def comparison_text(runs: list[RunRecord]) -> str:
 
     def against_first(run: RunRecord) -> str:
         labelled = (f"#{first.number}", first.result), (f"#{run.number}", run.result)
-        if same_settings(first.result, run.result) or withheld(*labelled, seen):
+        if same_settings(first.result, run.result):
             return vs_first(*labelled, seen)
-        return versus(first.result, run.result).text(describe_change(first.result.config, run.result.config))
+        change = describe_change(first.result.config, run.result.config)
+        held = withheld(*labelled, seen)
+        return f"{change}: {held}" if held else versus(first.result, run.result).text(change)
     cells = [against_first(run) for run in runs[1:]]
     parts = [f"#{run.number} vs #{first.number}: {cell}" for run, cell in zip(runs[1:], cells)]
     if parts:

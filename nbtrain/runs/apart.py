@@ -90,7 +90,7 @@ def within_spread(verdict: Verdict, widest: Spread) -> str:
 def footnotes(cells: list[str]) -> list[str]:
     """What the words of "vs first" cells mean, once each (a cell says "same settings (A/A)", the note why)."""
     said = [note for cell, note in ((TOO_SHORT_CELL, TOO_SHORT), (SAME_SETTINGS_CELL, SAME_SETTINGS),
-                                    (WITHIN_CELL, WITHIN)) if any(text.startswith(cell) for text in cells)]
+                                    (WITHIN_CELL, WITHIN)) if any(cell in text for text in cells)]
     return said + ([UNREPEATED] if any(text.endswith(UNREPEATED_MARK) for text in cells) else [])
 
 
