@@ -199,7 +199,10 @@ class Cluster:
             f"AccountingStoragePass={self.munge_socket}",  # how slurmctld and sacct reach munge for slurmdbd
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "MpiDefault=none", "MailProg=/bin/true", "ReturnToService=2",
-            "SchedulerParameters=batch_sched_delay=0",  # otherwise batch jobs start only every ~3 s
+            # batch_sched_delay=0: otherwise batch jobs start only every ~3 s. A requeued job, once its hold is
+            # over, waits for the next pass of the main scheduler (every 60 s by default) or of the backfill one
+            # (30 s): every 2 s here, so the preempted job's test took 40-70 s by chance, now ~40.
+            "SchedulerParameters=batch_sched_delay=0,sched_interval=2,bf_interval=2",
             # As many sites: a job whose dependency can never be met ends (accounting then tells why; it keeps
             # only the reason a job had when it was queued, so a job left pending would say "Dependency").
             "DependencyParameters=kill_invalid_depend",

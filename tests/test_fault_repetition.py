@@ -114,6 +114,8 @@ def test_interrupting_a_ddp_run_repeatedly_leaves_no_process_and_never_hangs(cap
 
 @pytest.mark.slow
 def test_sigkilling_the_kernel_repeatedly_leaves_no_worker_behind(capsys, cpu_load):
+    # The only test of a kernel killed with SIGKILL while its ranks train (a single kill in test_launch_faults.py
+    # asked the same of one run, 10 s more of the suite's time).
     leaked = hung = wrong = 0
     for _ in range(REPEATS):
         kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdout=subprocess.PIPE, text=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import pickle
 import sqlite3
+import sys
 import threading
 
 import pytest
@@ -129,6 +130,12 @@ def test_readers_get_consistent_copies_while_training_appends_and_thins(monkeypa
             except Exception as error:  # noqa: BLE001 - reported by the test
                 problems.append(repr(error))
 
+    # The interpreter switches threads every 10 us, not every 5 ms: the reader lands inside emits and thinning
+    # more often, and a writer woken for the log's lock waits 10 us for the GIL, not up to 5 ms. (Run after the
+    # rest of the suite's first half this test lasted 47 s and 30 s in two of three runs, 0.4 s alone: 3,000
+    # emits each waiting up to 5 ms would be that; the cause is not proven.)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
     reader = threading.Thread(target=read)
     reader.start()
     try:
@@ -137,4 +144,5 @@ def test_readers_get_consistent_copies_while_training_appends_and_thins(monkeypa
     finally:
         done.set()
         reader.join()
+        sys.setswitchinterval(switch)
     assert not problems and log.steps_seen == 29_999 + 1

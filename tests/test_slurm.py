@@ -354,8 +354,9 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_step_to_the_same_weigh
         recipe.loss_fn = slow_loss
         return recipe
 
+    # The run left alone and the run preempted side by side: each takes one of each node's two CPUs (one after
+    # the other, the test took 15 s longer).
     whole = slurm.submit(slowed(digits_recipe(seed=0)), config, cpus_per_task=1)
-    whole.wait(echo=False, timeout=120)
     handle = slurm.submit(slowed(digits_recipe(seed=0)), config, cpus_per_task=1)
     wait_for_ranks(handle)
     # What submitit has SLURM send before the time limit (--signal=USR2@90), sent now to every rank: a preemption.
@@ -364,6 +365,7 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_step_to_the_same_weigh
     assert signalled_at < 8 * 12 - 8, f"the job was nearly done (step {signalled_at}) when it was preempted"
     # The cluster's cred_expire holds a requeued job back 10 s (SLURM's default: 120 s).
     result = handle.wait(echo=False, timeout=180)
+    whole.wait(echo=False, timeout=120)
     assert "restart 1" in handle.output()
     starts = [e["info"]["step_start"] for e in handle.log.of_type("start")]
     assert starts[0] == 0 and starts[1] > 0 and starts[1] % 4 == 0  # stopped at a log window, resumed there

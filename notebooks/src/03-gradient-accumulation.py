@@ -125,7 +125,7 @@ print(f"activations: {saved[64] / 1024:.0f} KiB at 64 vs {saved[256] / 1024:.0f}
 # %%
 cost = nbtrain.ab(big_model, train_data, loss_fn=nn.CrossEntropyLoss(),
                   optimizer=lambda p: torch.optim.AdamW(p, lr=3e-3),
-                  a={"batch_size": 256}, b={"batch_size": 64, "accumulate_grad_batches": 4}, budget_s=20, min_pairs=8)
+                  a={"batch_size": 256}, b={"batch_size": 64, "accumulate_grad_batches": 4}, budget_s=8, min_pairs=8)
 print(cost.text())
 
 # %% [markdown]
