@@ -19,8 +19,10 @@ from ..plotting import held_out_series
 from ..format import number, rate_with_interval
 from ..records import Summary
 from . import repeats
-from .apart import footnotes, vs_first
+from .apart import footnotes, versus, vs_first  # versus: the verdict of two runs, a public name of this module
 from .result import RunResult, peak_memory, peak_memory_text
+
+__all__ = ["Comparison", "compare", "resolve", "smoothed", "time_to_loss", "versus"]
 
 NOISY_MARK = "*"  # a samples/s too noisy to trust, said once in the table's footnote
 
