@@ -186,9 +186,9 @@ def comparison_text(runs: list[RunRecord]) -> str:
         labelled = (f"#{first.number}", first.result), (f"#{run.number}", run.result)
         if same_settings(first.result, run.result):
             return vs_first(*labelled, seen)
-        change = describe_change(first.result.config, run.result.config)
-        held = withheld(*labelled, seen)
-        return f"{change}: {held}" if held else versus(first.result, run.result).text(change)
+        change, verdict = describe_change(first.result.config, run.result.config), versus(first.result, run.result)
+        held = withheld(*labelled, seen, verdict=verdict)
+        return f"{change}: {held}" if held else verdict.text(change)
     cells = [against_first(run) for run in runs[1:]]
     parts = [f"#{run.number} vs #{first.number}: {cell}" for run, cell in zip(runs[1:], cells)]
     if parts:

@@ -53,23 +53,26 @@ def versus(first: RunResult, other: RunResult) -> Verdict:
 def vs_first(first: Labelled, other: Labelled, seen=()) -> str:
     """The "vs first" cell for two (label, run)s; `seen`: repeats.evidence of the runs and the store (no
     evidence: every verdict between other settings is marked UNREPEATED_MARK)."""
-    verdict = versus(first[1], other[1])
+    verdict = versus(first[1], other[1])  # a bootstrap of both runs' steps: once per cell
     if same_settings(first[1], other[1]):
         return f"{SAME_SETTINGS_CELL}: {verdict.short()}"
-    if out := withheld(first, other, seen):
-        return out
-    unknown = verdict.measurable and not spreads(first, other, seen)
-    return verdict.short() + (UNREPEATED_MARK if unknown else "")
-
-
-def withheld(first: Labelled, other: Labelled, seen=()) -> str:
-    """Why the two (label, run)s get no speed verdict, or '' where they may (or their verdict is none)."""
-    verdict = versus(first[1], other[1])
     if not verdict.measurable:
-        return ""
+        return verdict.short()
+    known = spreads(first, other, seen)
+    return _held(first, other, verdict, known) or verdict.short() + ("" if known else UNREPEATED_MARK)
+
+
+def withheld(first: Labelled, other: Labelled, seen=(), verdict: Verdict | None = None) -> str:
+    """Why the two (label, run)s get no speed verdict, or '' where they may (or their verdict is none);
+    `verdict`: their `versus`, where the caller has it already."""
+    verdict = verdict or versus(first[1], other[1])
+    return _held(first, other, verdict, spreads(first, other, seen)) if verdict.measurable else ""
+
+
+def _held(first: Labelled, other: Labelled, verdict: Verdict, known: list[Spread]) -> str:
+    """`withheld`'s reasons for a measurable `verdict`, given the runs' known spreads."""
     if out := too_short(first, other) or busier_machine(first, other, verdict):
         return out
-    known = spreads(first, other, seen)
     return within_spread(verdict, max(known, key=lambda s: s.factor)) if known else ""
 
 
