@@ -305,13 +305,14 @@ def _with_lr(engine, start: TrainConfig, batch: int, rule: str, trials, max_tria
     return BatchSearch(batch, trials, max_trials, limit, kind, config, base_lr, scaled, suggested, notes)
 
 
-def checked_lr(engine, config: TrainConfig) -> tuple[TrainConfig, list[str]]:
+def checked_lr(engine, config: TrainConfig, diverges=None) -> tuple[TrainConfig, list[str]]:
     """`config` with a scaled learning rate it can train with, and what was changed. A scaled rate is
     advice the user will follow (the batch search's, the checklist walk's): a short check that it does
-    not make the loss diverge, falling back to the gentler sqrt rule, then to the unscaled rate."""
-    notes, rule = [], config.scale_lr
+    not make the loss diverge, falling back to the gentler sqrt rule, then to the unscaled rate.
+    `diverges(engine, config)` runs the check (default: a trial in this process; DDP's ranks run apart)."""
+    notes, rule, diverges = [], config.scale_lr, diverges or _diverges
     for fallback in (("sqrt", "none") if rule == "linear" else ("none",) if rule == "sqrt" else ()):
-        diverged = _diverges(engine, config)
+        diverged = diverges(engine, config)
         if not diverged:
             break
         notes.append(f"the {config.scale_lr} rule's learning rate made the loss diverge in a short check "

@@ -223,9 +223,23 @@ class EngineBench:
         return Tried(label, config, steady.rate, steady=steady, blocks=block_rates(*series), apart=True)
 
     def checked_lr(self, config):
-        """(config, notes): a scaled learning rate that diverges is lowered before the walk hands it over."""
+        """(config, notes): a scaled learning rate that diverges is lowered before the walk hands it over. A config
+        of another world size runs its check the way it ran its measurement: in processes of its own (the
+        engine here cannot change devices inside the running process)."""
         from ..tools.tune import checked_lr
-        return checked_lr(self.engine, config)
+        apart = config.world_size != self.engine.world.size
+        return checked_lr(self.engine, config, diverges=self._diverges_apart if apart else None)
+
+    def _diverges_apart(self, engine, config, steps: int = 30) -> str | None:
+        """tune._diverges for DDP: `steps` steps of `config` in processes of their own, every loss read."""
+        from ..tools.tune import worse
+        try:
+            result = trial.run_apart(self.lent, config.replace(log_every_n_steps=1), steps)
+        finally:
+            self.lent.reset()
+        if result.status != "completed":
+            raise RuntimeError(f"the ranks' check ended {result.status}")
+        return worse(list(result.log.columns["loss"]))
 
     def schedule_note(self) -> str:
         s = self.engine.schedule  # the trial's copy of the live schedule (the same scheduler class)

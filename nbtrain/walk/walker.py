@@ -35,7 +35,7 @@ from ..measure.race import Entrant, race
 from ..tools import trial
 from ..tools.tool_options import ToolRefusal
 from .bench import Bench
-from .headline import head_to_head, head_to_head_reserve
+from .headline import head_to_head, head_to_head_reserve, unbacked
 from .items import ITEMS, REGISTRY, Tried
 from .result import ChecklistResult, ItemResult
 
@@ -247,14 +247,23 @@ def _try(walk: Walk, item, binding: str | None, skipped: dict, lr_checks: list) 
             else "")
         return False
     skipped.pop(item.name, None)
-    result = _decide(walk, item, tried)
+    doing = "its verdict"
+    try:
+        result = _decide(walk, item, tried)
+        chosen = next(t.config for t in tried if t.label == result.chosen) if result.kept else None
+        if chosen is not None and chosen.scale_lr != "none" and chosen.lr_factor() != current.lr_factor():
+            doing = f"the learning-rate check of {result.chosen}"
+            chosen, notes = walk.bench.checked_lr(chosen)  # the walk never hands over a diverging rate
+            lr_checks += notes
+    except Exception as error:  # noqa: BLE001 - a keep that cannot be checked is a row, never the walk's end
+        walk.bench.restore()
+        walk.results.append(ItemResult(item.name, tried, walk.rate, walk.rate, False, "",
+                                       note=f"not kept: {doing} could not run ({trial.failed(error)})",
+                                       bottleneck=binding or ""))
+        return False
     result.bottleneck = binding or ""
     walk.results.append(result)
     if result.kept:
-        chosen = next(t.config for t in tried if t.label == result.chosen)
-        if chosen.scale_lr != "none" and chosen.lr_factor() != current.lr_factor():
-            chosen, notes = walk.bench.checked_lr(chosen)  # the walk never hands over a diverging rate
-            lr_checks += notes
         walk.current = chosen
         walk.rate = result.after
     return result.kept
@@ -323,8 +332,8 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
                                         f"config against one candidate for {_ROUNDS[0]} rounds; allow more "
                                         f"(e.g. {spell('budget_s', 30)})")
     skipped, lr_checks, finished = {}, [], False
-    start = current = walk.start
-    final, final_start, final_note = None, float("nan"), ""
+    start = current = chosen = walk.start
+    final, final_start, final_note, withdrawn = None, float("nan"), "", ""
     try:
         # The items leave room for the headline's own measurement, at the block and start-up costs seen so far.
         walk.held_back = lambda: head_to_head_reserve(walk)
@@ -332,6 +341,9 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
         walk.held_back = lambda: 0.0
         current = walk.current
         final, final_start, final_note = head_to_head(walk, start, current)
+        withdrawn = unbacked(start, current, final, final_note)
+        if withdrawn:  # the closing race backs everything kept, or nothing is (rule 11)
+            chosen, current, lr_checks = current, start, []
         walk.current = start
         if not walk.start_rates:  # no item raced: the start is measured on its own
             walk.rate = float("nan")
@@ -358,4 +370,5 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
                            skipped=list(skipped.items()), budget_s=float(budget_s), elapsed_s=clock() - t0,
                            trials=walk.trials, device=bench.device, lr_note=lr_note, kept_on_engine=keep_best,
                            blocks=walk.blocks, start=base, rounds=walk.rounds, path=path, head_to_head=final,
-                           head_to_head_note=final_note)
+                           head_to_head_note=final_note, chosen_config=chosen if withdrawn else current,
+                           withdrawn=withdrawn)
