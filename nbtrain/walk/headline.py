@@ -33,3 +33,18 @@ def head_to_head_reserve(walk) -> float:
     """Seconds kept back from the items for the final head-to-head: FINAL_ROUNDS rounds of two blocks and the
     start-up of both configs (their workers, stopped when a race left them)."""
     return FINAL_ROUNDS * 2 * walk.block_cost_s() + 2 * walk.start_up_s
+
+
+def unbacked(start, chosen, final, note: str) -> str:
+    """Why the walk's choice is withdrawn ("" where its closing race backs it): the closing head-to-head backs
+    everything kept (rule 11), so a choice that race did not show faster than the start, beyond its interval, is
+    not kept at all, whatever the items' own races read (each was measured from another config, under another
+    load); a choice the race could not measure is not backed either."""
+    if chosen == start:
+        return ""
+    if final is None:
+        return note or "the walk's choice was not measured against the start head to head"
+    v = final.verdict
+    if v.faster:
+        return ""
+    return f"the closing race of the walk's choice against the start read {v.text()}"

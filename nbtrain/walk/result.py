@@ -73,6 +73,8 @@ class ChecklistResult(PrintsAsTable):
     path: list = field(default_factory=list)  # (config, Bottleneck or None) each time the ceilings were read
     head_to_head: Tried | None = None  # the walk's choice raced against the start at the end: the headline
     head_to_head_note: str = ""   # why the choice was not measured against the start, where it was not
+    chosen_config: TrainConfig | None = None  # what the items kept, before the closing race judged it
+    withdrawn: str = ""           # why the closing race did not back the items' choice: then nothing is kept
 
     @property
     def moved(self) -> bool:
@@ -96,6 +98,10 @@ class ChecklistResult(PrintsAsTable):
 
     def headline(self) -> str:
         """The walk's result in one line: the head-to-head's rates and verdict, or why there is none."""
+        if self.withdrawn:
+            h = self.head_to_head
+            raced = f" ({self.baseline:,.0f} -> {h.samples_per_s:,.0f} samples/s)" if h is not None else ""
+            return f"nothing kept: {self.withdrawn}{raced}; the best config is the start"
         if not self.moved:
             return f"{self.baseline:,.0f} samples/s: nothing kept, the starting config is the best found"
         if self.head_to_head is None:
@@ -142,6 +148,12 @@ class ChecklistResult(PrintsAsTable):
                          + again)
         for name, reason in self.skipped:
             lines.append(f"  {'':<9} {name:<{w}} {'skipped':<{v}} {'':<4}  {reason}")
+        if self.withdrawn:
+            h, chosen = self.head_to_head, self.chosen_config.changed_from(self.start_config)
+            cell = h.verdict.short() if h is not None else "not measured"
+            lines.append(f"  {'':<9} {'result':<{w}} {cell:<{v}} {'no':<4}  the items' choice ("
+                         + ", ".join(f"{k}={b!r}" for k, (_, b) in chosen.items())
+                         + f") against the start, head to head in one race: {self.withdrawn}; nothing kept")
         if self.moved:
             h = self.head_to_head
             raced = (f"start {self.baseline:,.0f}; the walk's choice {self.final:,.0f}" if h is not None
