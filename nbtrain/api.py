@@ -87,6 +87,8 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         # a later call (DDP or not) continues this one. Sharded optimizer state stays with its ranks.
         engine = None if config.strategy == "fsdp" else \
             engine_for(recipe, carry.kernel_config(config, recipe.model, live_engine(recipe.model)))
+        if engine is not None and engine.schedule is not None:  # refused here, before any rank starts (the ranks
+            engine.schedule.check(config, recipe.val_data is not None, config.world_size)  # would, in rank 0)
         before = time.perf_counter() - called
         result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine)
     else:
