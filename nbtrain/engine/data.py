@@ -119,7 +119,7 @@ class Held:
             rows = _tensor_rows(self.dataset)
             self.data = rows if self.shard else _map(lambda t: t.to(self.device), rows)
             self.versions = tuple(t._version for t in self.sources)
-            self.seen = data_identity.seen(self.dataset)
+            self.seen = data_identity.seen(self.dataset, self.seen is not None and self.seen.content)
         return self.data
 
 
@@ -160,7 +160,8 @@ class HeldBatches:
 #        set (an augmentation that changes 1% of reads shows up with a chance above 1 - 1e-4);
 #   3. it fits: what holding really allocates is at most a quarter of the free memory where it goes;
 #   4. held data is reused only while nbtrain can show it is what it held (data_identity.py): the same
-#      tensors (identity and version), a Subset's same indices, the same length, part by part. A Dataset
+#      tensors (identity and version; where a copy is held, their contents' checksums too: a write through
+#      numpy or `.data` moves no version), a Subset's same indices, the same length, part by part. A Dataset
 #      of the user's own class shows only its length: a new call (Engine.adopt) reads it again.
 # The checklist walk may choose held data only through this rule: its preload_data item measures a
 # held config only when `hold` holds it, and where the rule refuses, the item says why.
@@ -189,7 +190,9 @@ def hold(dataset, config: TrainConfig, world: World, device: torch.device, colla
     if gathered and gathered > _SHARE * _free(where):  # a Subset's rows are gathered where its tensors are
         return None, (f"preload_data: not used, the data ({size_text(gathered)}) is more than a quarter of the "
                       f"free memory on {where} ({size_text(_free(where))})")
-    seen = data_identity.seen(dataset)  # before reading: a change made while reading shows as one later
+    # Before reading: a change made while reading shows as one later. Where the held data is a copy, a write
+    # torch does not count (numpy, .data) would leave it stale unseen: the copy's sources are checksummed.
+    seen = data_identity.seen(dataset, content=_copies(dataset, device, world.size > 1))
     rows = _tensor_rows(dataset)  # a TensorDataset's tensors, read without its __getitem__
     sources = _tensor_sources(dataset) if rows is not None else ()
     if rows is None and not wanted:
@@ -245,6 +248,14 @@ def _not_ours(dataset, config: TrainConfig, collate_fn, own_loader) -> tuple[str
     if config.num_workers:
         return f"num_workers={config.num_workers} asks for the DataLoader", False
     return None, False
+
+
+def _copies(dataset, device: torch.device, shard: bool) -> bool:
+    """Whether holding `dataset` makes a copy of its samples (anything but a TensorDataset's own tensors, cut
+    where they are)."""
+    if type(dataset).__getitem__ is not TensorDataset.__getitem__:
+        return True
+    return not shard and any(t.device != device for t in dataset.tensors)
 
 
 def _tensor_rows(dataset):

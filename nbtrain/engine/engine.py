@@ -186,11 +186,28 @@ class Engine:
             self.replace_schedule()  # given, replaced or removed (None) in this call: it takes effect now
         elif self.schedule is not None:
             self.schedule.interval = recipe.scheduler_interval
-        if old.train_data is not recipe.train_data or old.collate_fn is not recipe.collate_fn:
+        if old.collate_fn is not recipe.collate_fn:
             self.note("training data", None)
             self.rebuild_loader()
+        elif old.train_data is not recipe.train_data:
+            self.note("training data", self.follow_new_data_object(old.train_data))
         else:
             self.note("training data", self.follow_data_changes())
+
+    def follow_new_data_object(self, old) -> str | None:
+        """Another data set object given: its epoch goes on where the last one's stood only where nbtrain shows
+        it reads the same samples (data_identity.same_data: the same structure over the same tensors or equal
+        ones); otherwise its first epoch from the start."""
+        dataset = self.recipe.train_data
+        why = "a DataLoader read as it is" if self.recipe.fixed_loader is not None else \
+            data_identity.same_data(old, dataset)
+        if why is not None:
+            self.rebuild_loader()
+            return None if "cannot compare" not in why else \
+                f"training data: another data set object, its first epoch from the start ({why})"
+        self.loader = self.build_loader(read_again=True)
+        return (f"training data: another {type(dataset).__name__} object over the same data (compared: structure, "
+                f"lengths, indices and tensors): its epoch goes on, {self.epoch_offset} samples into epoch {self.epoch}")
 
     def follow_data_changes(self) -> str | None:
         """The same data set given again: a new length is a new epoch from its start (the sampler's length is the
