@@ -49,15 +49,35 @@ def build_schedule(recipe, optimizer, config: TrainConfig, base_lrs: list[float]
     instance is taken as it is. A scheduler given, replaced or removed in a later call takes effect from
     that call: a factory's curve starts afresh from the optimizer's rates (`fresh` drops the `initial_lr`
     an earlier scheduler left in the groups, which torch would start it from).
+
+    The LR rule's factor then reaches every rate torch's own schedulers keep (Schedule.rescale). A scheduler
+    class of the user's own may keep rates where nbtrain cannot see them (`self.peak = group["lr"]`): a
+    factory making one is built again over the rates the rule already scaled, as the user's loop under that
+    rule would build it. Only an instance, built already, is left to the rescale.
     """
-    if recipe.scheduler is not None and not is_scheduler(recipe.scheduler):
+    factory = recipe.scheduler is not None and not is_scheduler(recipe.scheduler)
+    if factory:
         for group, lr in zip(optimizer.param_groups, base_lrs):
             group["lr"] = lr
             if fresh:
                 group.pop("initial_lr", None)
+    before = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     schedule = Schedule.build(recipe, optimizer)
-    if schedule is not None:
-        schedule.rescale(rule_factors(config, optimizer, base_lrs), rule_text(config, optimizer))
+    if schedule is None:
+        return None
+    factors, why = rule_factors(config, optimizer, base_lrs), rule_text(config, optimizer)
+    if not factory or schedule.of_torch() or all(f == 1.0 for f in factors):
+        schedule.rescale(factors, why)
+        return schedule
+    for group, settings, f in zip(optimizer.param_groups, before, factors):  # as they were, times the rule
+        for name in [k for k in group if k != "params"]:
+            del group[name]
+        group.update(settings)
+        for name in {"lr", "initial_lr"} & group.keys():
+            group[name] = group[name] * f
+    schedule = Schedule.build(recipe, optimizer)
+    schedule.notes.append(f"schedule built over the rates the LR rule scaled ({why}): {schedule.user_class()} "
+                          "is a scheduler class of the user's own, whose own values nbtrain cannot scale")
     return schedule
 
 

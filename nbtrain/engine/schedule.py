@@ -142,7 +142,19 @@ class Schedule:
         for group, f in zip(self.scheduler.optimizer.param_groups, factors):
             for name in group_rates & group.keys():
                 group[name] = group[name] * f
-        self.notes.append(f"schedule rescaled x{common:.3g} ({why})")
+        own = self.user_class()
+        self.notes.append(f"schedule rescaled x{common:.3g} ({why})" + (
+            f"; {own} is a scheduler class of the user's own: rates it keeps in its own attributes are not "
+            "rescaled" if own else ""))
+
+    def of_torch(self) -> bool:
+        """Whether every scheduler here is one of torch's own classes (whose kept rates `rescale` knows)."""
+        return self.user_class() is None
+
+    def user_class(self) -> str | None:
+        """The name of the first scheduler class here that is not torch's own, or None."""
+        return next((type(s).__name__ for s in children(self.scheduler)
+                     if not type(s).__module__.startswith("torch.")), None)
 
     def describe(self) -> str:
         return "then " + self.stepping()
