@@ -23,15 +23,11 @@ python3 -m venv .venv
 # install block, so that the package's install keeps them (scripts/torch_index.sh decides; NBTRAIN_TORCH_INDEX).
 torch_index=$(bash scripts/torch_index.sh python)  # the venv's python: is torch in it already?
 if [ "$torch_index" = cpu ]; then
-  # A machine that reaches only a mirror of PyPI still installs: PyPI's torch runs on a CPU too, only larger.
-  pip install -q --retries 1 --timeout 15 torch torchvision --index-url https://download.pytorch.org/whl/cpu \
-    || echo "note: the CPU index (download.pytorch.org) did not answer; torch comes from PyPI's index instead"
-  # A mirror that holds torch's CPU build but not the torchvision built for it gives a pair that does not load
-  # ("operator torchvision::nms does not exist"): then PyPI's pair, which the package's install brings.
-  if ! python -c "import torchvision" >/dev/null 2>&1; then
-    echo "note: torch and torchvision from the CPU index do not load together here; PyPI's pair instead"
-    pip uninstall -q -y torch torchvision
-  fi
+  # The README's line. Where the CPU index does not answer, pip takes both from a mirror or a folder of wheels,
+  # often a pair not built for each other ("operator torchvision::nms does not exist"): then both go, and the
+  # package's install below brings the registry's matching pair (the CUDA build, ~6 GB, runs on a CPU too).
+  pip install -q torch torchvision --index-url https://download.pytorch.org/whl/cpu --retries 1 --timeout 15 \
+    && python -c "import torchvision" 2>/dev/null || pip uninstall -y torch torchvision
 fi
 pip install -q -e ".[test,ray]"  # ray: the Ray launcher's smoke test runs, not skips
 # Whichever way torch got here (just now, kept from before, from a mirror): a torchvision built for another torch

@@ -6,6 +6,7 @@ with it (this one), a PATH that has or lacks `nvidia-smi` (a stand-in script say
 and NBTRAIN_TORCH_INDEX. The pip line it leads to is the README's own line.
 """
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -72,10 +73,19 @@ def test_a_bad_choice_is_one_line_naming_the_variable_the_value_and_what_is_allo
 
 
 def pip_line(lines: list[str]) -> list[str]:
-    """The words of the one line among `lines` that installs from the CPU index (comments dropped)."""
-    found = [line for line in lines if CPU_INDEX in line.split("#")[0]]
+    """The words of the one command among `lines` that installs from the CPU index, its continued lines joined
+    (comments dropped)."""
+    commands, current = [], ""
+    for line in lines:
+        current += line.split(" #")[0].rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        commands.append(current)
+        current = ""
+    found = [command for command in commands if CPU_INDEX in command]
     assert len(found) == 1, found
-    return shlex.split(found[0].rstrip(" \\"), comments=True)  # a line continued (|| a fallback) ends in "\\"
+    return shlex.split(found[0], comments=True)
 
 
 def without_network_options(words: list[str]) -> list[str]:
@@ -95,7 +105,7 @@ def test_the_scripts_cpu_line_is_the_readmes_and_comes_before_the_package():
     readme = (ROOT / "README.md").read_text().split("```\n", 2)[1].splitlines()  # the install block
     script = (ROOT / "scripts" / "test.sh").read_text().splitlines()
     ours, theirs = pip_line(script), pip_line(readme)
-    assert without_network_options(ours) == theirs  # the same packages, from the same index
+    assert without_network_options(ours) == without_network_options(theirs)  # the same command, the same index
     cpu = next(i for i, line in enumerate(script) if CPU_INDEX in line)
     decided = next(i for i, line in enumerate(script) if "scripts/torch_index.sh python" in line)
     activated = script.index(". .venv/bin/activate")
@@ -106,7 +116,8 @@ def test_the_scripts_cpu_line_is_the_readmes_and_comes_before_the_package():
 # --- a torch and torchvision that do not load together: found where nbtrain decides about torch ---------------
 
 BROKEN_PAIR = "raise RuntimeError('operator torchvision::nms does not exist')\n"  # what a mismatched pair raises
-REMEDY = "run: pip install --force-reinstall torch torchvision --index-url " + CPU_INDEX
+UNREACHABLE = "http://127.0.0.1:9/"  # the discard port: nothing listens, the connection is refused at once
+REGISTRY_PAIR = "run: pip uninstall -y torch torchvision && pip install torch torchvision  (the CPU index "
 
 
 def stand_in(tmp_path) -> Path:
@@ -118,23 +129,44 @@ def stand_in(tmp_path) -> Path:
 
 @pytest.fixture
 def broken_pair(tmp_path, monkeypatch):
-    """This process, its torchvision the stand-in (first on the path, not yet imported), its torch a CPU build."""
+    """This process, its torchvision the stand-in (first on the path, not yet imported), its torch a CPU build,
+    the CPU index one that does not answer."""
     import torch
     monkeypatch.syspath_prepend(str(stand_in(tmp_path)))
     for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setenv("NBTRAIN_CPU_INDEX", UNREACHABLE)
+
+
+@pytest.fixture
+def answering_index(tmp_path, monkeypatch):
+    """A real index on this machine that lists torch (a folder served over HTTP), named as the CPU index."""
+    import functools
+    import http.server
+    import threading
+    (tmp_path / "index" / "torch").mkdir(parents=True)
+    (tmp_path / "index" / "torch" / "index.html").write_text("<a href='torch-2.4.0+cpu.whl'>torch</a>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "index"))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    index = f"http://127.0.0.1:{server.server_address[1]}/"
+    monkeypatch.setenv("NBTRAIN_CPU_INDEX", index)
+    yield index
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.mark.slow
 def test_the_doctor_command_names_a_pair_that_does_not_load_and_the_line_that_installs_one_that_does(tmp_path):
     sitecustomize = stand_in(tmp_path) / "sitecustomize.py"
     sitecustomize.write_text("import torch\ntorch.version.cuda = None\n")  # this torch reads as a +cpu build
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "NBTRAIN_CPU_INDEX": UNREACHABLE}
     done = subprocess.run([sys.executable, "-m", "nbtrain", "doctor"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
-    assert "do not load together (operator torchvision::nms does not exist); " + REMEDY in done.stdout, done.stdout
+    assert "do not load together (operator torchvision::nms does not exist); " + REGISTRY_PAIR in done.stdout
 
 
 def test_the_doctor_says_whether_the_pair_loads(broken_pair, capsys):
@@ -142,7 +174,35 @@ def test_the_doctor_says_whether_the_pair_loads(broken_pair, capsys):
     assert doctor.main() == 1
     out = capsys.readouterr().out
     assert "torch " in out and "(CPU build)" in out and "operator torchvision::nms does not exist" in out, out
-    assert REMEDY in out and out.rstrip().endswith("the pair above does not load; run the line it names")
+    assert REGISTRY_PAIR in out and out.rstrip().endswith("the pair above does not load; run the line it names")
+
+
+def test_where_the_cpu_index_does_not_answer_the_doctor_names_the_registrys_pair_not_the_index_that_gave_this_one(
+        broken_pair, capsys):
+    """Installing again from the CPU index that did not answer gives the same mismatched pair: a circle."""
+    from nbtrain import doctor
+    doctor.main()
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("torchvision: "))
+    run = line.split("; run: ", 1)[1]
+    assert run.startswith("pip uninstall -y torch torchvision && pip install torch torchvision  (")
+    assert "--index-url" not in run and f"the CPU index {UNREACHABLE} did not answer" in run and "~6 GB" in run
+    assert "(the registry's build) and torchvision" in line or "(the CPU index's build) and torchvision" in line
+
+
+def test_where_the_cpu_index_answers_the_doctor_names_its_pair_after_removing_both(broken_pair, answering_index,
+                                                                                     capsys):
+    from nbtrain import doctor
+    doctor.main()
+    out = capsys.readouterr().out
+    assert (f"run: pip uninstall -y torch torchvision && pip install torch torchvision --index-url {answering_index}"
+            "  (the CPU index's pair; it answered)") in out, out
+
+
+def test_a_cuda_torch_whose_torchvision_does_not_load_is_sent_to_the_registrys_pair():
+    from nbtrain.doctor import remedy
+    for answered in (True, False):  # the CPU index is not asked about a CUDA build's pair
+        line = remedy(cpu_build=False, index=UNREACHABLE, index_answered=answered)
+        assert line.startswith("pip uninstall -y torch torchvision && pip install torch torchvision  (the registry")
 
 
 def test_the_doctor_says_ok_for_the_pair_installed_here(capsys):
@@ -155,8 +215,28 @@ def test_nbtrains_own_import_of_torchvision_says_the_same(broken_pair):
     from toggle_recipes import image_recipe  # the image recipe the tests train imports torchvision through it
     for importing in (import_torchvision, image_recipe):
         with pytest.raises(ImportError, match=r"^nbtrain: torch .* do not load together \(operator torchvision::nms "
-                                              r"does not exist\); run: pip install --force-reinstall"):
+                                              r"does not exist\); run: pip uninstall -y torch torchvision && "):
             importing()
+
+
+def test_the_readmes_install_removes_a_pair_that_does_not_load_before_the_package_brings_the_registrys():
+    """The README's CPU line, then: import torchvision, and where that fails remove both (the one-pass install
+    where the CPU index does not answer); scripts/test.sh runs the same command."""
+    readme = (ROOT / "README.md").read_text().split("```\n", 2)[1].splitlines()
+    words = pip_line(readme)
+    check = words.index("&&")
+    assert words[check + 1:check + 4] == ["python", "-c", "import torchvision"]
+    assert words[words.index("||") + 1:] == ["pip", "uninstall", "-y", "torch", "torchvision"]
+    assert "--retries" in words  # the index that does not answer is given up after one retry, not five
+
+
+def test_the_readme_runs_the_doctor_before_the_fast_subset_and_states_its_time_with_the_load():
+    readme = (ROOT / "README.md").read_text()
+    work = readme[readme.index("While you work"):]
+    assert -1 < work.find("python -m nbtrain doctor") < work.find('python -m pytest -m "not slow"')
+    assert "operator torchvision::nms does not exist" in work.split("## ")[0]  # why it goes first
+    assert "under 5 minutes" not in readme
+    assert re.search(r"The fast subset .{0,300}? [\d.]+ minutes on 2 cores, measured at load [\d-]+", work, re.S), work
 
 
 def test_the_script_checks_the_pair_after_every_install_and_the_readme_says_how():
