@@ -1,28 +1,62 @@
 """What a run trains beyond its config, as one digest: two runs with the same digest and the same config ran
-the same code on the same shapes, so a difference in their speed is the machine's (runs/compare.py says
-"same settings" instead of a speed verdict).
+the same code on the same shapes as far as nbtrain can read, so a difference in their speed may be the
+machine's (runs/repeats.py, where an observed difference too wide for the machine still wins over it).
 
-The digest is of what decides a step's work: the model's modules, their parameter shapes and the bytecode
-of the user's own classes and functions (forward, training_step, loss, the optimizer's factory, a dataset's
-__getitem__), the data's length and tensor shapes. Bytecode, not source: a class defined in a notebook cell
-has no file to read, and an edit that changes what runs changes its bytecode. Where a part cannot be read
-(a C extension's callable, an object of unknown kind holding no tensors), the digest is None: nbtrain says
-nothing rather than guess that two runs trained alike.
+The digest is of what decides a step's work, read rather than named:
+- the model's modules, their parameter shapes, the hooks on them (and torch's global module and optimizer
+  hooks), and every attribute a user's module keeps, followed into the objects it holds (a dataclass config);
+- the user's own code (forward, training_step, loss, collate_fn, the optimizer's factory, a dataset's
+  methods): its bytecode, and the values of the globals it names and of its closures and defaults,
+  followed into the functions, classes and objects those hold;
+- the data: its length, tensor shapes and dtypes, and a dataset's attributes, followed as a module's;
+- the process-wide settings a step runs under: torch's thread counts, anomaly mode, deterministic
+  algorithms, matmul precision, cuDNN and other backend flags, a tracer or profiler in Python.
+Bytecode, not source: a class defined in a notebook cell has no file to read, and an edit that changes what
+runs changes its bytecode. Tensor values are not work (two data sets of random numbers train alike); their
+shapes, dtypes, devices and layouts are. A library's code (torch, numpy, anything installed) is its
+version's; its objects are read by their public attributes. Where a part cannot be read (an object with no
+attributes to read and no known kind, a graph too large to follow), the digest is None: unknown, never
+"the same settings".
 """
 from __future__ import annotations
 
+import collections
+import enum
 import functools
 import hashlib
+import importlib
+import io
+import pathlib
+import random
+import re
+import sys
+import sysconfig
 import types
+import weakref
 
+import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 _OURS = ("torch", "builtins", "nbtrain", "functools", "lightning", "pytorch_lightning", "torchvision")
-
+_LIBRARY_DIRS = tuple(p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+                      if p)
+MAX_NODES = 200_000  # objects followed before the digest gives up (unknown): a run's start stays quick
+MAX_DEPTH = 60       # objects nested deeper than this are not followed: unknown
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # every module's own bookkeeping (its parameters, hooks, ...)
+_MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
+                 "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+_GLOBAL_HOOKS = ((nn.modules.module, ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+                                      "_global_backward_hooks", "_global_forward_hooks_with_kwargs",
+                                      "_global_forward_hooks_always_called")),
+                 (importlib.import_module("torch.optim.optimizer"), ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")))
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+_ATOM_TYPES = frozenset(_ATOMS)  # exactly these (an IntEnum is an int whose class may be the user's)
+_NAMED = (torch.dtype, torch.device, torch.layout, torch.memory_format, np.dtype, re.Pattern, pathlib.PurePath)
+_DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)  # a slot's: its value is the instance's
+_RANDOM = (torch.Generator, np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
 
 
 class Unreadable(Exception):
@@ -30,156 +64,357 @@ class Unreadable(Exception):
 
 
 def digest(recipe, model: nn.Module | None = None) -> str | None:
-    """A digest of what `recipe` trains (its model: `model` where the engine wrapped or moved it), or None
-    where a part cannot be read."""
-    parts: list = [torch.__version__]
+    """A digest of what `recipe` trains (its model: `model` where the engine wrapped or moved it) under this
+    process's settings, or None where a part cannot be read."""
+    reader = _Reader()
     try:
-        _add_module(parts, model if model is not None else recipe.model)
-        for name in ("loss_fn", "training_step", "optimizer", "collate_fn", "scheduler", "validation_step"):
-            parts.append(name)
-            _add_callable(parts, getattr(recipe, name, None))
+        reader.add(process_settings())
+        reader.module(model if model is not None else recipe.model)
+        for name in ("loss_fn", "training_step", "optimizer", "collate_fn", "scheduler", "validation_step", "metrics"):
+            reader.add(name)
+            reader.value(getattr(recipe, name, None))
         for name in ("train_data", "val_data", "fixed_loader"):
-            parts.append(name)
-            _add_data(parts, getattr(recipe, name, None))
-        parts.append(_plain(getattr(recipe, "loader_settings", None)))  # a given DataLoader's batch, workers
+            reader.add(name)
+            reader.data(getattr(recipe, name, None))
+        reader.value(getattr(recipe, "loader_settings", None))  # a given DataLoader's batch, workers
+        for module, names in _GLOBAL_HOOKS:
+            for name in names:
+                reader.hooks(name, getattr(module, name, None))
     except Exception:  # Unreadable, or a user's object that fails to say its length or repr: no digest, no run lost
         return None
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+    return hashlib.sha256(repr(reader.parts).encode()).hexdigest()[:16]
 
 
-def _ours(obj) -> bool:
-    """Whether `obj`'s class or function comes from torch, Python or nbtrain itself (their version is in the
-    digest): only the user's own code needs its bytecode read."""
-    module = getattr(obj, "__module__", None) or ""
-    return module.split(".")[0] in _OURS
+def process_settings() -> tuple:
+    """What the process runs every step under, beyond the run's config: threads, autograd's modes, the
+    backends' flags, a tracer (a debugger, coverage) slowing Python."""
+    backends = torch.backends
+    flags = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+             "interop_threads": torch.get_num_interop_threads(),
+             "anomaly": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+             "deterministic": (torch.are_deterministic_algorithms_enabled(),
+                               torch.is_deterministic_algorithms_warn_only_enabled()),
+             "matmul_precision": torch.get_float32_matmul_precision(), "default_dtype": str(torch.get_default_dtype()),
+             "profiler": getattr(torch.autograd, "_profiler_enabled", lambda: "absent")(),  # torch.profiler on
+             "tracer": type(sys.gettrace()).__qualname__, "profile": type(sys.getprofile()).__qualname__}
+    for path, names in (("cudnn", ("enabled", "benchmark", "deterministic", "allow_tf32")),
+                        ("cuda.matmul", ("allow_tf32", "allow_fp16_reduced_precision_reduction",
+                                         "allow_bf16_reduced_precision_reduction")),
+                        ("mkldnn", ("enabled",)), ("opt_einsum", ("enabled",))):
+        owner = functools.reduce(lambda o, part: getattr(o, part, None), path.split("."), backends)
+        for name in names:
+            flags[f"{path}.{name}"] = repr(getattr(owner, name, "absent"))
+    for name in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled"):
+        flags[name] = getattr(backends.cuda, name, lambda: "absent")()
+    return tuple(sorted(flags.items()))
 
 
-def _add_module(parts: list, model: nn.Module) -> None:
-    parts.append(repr(model))
-    parts.extend((name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in model.named_parameters())
-    parts.extend((name, tuple(b.shape), str(b.dtype)) for name, b in model.named_buffers())
-    seen = set()
-    for name, module in model.named_modules():
-        kind = type(module)
-        if _ours(kind):
-            continue  # torch's own module: its repr says its settings
-        if kind not in seen:
-            seen.add(kind)
-            _add_class(parts, kind)
-        parts.append(name)  # a user's module: its own settings (a wait, a scale) are in no repr
-        _add_attributes(parts, module, leave_out=_MODULE_INTERNALS)
+@functools.lru_cache(maxsize=None)
+def _library_module(name: str) -> bool:
+    """Whether module `name` is a library's (nbtrain, torch, Python's own, anything installed), whose code is
+    its version's, rather than the user's (a notebook's __main__, a script, a file of their project)."""
+    top = name.split(".")[0]
+    if top in ("__main__", "__mp_main__"):  # a notebook's or a script's own code, whatever runs it
+        return False
+    if top in _OURS or top in sys.stdlib_module_names:
+        return True
+    file = getattr(sys.modules.get(top), "__file__", None) or ""
+    return any(part in file for part in ("site-packages", "dist-packages")) or \
+        any(file.startswith(d) for d in _LIBRARY_DIRS)
 
 
-def _add_class(parts: list, kind: type) -> None:
-    parts.append(f"{kind.__module__}.{kind.__qualname__}")
-    for klass in kind.__mro__:
-        if _ours(klass):
+def _library(obj) -> bool:
+    return _library_module(getattr(obj, "__module__", None) or "__main__")  # no module: code made by exec
+
+
+def _qualname(obj) -> str:
+    return f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
+
+
+class _Reader:
+    """Follows a workload's objects into `parts`; an object met again is a reference to where it was first
+    read (cycles, and one config shared by model and data), so the walk ends and stays deterministic."""
+
+    def __init__(self):
+        self.parts: list = []
+        self.seen: dict[int, int] = {}
+        self.alive: list = []  # what `seen` names by id stays alive (no id reused during the walk)
+        self.depth = 0
+
+    def add(self, part) -> None:
+        self.parts.append(part)
+
+    def first_time(self, obj) -> bool:
+        """Whether `obj` is read here for the first time (else a reference to its first reading is added)."""
+        if id(obj) in self.seen:
+            self.add(("seen", self.seen[id(obj)]))
+            return False
+        if len(self.seen) >= MAX_NODES:
+            raise Unreadable(f"more than {MAX_NODES} objects")
+        self.seen[id(obj)] = len(self.seen)
+        self.alive.append(obj)
+        return True
+
+    def value(self, value) -> None:
+        if isinstance(value, _ATOMS):
+            self.add(value)
+        elif isinstance(value, enum.Enum) or isinstance(value, _NAMED):
+            self.add(repr(value))
+        elif isinstance(value, torch.Tensor):
+            self.add(("tensor", tuple(value.shape), str(value.dtype), str(value.device), str(value.layout),
+                      value.is_contiguous(), value.requires_grad))
+        elif isinstance(value, np.ndarray):
+            self.add(("ndarray", value.shape, str(value.dtype), value.flags.c_contiguous))
+        elif isinstance(value, np.generic):
+            self.add(repr(value))
+        elif isinstance(value, _RANDOM):  # its state is the values it draws, not work
+            self.add((_qualname(type(value)), str(getattr(value, "device", ""))))
+        elif isinstance(value, type):
+            self.klass(value)
+        elif isinstance(value, nn.Module):
+            self.module(value)
+        elif (plain := _plain_repr(value)) is not None:  # a list of paths or labels: one repr, not an object each
+            self.add(plain)
+        elif self.first_time(value):
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH:
+                    raise Unreadable("nested too deep")
+                self._object(value)
+            finally:
+                self.depth -= 1
+
+    def _object(self, value) -> None:
+        if isinstance(value, (tuple, list, collections.deque)):
+            self.add((type(value).__name__, len(value)))
+            for item in value:
+                self.value(item)
+        elif isinstance(value, dict):
+            self.add((_qualname(type(value)), len(value)))
+            for key, item in _sorted_items(value):
+                self.value(key)
+                self.value(item)
+        elif isinstance(value, (set, frozenset)):
+            self.add((type(value).__name__, sorted(_digest_of(item) for item in value)))
+        elif isinstance(value, types.ModuleType):
+            self.add(("module", value.__name__))
+        else:
+            self.callable_or_object(value)
+
+    def callable_or_object(self, value) -> None:
+        if isinstance(value, types.FunctionType):
+            self.code(value)
+        elif isinstance(value, types.MethodType):
+            self.value(value.__self__)
+            self.value(value.__func__)
+        elif isinstance(value, functools.partial):  # functools' own, but what it calls with is the user's
+            self.value(value.func)
+            self.value(value.args)
+            self.value(value.keywords)
+        elif isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType)):
+            self.add(_qualname(value))  # a C function: its library's; a method of an object: that object too
+            owner = getattr(value, "__self__", None)
+            if owner is not None and not isinstance(owner, types.ModuleType):
+                self.value(owner)
+        elif isinstance(value, weakref.ref):
+            self.value(value())
+        elif isinstance(value, io.IOBase):
+            raise Unreadable("a file: what it holds is outside the process")
+        else:
+            self.instance(value)
+
+    def instance(self, obj) -> None:
+        """A user's object (a dataclass config, a plain settings object): its class and every attribute; a
+        library's: its class and public attributes (its private state is its version's implementation), or
+        its repr where it keeps none."""
+        kind, library = type(obj), _library(type(obj))
+        self.klass(kind)
+        attributes = _attributes(obj)
+        if attributes is None:
+            if library and callable(obj):
+                self.add(_qualname(obj))  # a library's C callable: its version's
+                return
+            if library and (said := _repr_of(obj)):  # a C object whose repr says it
+                self.add(said)
+                return
+            raise Unreadable(_qualname(kind))
+        public = [(n, v) for n, v in attributes if not (library and n.startswith("_"))]
+        if library and not public:
+            self.add(_repr_of(obj))  # a Path's private parts: its repr says them
+        for name, item in public:
+            self.add(name)
+            self.value(item)
+
+    def klass(self, kind: type) -> None:
+        """A class: a library's by name; a user's by its methods' code and its class attributes, for every
+        user class in its MRO."""
+        self.add(_qualname(kind))
+        if _library(kind):
+            return
+        for klass in kind.__mro__:
+            if _library(klass) or not self.first_time(klass):
+                continue
+            for name, member in sorted(vars(klass).items()):
+                function = getattr(member, "__func__", member)  # staticmethod, classmethod
+                if isinstance(member, property):
+                    self.add(name)
+                    for accessor in (member.fget, member.fset):
+                        self.value(accessor)
+                elif isinstance(function, types.FunctionType):
+                    self.add(name)
+                    self.value(function)
+                elif not (name.startswith("__") and name.endswith("__")) and not isinstance(member, _DESCRIPTORS):
+                    self.add(name)  # a class setting (SCALE = 3) read as self.SCALE
+                    self.value(member)
+
+    def code(self, function: types.FunctionType) -> None:
+        """A function: a library's by name; a user's by its bytecode, defaults, closure, and the values of
+        the globals it names (a user module's: the attributes it names)."""
+        if _library(function):
+            self.add(_qualname(function))
+            return
+        code = function.__code__
+        self.add(_code(code))
+        self.value(function.__defaults__)
+        self.value(function.__kwdefaults__)
+        for cell in function.__closure__ or ():
+            try:
+                self.value(cell.cell_contents)
+            except ValueError:  # an empty cell
+                self.add(None)
+        names = _names(code)
+        namespace = function.__globals__
+        for name in sorted(names):
+            if name in namespace:
+                value = namespace[name]
+                self.add(name)
+                if isinstance(value, types.ModuleType) and not _library_module(value.__name__):
+                    self.add(("module", value.__name__))  # a user's module: what the code reads of it
+                    for attribute in sorted(names):
+                        if attribute in vars(value):
+                            self.add(attribute)
+                            self.value(vars(value)[attribute])
+                else:
+                    self.value(value)
+
+    def module(self, model: nn.Module) -> None:
+        if not self.first_time(model):
+            return
+        self.add(repr(model))
+        self.add(tuple((name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in model.named_parameters()))
+        self.add(tuple((name, tuple(b.shape), str(b.dtype)) for name, b in model.named_buffers()))
+        for name, p in model.named_parameters():  # tensor hooks: p.register_hook, register_post_accumulate_grad_hook
+            self.hooks(name, getattr(p, "_backward_hooks", None))
+            self.hooks(name, getattr(p, "_post_accumulate_grad_hooks", None))
+        for name, module in model.named_modules():
+            self.add(name)
+            self.klass(type(module))
+            for hooks in _MODULE_HOOKS:
+                self.hooks(hooks, getattr(module, hooks, None))
+            # a user's module: every setting it keeps (a wait, a dataclass config); torch's: its public ones
+            library = _library(type(module))
+            for attribute, value in sorted(vars(module).items()):
+                if attribute in _MODULE_INTERNALS or (library and attribute.startswith("_")):
+                    continue
+                self.add(attribute)
+                self.value(value)
+
+    def hooks(self, name: str, hooks) -> None:
+        """A hooks dict's functions in order (their handles' ids differ run to run; their order does not)."""
+        self.add(name)
+        self.value(list(hooks.values()) if hooks else None)
+
+    def data(self, data) -> None:
+        if isinstance(data, DataLoader):
+            self.add(("DataLoader", data.batch_size, data.num_workers, data.drop_last, data.pin_memory,
+                      data.prefetch_factor, data.persistent_workers))
+            for part in (data.collate_fn, data.worker_init_fn, data.batch_sampler, data.sampler):
+                self.value(part)
+            data = data.dataset
+        if isinstance(data, TensorDataset):
+            self.add(("TensorDataset", tuple((tuple(t.shape), str(t.dtype), str(t.device)) for t in data.tensors)))
+            return
+        if data is not None:
+            if not hasattr(data, "__getitem__"):
+                raise Unreadable(type(data).__name__)
+            self.add(len(data) if hasattr(data, "__len__") else None)
+        self.value(data)
+
+
+def _attributes(obj) -> list[tuple[str, object]] | None:
+    """An object's attributes, from its __dict__ and its slots, by name; None where it keeps neither."""
+    own = getattr(obj, "__dict__", None)
+    slots = [s for klass in type(obj).__mro__ for s in getattr(klass, "__slots__", ()) if isinstance(s, str)]
+    if not isinstance(own, dict) and not slots:
+        return None
+    found = dict(own) if isinstance(own, dict) else {}
+    for slot in slots:
+        if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
+            found[slot] = getattr(obj, slot)
+    return sorted(found.items())
+
+
+def _repr_of(obj) -> str:
+    """A library object's own repr, '' where it has none or names only where the object lives."""
+    if type(obj).__repr__ is object.__repr__:
+        return ""
+    said = repr(obj)
+    return "" if " at 0x" in said else said
+
+
+def _sorted_items(mapping: dict):
+    """A dict's items, by key where its keys are plain (a config's order of writing is no setting)."""
+    items = list(mapping.items())
+    if all(isinstance(k, _ATOMS) for k in mapping):
+        items.sort(key=lambda kv: (type(kv[0]).__name__, repr(kv[0])))
+    return items
+
+
+def _digest_of(value) -> str:
+    """One set member's own reading, as text (a set's order is its hash's, which differs between processes)."""
+    reader = _Reader()
+    reader.value(value)
+    return repr(reader.parts)
+
+
+def _plain_repr(value):
+    """A container made only of plain values (atoms, and tuples and lists of them), as its kind, length and
+    a hash of its repr (a data set's 50,000 paths: one repr, not an object each); else None."""
+    if type(value) not in (tuple, list) or not value:
+        return None
+    stack = [value]
+    while stack:
+        items = stack.pop()
+        if all(type(item) in _ATOM_TYPES for item in items):
             continue
-        for name, member in sorted(vars(klass).items()):
-            function = getattr(member, "__func__", member)  # staticmethod, classmethod
-            if isinstance(function, types.FunctionType):
-                parts.append(name)
-                _add_code(parts, function)
+        for item in items:
+            if type(item) in (tuple, list):
+                stack.append(item)
+            elif type(item) not in _ATOM_TYPES:
+                return None
+    return (type(value).__name__, len(value), hashlib.sha256(repr(value).encode()).hexdigest())
 
 
-def _add_callable(parts: list, fn) -> None:
-    if fn is None:
-        parts.append(None)
-    elif isinstance(fn, nn.Module):
-        _add_module(parts, fn)
-    elif isinstance(fn, types.FunctionType):
-        _add_code(parts, fn)
-    elif isinstance(fn, functools.partial):  # functools' own, but what it calls with is the user's
-        _add_callable(parts, fn.func)
-        for value in (*fn.args, *sorted(fn.keywords.items())):
-            _add_value(parts, value)
-    elif isinstance(fn, types.MethodType):
-        _add_callable(parts, fn.__self__)
-        _add_code(parts, fn.__func__)
-    elif _ours(fn) or _ours(type(fn)):
-        parts.append(_plain(fn))  # torch's own (a builtin loss, an optimizer's class): its repr says it
-    elif callable(fn):
-        _add_class(parts, type(fn))
-        _add_attributes(parts, fn)
-    else:
-        raise Unreadable(type(fn).__name__)
-
-
-def _add_code(parts: list, function: types.FunctionType) -> None:
-    if _ours(function):
-        parts.append(f"{function.__module__}.{function.__qualname__}")
-        return
-    parts.append(_code(function.__code__))
-    parts.append(_plain(function.__defaults__))
-    for cell in function.__closure__ or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            value = None
-        _add_value(parts, value)
+def _names(code: types.CodeType) -> set[str]:
+    """The global and attribute names a code object and the functions nested in it read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
 
 
 def _code(code: types.CodeType):
     """A code object's instructions, names and constants, nested functions' too (no line numbers: a
     comment added above does not change what runs)."""
-    return (code.co_code, code.co_names, code.co_varnames,
-            tuple(_code(c) if isinstance(c, types.CodeType) else _plain(c) for c in code.co_consts))
+    return (code.co_code, code.co_names, code.co_varnames, tuple(_const(c) for c in code.co_consts))
 
 
-def _add_value(parts: list, value) -> None:
-    if isinstance(value, torch.Tensor):
-        parts.append((tuple(value.shape), str(value.dtype)))
-    elif isinstance(value, nn.Module):
-        _add_module(parts, value)
-    elif isinstance(value, (types.FunctionType, types.MethodType)) or (callable(value) and not isinstance(value, type)):
-        _add_callable(parts, value)
-    else:
-        parts.append(_plain(value))
-
-
-def _add_attributes(parts: list, obj, leave_out=frozenset()) -> None:
-    """An object's tensors (their shapes) and plain settings, one level down (but `leave_out`)."""
-    for name, value in sorted(vars(obj).items()) if hasattr(obj, "__dict__") else ():
-        if name in leave_out:
-            continue
-        parts.append(name)
-        if isinstance(value, torch.Tensor):
-            parts.append((tuple(value.shape), str(value.dtype)))
-        elif isinstance(value, (list, tuple)) and len(value) > 16:
-            parts.append((type(value).__name__, len(value)))  # a data set's list of items: its length
-        else:
-            parts.append(_plain(value))
-
-
-def _plain(value):
-    """A value's repr where it is a plain one (numbers, strings, their tuples); else its kind."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return value
-    if isinstance(value, (tuple, list)) and len(value) <= 16:
-        return tuple(_plain(v) for v in value)
-    if isinstance(value, dict) and len(value) <= 16:
-        return tuple(sorted((str(k), _plain(v)) for k, v in value.items()))
-    if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
-    if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), str(value.dtype))
-    return type(value).__qualname__ if _ours(type(value)) else f"{type(value).__module__}.{type(value).__qualname__}"
-
-
-def _add_data(parts: list, data) -> None:
-    if data is None:
-        parts.append(None)
-        return
-    if isinstance(data, DataLoader):
-        parts.append(("DataLoader", data.batch_size, data.num_workers, data.drop_last, type(data.sampler).__name__))
-        _add_callable(parts, data.collate_fn)
-        data = data.dataset
-    if isinstance(data, TensorDataset):
-        parts.append(("TensorDataset", tuple((tuple(t.shape), str(t.dtype)) for t in data.tensors)))
-        return
-    if isinstance(data, (Dataset, torch.utils.data.Dataset)) or hasattr(data, "__getitem__"):
-        parts.append(len(data) if hasattr(data, "__len__") else None)
-        _add_class(parts, type(data))
-        _add_attributes(parts, data)
-        return
-    raise Unreadable(type(data).__name__)
+def _const(const):
+    if isinstance(const, types.CodeType):
+        return _code(const)
+    if isinstance(const, tuple):
+        return tuple(_const(c) for c in const)
+    if isinstance(const, frozenset):  # `x in {1, 2}`: sorted, as a set's order differs between processes
+        return ("frozenset", tuple(sorted(repr(_const(c)) for c in const)))
+    return repr(const)

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from ..runs import table
 from ..runs.apart import footnotes, versus, vs_first, withheld
-from ..runs.repeats import evidence, same_settings
+from ..runs.repeats import evidence, readable_alike
 from ..config import TrainConfig
 from ..measure.ab import describe_change
 from .panel_help import BUTTONS
@@ -184,7 +184,7 @@ def comparison_text(runs: list[RunRecord]) -> str:
 
     def against_first(run: RunRecord) -> str:
         labelled = (f"#{first.number}", first.result), (f"#{run.number}", run.result)
-        if same_settings(first.result, run.result):
+        if readable_alike(first.result, run.result):  # A/A, or apart beyond the machine: vs_first says which
             return vs_first(*labelled, seen)
         change, verdict = describe_change(first.result.config, run.result.config), versus(first.result, run.result)
         held = withheld(*labelled, seen, verdict=verdict)

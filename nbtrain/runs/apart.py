@@ -3,7 +3,9 @@
 A run's interval comes from its own steps, so it sees neither a load that changed between the runs nor how
 far the machine's speed moves from one run to the next. So a speed verdict between runs taken apart is
 given only where nothing observable says the machine could have made it:
-- two runs of the same settings are an A/A check, never faster or slower (runs/repeats.py);
+- two runs of the same settings are an A/A check, never faster or slower (runs/repeats.py); where their
+  rates read further apart than the machine moves a run (repeats.BEYOND_MACHINE), the observation wins:
+  something nbtrain cannot read differs, and neither A/A nor a speed verdict is said;
 - a run whose steady steps lasted under APART_MIN_S is too short (the load is read every WINDOW_S);
 - a load other processes put on the machine that could explain the difference withholds it;
 - a difference within how far runs of the same settings have read apart here (the store's repeats) is
@@ -20,7 +22,7 @@ from ..measure.load import WINDOW_S, Load, demand, explains, explains_by_windows
 from ..measure.steady import columns_series
 from ..measure.verdict import Verdict, steady_ratio
 from ..records import samples_start
-from .repeats import Spread, same_settings, spread
+from .repeats import BEYOND_MACHINE, Spread, apart_beyond_machine, readable_alike, spread
 from .result import RunResult
 
 Labelled = tuple[str, RunResult]  # a run and the label its table row shows
@@ -30,6 +32,11 @@ APART_MIN_S = 5 * WINDOW_S  # the steady seconds a run needs before its speed is
 SAME_SETTINGS_CELL = "same settings (A/A)"
 SAME_SETTINGS = (f"{SAME_SETTINGS_CELL}: both runs trained the same code and data with the same config, so how far "
                  "apart their speeds read is how much the machine moved between them, not a difference of settings")
+UNREAD_CELL = "the same settings as far as nbtrain can read"
+UNREAD = (f"{UNREAD_CELL}, yet apart: the two runs' config, code, data and process settings read the same, but "
+          f"their speeds read more than {BEYOND_MACHINE:g}x apart, further than repeats of one settings read on a "
+          "quiet machine: something nbtrain cannot read differs (a file or a library's state read in a step, the "
+          "machine itself). Neither counts as a repeat of the other; run each again to see which one moves")
 TOO_SHORT_CELL = "too short to compare"
 TOO_SHORT = (f"{TOO_SHORT_CELL}: runs taken at different times need {APART_MIN_S:g} s of steady steps each, for the "
              f"machine's load to be read beside them (every {WINDOW_S:g} s); run more steps, or nbtrain.ab, which "
@@ -54,7 +61,9 @@ def vs_first(first: Labelled, other: Labelled, seen=()) -> str:
     """The "vs first" cell for two (label, run)s; `seen`: repeats.evidence of the runs and the store (no
     evidence: every verdict between other settings is marked UNREPEATED_MARK)."""
     verdict = versus(first[1], other[1])  # a bootstrap of both runs' steps: once per cell
-    if same_settings(first[1], other[1]):
+    if readable_alike(first[1], other[1]):
+        if factor := apart_beyond_machine(first[1], other[1]):  # the observation wins over the digest
+            return f"{UNREAD_CELL}, yet {factor:.1f}x apart: something it cannot read differs"
         return f"{SAME_SETTINGS_CELL}: {verdict.short()}"
     if not verdict.measurable:
         return verdict.short()
@@ -93,7 +102,7 @@ def within_spread(verdict: Verdict, widest: Spread) -> str:
 def footnotes(cells: list[str]) -> list[str]:
     """What the words of "vs first" cells mean, once each (a cell says "same settings (A/A)", the note why)."""
     said = [note for cell, note in ((TOO_SHORT_CELL, TOO_SHORT), (SAME_SETTINGS_CELL, SAME_SETTINGS),
-                                    (WITHIN_CELL, WITHIN)) if any(cell in text for text in cells)]
+                                    (UNREAD_CELL, UNREAD), (WITHIN_CELL, WITHIN)) if any(cell in text for text in cells)]
     return said + ([UNREPEATED] if any(text.endswith(UNREPEATED_MARK) for text in cells) else [])
 
 

@@ -6,6 +6,11 @@ run and the next: on a 2-core VM, identical runs of a small CNN read 0.81x-1.21x
 interval. Two runs of the same settings (the same config, and the same workload digest: engine/workload.py)
 differ by the machine alone; where the store holds such repeats, their spread says how large a difference
 between other runs taken apart the machine alone can make.
+
+The digest reads what nbtrain can read; the rates are an observation, and the observation wins. Two runs
+of the same settings whose rates read more than BEYOND_MACHINE apart (a load beside them not explaining it)
+differ in something nbtrain cannot read (a file, a C library's state): they are not the same settings, and
+neither is a repeat of the other, so they never widen the spread that later verdicts are held against.
 """
 from __future__ import annotations
 
@@ -15,11 +20,18 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..config import GIVEN_KEY
+from ..measure.load import explains
 from ..records import Summary
 from .result import RunResult
 
 # What a run ran with beyond its config, as its summary records it: equal in runs of the same settings.
 ENGINE_FIELDS = ("workload", "world_size", "device", "strategy", "global_batch", "lr", "precision")
+
+# How far apart the rates of one settings' quiet repeats may read and still be the machine's: identical runs
+# of a small CNN read up to 1.49x apart (0.81x-1.21x) on a quiet 2-core VM, where a hidden difference of
+# settings (a global read in forward, a hook, a thread count) put them 7x-46x apart. No spread measured
+# between repeats is wider: runs further apart are not repeats (`_clusters`).
+BEYOND_MACHINE = 2.0
 
 
 def settings_key(config: dict, summary: Summary) -> str | None:
@@ -35,11 +47,32 @@ def key_of(run: RunResult) -> str | None:
     return settings_key(json.loads(json.dumps(run.config.to_dict(), default=str)), run.summary)
 
 
-def same_settings(first: RunResult, other: RunResult) -> bool:
-    """Whether the two runs trained the same code and data with the same config, so a difference in speed
-    between them is the machine's. Unknown: False."""
+def readable_alike(first: RunResult, other: RunResult) -> bool:
+    """Whether the two runs trained the same code and data with the same config as far as nbtrain can read
+    (their settings keys are equal). Unknown: False."""
     key = key_of(first)
     return key is not None and key == key_of(other)
+
+
+def same_settings(first: RunResult, other: RunResult) -> bool:
+    """Whether the two runs trained the same settings, so a difference in speed between them is the
+    machine's: alike as far as nbtrain can read, and not further apart than the machine moves a run
+    (`apart_beyond_machine`). Unknown: False."""
+    return readable_alike(first, other) and apart_beyond_machine(first, other) is None
+
+
+def apart_beyond_machine(first: RunResult, other: RunResult) -> float | None:
+    """How many times faster the faster of the two runs' steady rates is, where that is more than
+    BEYOND_MACHINE and the load beside them cannot explain it; else None."""
+    rates = first.steady().rate, other.steady().rate
+    if not all(rate > 0 and math.isfinite(rate) for rate in rates):
+        return None
+    (slower, faster) = (first, other) if rates[0] < rates[1] else (other, first)
+    factor = max(rates) / min(rates)
+    if factor <= BEYOND_MACHINE:
+        return None
+    loads = slower.load(), faster.load()
+    return None if None not in loads and explains(*loads, factor) else factor
 
 
 @dataclass(frozen=True)
@@ -51,16 +84,30 @@ class Spread:
 
 def spread(run: RunResult, others: Iterable[tuple[object, str | None, float]]) -> Spread | None:
     """The spread of `run`'s settings among itself and `others` ((who, settings key, steady rate): `evidence`),
-    quiet runs only; None where fewer than two had its settings."""
+    quiet runs only, and only those within BEYOND_MACHINE of each other (`_clusters`: run's own, or where its
+    rate is not counted, the widest); None where fewer than two such runs had its settings."""
     key = key_of(run)
     if key is None:
         return None
     rates = [rate for who, other_key, rate in others
              if who != id(run) and other_key == key and rate > 0 and math.isfinite(rate)]
     own = run.steady().rate
-    if quiet(run.summary) and own > 0 and math.isfinite(own):
-        rates.append(own)
-    return Spread(max(rates) / min(rates), len(rates)) if len(rates) >= 2 else None
+    counted = quiet(run.summary) and own > 0 and math.isfinite(own)
+    clusters = _clusters(rates + [own] if counted else rates)
+    repeats = next(c for c in clusters if own in c) if counted else \
+        max(clusters, key=lambda c: (len(c) >= 2, c[-1] / c[0] if c else 0), default=[])
+    return Spread(repeats[-1] / repeats[0], len(repeats)) if len(repeats) >= 2 else None
+
+
+def _clusters(rates: list[float]) -> list[list[float]]:
+    """`rates` (of one settings key) sorted and split at their widest gaps until no group spans more than
+    BEYOND_MACHINE: each group is runs the machine alone may have put that far apart, and runs in two
+    groups differ in something nbtrain cannot read."""
+    rates = sorted(rates)
+    if len(rates) < 2 or rates[-1] / rates[0] <= BEYOND_MACHINE:
+        return [rates]
+    cut = max(range(1, len(rates)), key=lambda i: rates[i] / rates[i - 1])
+    return _clusters(rates[:cut]) + _clusters(rates[cut:])
 
 
 def evidence(runs: list[RunResult], store=None, last: int = 500) -> list[tuple[object, str | None, float]]:
