@@ -7,7 +7,10 @@ bounded: past STORED_ROWS steps its history is thinned as MetricsLog thins (rece
 whole, older ones at every 2nd, 4th, ... step), and the loaded log states the thinning.
 
 Recording never breaks training: a corrupt, locked or unwritable file makes `record`
-warn once (per file, per process) and return None. Several kernels may write at once:
+warn once (per file, per process) and return None. Nor does one bad row break reading: a
+row whose config, summary or events cannot be read (cut short, the wrong JSON type, a bad
+zlib blob) is skipped with one warning naming the file and the row, and every other run
+lists, loads and compares. Several kernels may write at once:
 each write is one short IMMEDIATE transaction on a WAL-journalled file, and SQLite's
 busy timeout makes writers take turns.
 """
@@ -43,6 +46,9 @@ CREATE TABLE IF NOT EXISTS runs (
     events   BLOB NOT NULL    -- zlib(JSON): the MetricsLog's events, replayable (thinned past STORED_ROWS)
 )""", "CREATE INDEX IF NOT EXISTS runs_by_name ON runs (name, id)", f"PRAGMA user_version={SCHEMA_VERSION}")
 _warned: set[str] = set()
+_warned_rows: set[tuple[str, int]] = set()  # (store file, row id): each bad row warned of once per process
+# What reading a damaged row raises: bad JSON (a ValueError), JSON of the wrong type, a bad zlib blob.
+_ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, zlib.error)
 
 
 class StoreError(RuntimeError):
@@ -142,38 +148,92 @@ class RunStore:
             raise StoreError(f"cannot read the run store {self.path}: {error}") from None
 
     def runs(self, last: int | None = None) -> list[StoredRun]:
-        """Stored runs, oldest first (the newest `last` of them when given)."""
+        """Stored runs, oldest first (the newest `last` rows when given), less any row that cannot be read
+        (`_skip` warns of it)."""
         sql = "SELECT id, name, created, status, model, config, summary FROM runs ORDER BY id DESC"
         rows = self._query(sql + (" LIMIT ?" if last else ""), (last,) if last else ())
-        return [StoredRun(r[0], r[1], r[2], r[3], r[4], _option_values(r[5]),
-                          Summary.from_json(r[6])) for r in reversed(rows)]
+        out, bad = [], []
+        for r in reversed(rows):
+            try:
+                out.append(StoredRun(r[0], r[1], r[2], r[3], r[4], _option_values(r[5]), _summary(r[6])))
+            except _ROW_ERRORS as error:
+                bad.append((r[0], r[1], error))
+        self._skip(bad)
+        return out
 
     def load(self, key: str | int) -> RunResult:
-        """A stored run as a RunResult: by name (the newest of that name), by id, or '#id'."""
+        """A stored run as a RunResult: by name (the newest readable row of that name), by id, or '#id'."""
         text = str(key)
-        rows = self._query("SELECT id, name, status, message, model, config, summary, events FROM runs "
-                           "WHERE name = ? ORDER BY id DESC LIMIT 1", (text,))
+        columns = "SELECT id, name, status, message, model, config, summary, events FROM runs "
+        rows = self._query(columns + "WHERE name = ? ORDER BY id DESC", (text,))
         if not rows and text.lstrip("#").isdigit():
-            rows = self._query("SELECT id, name, status, message, model, config, summary, events FROM runs "
-                               "WHERE id = ?", (int(text.lstrip("#")),))
+            rows = self._query(columns + "WHERE id = ?", (int(text.lstrip("#")),))
         if not rows:
             known = sorted({r.label for r in self.runs(last=50)})
             raise StoreError(f"no run named {text!r} in {self.path}; stored runs: {', '.join(known) or 'none yet'}")
-        run_id, name, status, message, model, config, summary, events = rows[0]
-        log = MetricsLog.from_events(json.loads(zlib.decompress(events)))
-        result = RunResult(_stored_config(config), log, Summary.from_json(summary), status, message,
-                           name=name or f"#{run_id}")
-        result.extras.update(run_id=run_id, model=model, store=str(self.path))
-        return result
+        bad = []
+        for run_id, name, status, message, model, config, summary, events in rows:
+            try:
+                log = MetricsLog.from_events(_events(events))
+                result = RunResult(_stored_config(config), log, _summary(summary), status, message,
+                                   name=name or f"#{run_id}")
+            except _ROW_ERRORS as error:
+                bad.append((run_id, name, error))
+                continue
+            self._skip(bad)  # an older row of the name was readable: the newer bad ones are said and skipped
+            result.extras.update(run_id=run_id, model=model, store=str(self.path))
+            return result
+        raise StoreError(f"run {text!r} in the run store {self.path} cannot be read: "
+                         f"{'; '.join(_row_text(*row) for row in bad)}; the store's other runs still load")
+
+    def _skip(self, bad: list[tuple]) -> None:
+        """One warning naming the store and its rows in `bad` ((id, name, error)) not warned of before."""
+        key = str(self.path.resolve())
+        new = [row for row in bad if (key, row[0]) not in _warned_rows]
+        if not new:
+            return
+        _warned_rows.update((key, row[0]) for row in new)
+        rows = "; ".join(_row_text(*row) for row in new)
+        warnings.warn_explicit(f"nbtrain: skipped {len(new)} unreadable row{'s' if len(new) > 1 else ''} of the run "
+                               f"store {self.path} ({rows}); the other runs list and compare. Delete the row, or move "
+                               "the file away, to be rid of this warning.", RuntimeWarning,
+                               filename="nbtrain run store", lineno=0, module="nbtrain.runs.store")
+
+
+def _row_text(run_id: int, name: str | None, error: Exception) -> str:
+    return f"row #{run_id}{f' {name!r}' if name else ''}: {type(error).__name__}: {error}"
+
+
+def _json(text, part: str, kind: type):
+    """A row's `part` column read as JSON of `kind`; a ValueError naming the part where it is not."""
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"its {part} is not JSON ({error})") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"its {part} is a JSON {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _summary(summary_json: str) -> Summary:
+    return Summary.from_dict(_json(summary_json, "summary", dict))
+
+
+def _events(blob: bytes) -> list:
+    try:
+        text = zlib.decompress(blob)
+    except (zlib.error, TypeError) as error:
+        raise ValueError(f"its events are not a zlib blob ({error})") from None
+    return _json(text, "events", list)
 
 
 def _option_values(config_json: str) -> dict:
     """A stored config's option values (a row's table columns), without the record of what was given."""
-    return {k: v for k, v in json.loads(config_json).items() if k != GIVEN_KEY}
+    return {k: v for k, v in _json(config_json, "config", dict).items() if k != GIVEN_KEY}
 
 
 def _stored_config(config_json: str) -> TrainConfig:
     """A past run's config, even one made on hardware this machine lacks (a GPU run read on a laptop)."""
     anything = hardware.Inventory(cuda_devices=1 << 16, cuda_bf16=True, mps=True, cpu_cores=1 << 16)
     with hardware.assume(anything):
-        return TrainConfig.from_record(json.loads(config_json))
+        return TrainConfig.from_record(_json(config_json, "config", dict))
