@@ -170,6 +170,24 @@ def test_ab_stops_and_says_so_when_a_timed_block_diverges_instead_of_timing_nan_
     assert same_weights(before, weights(model))
 
 
+def test_two_pairs_of_blocks_print_no_interval_and_say_the_budget_allowed_no_more():
+    # A busy laptop's notebook 00 printed "too noisy to tell (95% interval 0.00-46666641476640.16)" from 2 pairs:
+    # t's 97.5% point at one degree of freedom is 12.7, and no reader can use such an interval.
+    from nbtrain.config import TrainConfig
+    from nbtrain.measure.ab import ABResult
+    two = paired([1000.0, 10.0], [10.0, 1000.0])
+    assert two.pairs == 2 and two.high > 1e6  # the interval the t statistic gives
+    assert two.text("batch_size=256") == "batch_size=256: too few pairs to tell (2 pairs of blocks; an interval needs 4)"
+    assert two.short() == "too few pairs to tell (2 of 4)" and two.interval_text() == "2 pairs, too few for an interval"
+    result = ABResult(TrainConfig(), TrainConfig(batch_size=256), two, [1000.0, 10.0], [10.0, 1000.0], seconds=29,
+                      stopped_by="budget")
+    assert result.table().endswith("too few pairs to tell (2 pairs of blocks; an interval needs 4) "
+                                   "[2 pairs of blocks, 29 s: all the budget allowed]"), result.table()
+    # Two pairs that agree still show the difference they measured; four pairs show their interval.
+    assert paired([100.0, 101.0], [200.0, 201.0]).text() == "2.00x faster (95% interval 1.93-2.06)"
+    assert paired([100.0, 120.0, 90.0, 110.0], [110.0, 100.0, 100.0, 105.0]).text() == "too noisy to tell (95% interval 0.80-1.23)"
+
+
 def test_every_ratio_reads_one_way_the_number_then_x():
     # Tables said 'x3.37' where the verdicts said '3.71x faster': one form, from nbtrain.format.ratio.
     import pathlib

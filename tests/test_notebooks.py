@@ -82,7 +82,7 @@ def test_notebook_runs_top_to_bottom_and_its_claims_hold(name, tmp_path):
     except CellExecutionError as error:
         pytest.fail(f"{name} failed:\n{error}", pytrace=False)
     # Its 90 s promise is measured by benchmarks/notebook_time.py: a busy machine must not fail a test.
-    assert CHECKS_PASSED in text_of(nb.cells[-1])
+    _claims_shown(name, text_of(nb.cells[-1]))
     # What the stored notebook shows is what this code prints: the same words as this fresh execution, only
     # the numbers measured left out (notebook 00 showed a comparison table the code no longer printed).
     stale = stale_cells(nbformat.read(NOTEBOOKS / name, as_version=4), nb) if name[:2] in SAME_WORDS_EVERY_RUN else []
@@ -109,7 +109,14 @@ def test_the_mixed_precision_notebook_runs_and_its_claims_hold_on_a_cpu_without_
         pytest.fail(f"{name} as on an AVX2-only CPU failed:\n{error}", pytrace=False)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert "PyTorch emulates bfloat16 itself" in text_of(code[0]), text_of(code[0])  # the kernel ran as that kind
-    assert CHECKS_PASSED in text_of(code[-1])
+    _claims_shown(name, text_of(code[-1]))
+
+
+def _claims_shown(name: str, checks: str):
+    """The checks cell passed. Outside CI a speed claim a busy machine kept from showing may say so instead
+    (nbtrain/notebook/claims.py); under CI (CI=true: the kernel inherits it) every claim was asserted."""
+    from nbtrain.notebook.claims import TOO_BUSY, in_ci
+    assert CHECKS_PASSED in checks or (not in_ci() and TOO_BUSY in checks), f"{name}'s checks: {checks}"
 
 
 def _importable(module: str) -> bool:

@@ -73,7 +73,8 @@ class ABResult(PrintsAsTable):
 
     def table(self) -> str:
         """One line: B against A, its verdict and how it was measured (a head to head's whole table)."""
-        tail = f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s" + self.set_aside() \
+        allowed = ": all the budget allowed" if self.stopped_by == "budget" and self.verdict.too_few_pairs else ""
+        tail = f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s{allowed}" + self.set_aside() \
             + (self.load.beside() if self.load else "") + "]"
         if not self.same:
             sides = self.sides()

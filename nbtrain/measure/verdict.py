@@ -21,6 +21,9 @@ from .steady import resampled_rates, steady_rate, steady_steps
 # that, a shared machine's systematic wobble (cache state, frequency) is as large as the effect.
 MIN_EFFECT = 0.02
 TOO_WIDE = 1.5  # an interval wider than this factor (e.g. 0.82-1.25) that holds 1 is "too noisy to tell"
+# Fewer paired blocks than this give no interval worth printing: t's 97.5% point is 12.7 at 2 pairs and 4.3 at 3,
+# so a busy machine's pairs printed "0.00-46666641476640.16" (ab's own fewest pairs is 4 too).
+FEWEST_PAIRS = 4
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,12 @@ class Verdict:
         return (not self.measurable and math.isfinite(self.low) and math.isfinite(self.high)
                 and self.high > TOO_WIDE * self.low)  # a low of 0 (no time seen) is as wide as it gets
 
+    @property
+    def too_few_pairs(self) -> bool:
+        """Paired blocks too few (2 or 3) for an interval a person can read, and no difference shown by them."""
+        return (self.paired and not self.one_config and 2 <= self.pairs < FEWEST_PAIRS and not self.measurable
+                and math.isfinite(self.low))
+
     def noise_text(self) -> str:
         """What an A/A check's blocks show: how far apart one config's paired blocks read on this machine."""
         if not math.isfinite(self.low):
@@ -63,6 +72,8 @@ class Verdict:
                 f"this machine's noise between blocks")
 
     def interval_text(self) -> str:
+        if self.too_few_pairs:
+            return f"{self.pairs} pairs, too few for an interval"
         return f"{self.low:.2f}-{self.high:.2f}" if math.isfinite(self.low) else "too few measurements"
 
     def text(self, name: str = "") -> str:
@@ -73,6 +84,8 @@ class Verdict:
             return head + f"A/A check, one config against itself: no speed verdict; {self.noise_text()}"
         if not math.isfinite(self.low):
             return head + f"{ratio_text(self.ratio)}, too few measurements to tell"
+        if self.too_few_pairs:
+            return head + f"too few pairs to tell ({self.pairs} pairs of blocks; an interval needs {FEWEST_PAIRS})"
         if self.too_noisy:
             return head + f"too noisy to tell (95% interval {self.interval_text()})"
         if not self.measurable:
@@ -90,6 +103,8 @@ class Verdict:
             return f"A/A check: {self.noise_text()}"
         if not math.isfinite(self.low):
             return f"{ratio_text(self.ratio)}, too few steps to tell"
+        if self.too_few_pairs:
+            return f"too few pairs to tell ({self.pairs} of {FEWEST_PAIRS})"
         if self.too_noisy:
             return f"too noisy to tell ({self.interval_text()})"
         if not self.measurable:

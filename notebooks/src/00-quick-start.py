@@ -154,15 +154,18 @@ print(bf16_verdict)
 # ## Checks
 
 # %%
+from nbtrain.notebook.claims import checks_done, claim
+
 for run in (first, second):
     assert run.status == "completed" and run.summary["last_loss"] < 0.5 * run.summary["first_loss"]
 assert first.summary["val_acc"] > 0.85, first.summary["val_acc"]
-assert batch_verdict.verdict.faster, str(batch_verdict)    # batch 256: more samples/s, beyond doubt at 95%
-assert second.summary["val_acc"] < first.summary["val_acc"]  # ... and lower accuracy after the same epochs
+assert second.summary["val_acc"] < first.summary["val_acc"]  # batch 256: lower accuracy after the same epochs
 assert "--batch-size" in flag_message and "fp8" in flag_message
 assert [r.status for r in panel.runs] == ["completed", "completed"], [(r.status, r.error) for r in panel.runs]
 assert panel.runs[1].config.precision == "bf16-mixed" and panel.runs[0].config.batch_size == 128
 assert panel_trained  # the panel trained this notebook's live model
 assert bf16_verdict.label == "precision=bf16-mixed", bf16_verdict.label  # bf16 against float32, nothing else
-assert not bf16_verdict.verdict.faster, str(bf16_verdict)  # no bf16 speed-up on this CPU (slower where it measured)
-print("all checks passed")
+# The speed claims: on a machine too busy to show one, said so (with how busy); asserted on CI or a quiet machine.
+claim(batch_verdict.verdict.faster, batch_verdict, "batch 256 trains more samples/s than 32, beyond doubt at 95%")
+claim(not bf16_verdict.verdict.faster, bf16_verdict, "bf16-mixed is no faster on this CPU")
+print(checks_done())

@@ -208,12 +208,17 @@ print(f"cached against transforming every epoch: {cache_verdict.text()} (two run
 # ## Checks
 
 # %%
+from nbtrain.notebook.claims import checks_done, claim
+
 assert data_share[0] > 0.5, data_share                  # the recipe really is data-bound without workers
-assert search.best.num_workers >= 2 and search.head_to_head.verdict.faster, search.verdict()  # workers win, beyond doubt
+assert search.best.num_workers >= 2, search.verdict()   # the search keeps workers...
 assert data_share[counts.index(8)] < data_share[0]      # ... and the waiting shrinks
 assert ceiling.kind == "data-bound", ceiling.verdict    # ... but the loader is still the lower ceiling
 assert same_losses                                      # workers change timing, not training
-assert not cpu_verdict.verdict.above(1.0), cpu_verdict.text()  # CPU-bound loading: no more than the cores allow
 assert cache_verdict.faster and cache_verdict.low > 2, cache_verdict  # the cache removes the repeated work
 assert cached_run.history["loss"][0] == uncached_run.history["loss"][0]  # the same samples, read back
-print("all checks passed")
+# A speed claim a busy machine kept from showing says so, with how busy it was; on CI or a quiet machine it
+# is asserted.
+claim(search.head_to_head.verdict.faster, search.head_to_head, "workers win, beyond doubt")
+claim(not cpu_verdict.verdict.above(1.0), cpu_verdict, "CPU-bound loading: no more than the cores allow")
+print(checks_done())

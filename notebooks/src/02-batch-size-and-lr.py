@@ -155,12 +155,11 @@ plt.show()
 # ## Checks
 
 # %%
+from nbtrain.notebook.claims import checks_done, claim
+
 acc = {key: r.summary["val_acc"] for key, r in grid.items()}
 lowest_loss_lr = sweep.lrs[min(range(len(sweep.smoothed)), key=sweep.smoothed.__getitem__)]
-assert small_end.verdict.faster and small_end.verdict.low > 1.5, small_end.text()  # small batches: overhead-bound
-assert not large_end.verdict.above(0.6), large_end.text()            # 128 -> 512: a small gain at most
 assert search.batch_size == 512 and search.config.scale_lr == "linear" and search.config.base_batch_size == BASE_BATCH
-assert search.speed.verdict.faster, search.speed_text()                # the search measured its batch faster
 assert grid[(512, "sqrt")].summary["lr"] == BASE_LR * 4 and grid[(512, "linear")].summary["lr"] == BASE_LR * 16
 assert BASE_LR * 4 < lowest_loss_lr < search.lr_scaled, lowest_loss_lr  # the sweep flags 0.8, not 0.2
 assert acc[(512, "none")] < base_acc - 0.15                          # unscaled, a large batch learns less per epoch
@@ -168,4 +167,9 @@ assert acc[(128, "linear")] >= max(acc[(128, "none")], acc[(128, "sqrt")])  # at
 assert acc[(512, "linear")] < 0.2 and warm.summary["val_acc"] < acc[(512, "sqrt")]  # at 16x linear diverges
 assert acc[(512, "sqrt")] > acc[(512, "none")] + 0.1                 # scaling the rate recovers part of it
 assert max(max(acc[(512, rule)] for rule in rules), warm.summary["val_acc"]) < base_acc - 0.03  # ... not all
-print("all checks passed")
+# A speed claim a busy machine kept from showing says so, with how busy it was; on CI or a quiet machine it
+# is asserted.
+claim(small_end.verdict.faster and small_end.verdict.low > 1.5, small_end, "small batches: overhead-bound")
+claim(not large_end.verdict.above(0.6), large_end, "128 -> 512: a small gain at most")
+claim(search.speed.verdict.faster, search.speed, "the search measured its batch faster")
+print(checks_done())

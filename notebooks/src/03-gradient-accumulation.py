@@ -120,12 +120,14 @@ print(f"activations: {saved[64] / 1024:.0f} KiB at 64 vs {saved[256] / 1024:.0f}
 # Accumulating four micro-batches of 64 keeps a quarter of the activations of a batch of 256 — the
 # reason to accumulate. What does it cost in time? Four smaller forward/backward passes instead of one,
 # measured head to head on the live model (short blocks of each setting in alternation, the model put
-# back afterwards):
+# back afterwards). It gets 20 s: in 8 s a quiet machine's pairs of blocks once left the interval touching 1
+# (0.74-1.00), and this notebook asserts the difference below.
 
 # %%
 cost = nbtrain.ab(big_model, train_data, loss_fn=nn.CrossEntropyLoss(),
                   optimizer=lambda p: torch.optim.AdamW(p, lr=3e-3),
-                  a={"batch_size": 256}, b={"batch_size": 64, "accumulate_grad_batches": 4}, budget_s=8, min_pairs=8)
+                  a={"batch_size": 256}, b={"batch_size": 64, "accumulate_grad_batches": 4}, budget_s=20, min_pairs=8,
+                  max_pairs=60)
 print(cost.text())
 
 # %% [markdown]
@@ -159,14 +161,17 @@ print(f"with batch norm, accumulated vs big: largest weight difference {diff_bn:
 # reach a batch size that does not fit, not to go faster.
 #
 # ## Checks
-# This cell fails if a claim made above stops being true.
+# This cell fails if a claim made above stops being true. (A speed claim that a busy machine kept from
+# showing says so instead, with how busy it was; on CI it fails all the same.)
 
 # %%
+from nbtrain.notebook.claims import checks_done, claim
+
 assert acc.summary["global_batch"] == big.summary["global_batch"] == 256
 assert acc.summary["steps"] == big.summary["steps"] == 20
 assert diff_acc < 1e-4, diff_acc                          # the same weights, up to rounding
 assert diff_small > 100 * diff_acc and diff_small > 1e-3  # shrinking the batch is a different training
 assert 3.5 < saved[256] / saved[64] < 4.5                  # activations scale with the micro-batch
-assert cost.verdict.high < 1.0, cost.text()                # accumulating is measurably slower here
 assert diff_bn > 100 * diff_acc                            # batch norm breaks the equivalence
-print("all checks passed")
+claim(cost.verdict.high < 1.0, cost, "accumulating is measurably slower here")
+print(checks_done())
