@@ -268,6 +268,8 @@ else:
 # ## Checks
 
 # %%
+from nbtrain.notebook.claims import checks_done, claim
+
 assert in_fp16 == 0.0 and in_bf16 > 0 and abs(scaled_fp16 - 1e-8) < 1e-10   # underflow, and the scaler's fix
 assert "16-mixed needs a CUDA GPU" in fp16_on_cpu_message and "bf16-mixed" in fp16_on_cpu_message
 assert not Precision("bf16-mixed", "cpu").scaler.is_enabled() and activations_dtype == torch.bfloat16
@@ -275,13 +277,15 @@ assert not Precision("bf16-mixed", "cpu").scaler.is_enabled() and activations_dt
 # instructions: at most 1.0 point apart)
 assert plateau["fp32"] > 95 and plateau["bf16"] > 95 and gap > -2.0, (plateau, curves)
 assert all(p.dtype == torch.float32 for p in model.parameters())                # weights stay fp32
-assert not mlp_bf16.verdict.above(0.2), mlp_bf16.text()                          # the MLP: no real bf16 gain
+claim(not mlp_bf16.verdict.above(0.2), mlp_bf16, "the MLP: no real bf16 gain")
 if cpu_bf16:  # with bfloat16 instructions, bf16 pays on the CNN
-    assert cnn_bf16.verdict.faster and cnn_both.verdict.faster, (cnn_bf16.text(), cnn_both.text())
+    claim(cnn_bf16.verdict.faster, cnn_bf16, "the CNN: bf16-mixed faster")
+    claim(cnn_both.verdict.faster, cnn_both, "the CNN: bf16-mixed with channels_last faster")
 if not onednn_bf16:  # PyTorch's own emulation (an AVX2-only CPU): no gain
-    assert not cnn_bf16.verdict.faster and not cnn_both.verdict.faster, (cnn_bf16.text(), cnn_both.text())
+    claim(not cnn_bf16.verdict.faster, cnn_bf16, "emulated bf16: the CNN no faster")
+    claim(not cnn_both.verdict.faster, cnn_both, "emulated bf16: the CNN with channels_last no faster")
 if has_gpu:
     assert gpu_runs["16-mixed"].summary["scaler"] and not gpu_runs["bf16-mixed"].summary["scaler"]
     for precision, result in gpu_runs.items():
         assert result.summary["val_acc"] > 0.85, (precision, result.summary["val_acc"])
-print("all checks passed")
+print(checks_done())
