@@ -3,18 +3,21 @@
 A notebook passes the same factory again (`optimizer=lambda p: SGD(p, lr=LR)`) after changing what it
 reads (`LR = 0.01`), or a new factory that makes the same optimizer. Neither the factory's identity nor its
 code says what it makes; the values it makes do. So the factory is called (over the model's parameters: a
-throwaway optimizer), and its class, every hyperparameter of every param group and each group's parameters
-are compared with those the live optimizer was built with (`Built`, recorded when it was built: the live
+throwaway optimizer), and its class, every hyperparameter of every param group, each group's parameters and
+what an optimizer class of the user's own keeps as its own attributes (`self.clip`, a wrapped optimizer) are
+compared with those the live optimizer was built with (`Built`, recorded when it was built: the live
 groups' rates are the warm-up's, the schedule's and the LR rule's by now). Equal values carry on with their
 state; other values are a new optimizer, and the run's summary says which values changed. A schedule is
 compared the same way: a throwaway one from the factory, over a throwaway optimizer, against the one
-recorded when the live schedule was built (its class, its settings without its progress, the functions it
-calls, and what it wrote into the optimizer's groups). An optimizer or scheduler object given is the
+recorded when the live schedule was built (its class, its settings without its progress, the functions and
+bound methods it calls with what they read, and what it wrote into the optimizer's groups). An optimizer or scheduler object given is the
 user's own: the same object carries on, another is used as given. Where a value cannot be compared
 (observed.py), nbtrain asks instead of choosing.
 """
 from __future__ import annotations
 
+import collections
+import copy
 import functools
 import inspect
 import types
@@ -49,8 +52,8 @@ def is_scheduler_object(made) -> bool:
     return hasattr(made, "step") and hasattr(made, "optimizer")
 
 
-def optimizer_record(optimizer, model) -> dict:
-    position = {id(p): i for i, p in enumerate(model.parameters())}
+def optimizer_record(optimizer, model, position: dict | None = None) -> dict:
+    position = position if position is not None else {id(p): i for i, p in enumerate(model.parameters())}
     groups = optimizer.param_groups
     record = {"class": Value(type(optimizer)), "groups": Value(len(groups))}
     for i, group in enumerate(groups):
@@ -58,7 +61,29 @@ def optimizer_record(optimizer, model) -> dict:
         record[f"group {i}"] = {**{name: Value(value, name) for name, value in group.items()
                                    if name not in ("params", "initial_lr", *IMPLEMENTATION)},
                                 "parameters": _positions(at)}
+    # What a class of the user's own keeps beside its groups (`self.clip`, a wrapped optimizer): compared too.
+    for name, value in vars(optimizer).items():
+        if name not in _torch_attributes():
+            record[f"self.{name}"] = _attribute(value, f"self.{name}", model, position)
     return record
+
+
+def _attribute(value, name: str, model, position: dict):
+    """An optimizer's own attribute as a record: a wrapped optimizer as its own record, the model's parameters
+    by their places (their values change as it trains: not what the optimizer is), anything else as a Value."""
+    if isinstance(value, torch.optim.Optimizer):
+        return optimizer_record(value, model, position)
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if items and all(isinstance(v, torch.Tensor) and id(v) in position for v in items):
+        return _positions([position[id(v)] for v in items])
+    return Value(value, name)
+
+
+@functools.cache
+def _torch_attributes() -> frozenset:
+    """The attributes torch's Optimizer gives every optimizer (its groups, state, hooks, defaults)."""
+    made = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    return frozenset(vars(made)) | {"_opt_called", "_warned_capturable_if_run_uncaptured", "_accelerator_warned"}
 
 
 def _positions(at: list[int]) -> Value:
@@ -133,12 +158,17 @@ def schedule_record(made, built: Built) -> dict | None:
 
 
 def _copy(optimizer):
-    """An optimizer of the same class over the same groups (values copied, state left out); None where its
-    constructor takes other arguments than its defaults hold (a class of the user's own)."""
+    """An optimizer of the same class over the same groups (values copied, state left out). Where its constructor
+    takes other arguments than its defaults hold (a class of the user's own), the object copied with its groups'
+    values copied: a throwaway schedule writes only into the groups."""
     try:
         return _constructed_copy(optimizer)
     except (TypeError, ValueError, RuntimeError):
-        return None
+        made = copy.copy(optimizer)
+        made.param_groups = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in g.items()
+                              if k != "initial_lr"} for g in optimizer.param_groups]
+        made.state = collections.defaultdict(dict)
+        return made
 
 
 def _constructed_copy(optimizer):
@@ -161,7 +191,7 @@ def _scheduler_settings(scheduler) -> dict:
 
 
 def _functions(value) -> bool:
-    kinds = (types.FunctionType, functools.partial)
+    kinds = (types.FunctionType, types.MethodType, functools.partial)
     return isinstance(value, kinds) or (isinstance(value, (list, tuple)) and bool(value)
                                         and all(isinstance(v, kinds) for v in value))
 

@@ -9,8 +9,9 @@ user's own class is only its length here: whatever its __getitem__ reads may hav
 
 A version counter moves only for writes torch makes: `arr *= 2` on the numpy array under a `from_numpy`
 tensor, or `x.data.mul_(2)`, leave it where it was. Where a copy of the data is held, `seen(..., content=True)`
-also keeps a checksum of each tensor's bytes (CRC-32: 19 ms for 100 MB measured on this project's CPU box,
-~5 GB/s; a tensor on a GPU is checksummed through the host in chunks), so such a write shows as a change.
+also keeps a checksum of each tensor's bytes (zlib's CRC-32: 19 ms for 100 MB measured on this project's CPU
+box when quiet, 150-190 ms with it loaded; a non-contiguous tensor is copied first; a tensor on a GPU is read
+through the host in chunks), taken when it is held and at each later call: such a write shows as a change.
 
 `same_data(a, b)`: whether two data set objects read the same samples, by the same record: the same structure
 (kinds, lengths, a Subset's indices) over the same tensors or tensors of equal values. A new TensorDataset over
