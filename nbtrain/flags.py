@@ -14,14 +14,22 @@ def flag_name(option: str) -> str:
     return "--" + option.replace("_", "-")
 
 
+def negated_flag_name(option: str) -> str:
+    """`--no-shuffle` for a switch: false."""
+    return "--no-" + option.replace("_", "-")
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training configuration (TrainConfig)")
     for name, (option, default) in options().items():
         text = f"{option.help}; {option.allowed} (default: {default})"
         if option.kind == "switch":
-            # `--pin-memory` alone means true; `--pin-memory false` is accepted too.
+            # `--pin-memory` alone means true; `--pin-memory false` is accepted too, and so is `--no-pin-memory`,
+            # the form argparse's BooleanOptionalAction (and most command lines) use for false.
             group.add_argument(flag_name(name), dest=name, nargs="?", const="true", default=argparse.SUPPRESS,
                                metavar="BOOL", help=text)
+            group.add_argument(negated_flag_name(name), dest=name, action="store_const", const="false",
+                               default=argparse.SUPPRESS, help=f"the same as {flag_name(name)} false")
         else:
             group.add_argument(flag_name(name), dest=name, default=argparse.SUPPRESS,
                                metavar=option.metavar, help=text)

@@ -30,6 +30,12 @@ def number(value, unit: str = "") -> str:
     return f"{value:,}{unit}"
 
 
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """'1 step', '5 steps', '0.625 epochs': the count and the word it takes; "-" for a missing count."""
+    shown = number(count)
+    return "-" if shown == "-" else f"{shown} {word if count == 1 else words or word + 's'}"
+
+
 def ratio(value: float, digits: int = 2) -> str:
     """A ratio of two speeds, one form in every table, verdict and figure: '3.37x' ('1.26x slower')."""
     return f"{value:.{digits}f}x"
@@ -59,9 +65,9 @@ def rate_with_interval(rate, low=None, high=None, wide: bool = False) -> str:
     marked 'noisy' when the spread is too wide to trust."""
     if rate is None or not math.isfinite(rate):
         return "-"
-    text = f"{rate:,.0f}"
+    text = number(float(rate))  # significant figures: a slow rate's interval and spread stay visible (0.9-1.6)
     if low is not None and high is not None and math.isfinite(low) and math.isfinite(high):
-        text += f" ({low:,.0f}–{high:,.0f})"
+        text += f" ({number(float(low))}–{number(float(high))})"
     return text + (" noisy" if wide else "")
 
 

@@ -106,6 +106,7 @@ class EngineInfo(Record):
     pin_memory: bool | None = None
     seed: int | None = None
     workload: str | None = None        # a digest of what the run trains beyond its config (engine/workload.py)
+    inert: tuple[str, ...] = ()        # options the run's data could not use (a stream's order is its own: shuffle)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from torch.utils.data import IterableDataset
+
 from . import data, fsdp
 from ..format import ratio as ratio_text
 from ..records import EngineInfo
@@ -65,7 +67,14 @@ def info(engine, workload: str | None = None) -> EngineInfo:
                       global_batch=c.global_batch_size,
                       lr=engine.target_lrs()[0], lr_note=engine.lr_note(), precision=c.precision,
                       scaler=engine.precision.scaler.is_enabled(), pin_memory=c.pin, seed=engine.seed,
-                      workload=workload)
+                      workload=workload, inert=inert_options(engine.recipe))
+
+
+def inert_options(recipe) -> tuple[str, ...]:
+    """The options this run's data cannot use, so that no comparison calls a difference in them one: shuffle
+    where the order is not nbtrain's to choose (a stream read as it comes, a DataLoader whose sampler decides)."""
+    ordered_here = recipe.fixed_loader is None and not isinstance(recipe.train_data, IterableDataset)
+    return () if ordered_here else ("shuffle",)
 
 
 def strategy(engine) -> str:

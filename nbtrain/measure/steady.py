@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..format import duration
+from ..format import duration, number, plural
 
 WIDE_SPREAD = 0.10  # IQR / median of block rates above this: too noisy to trust (torch.utils.benchmark's rule)
 _RESAMPLES = 400
@@ -40,15 +40,16 @@ class SteadyRate:
     def text(self, unit: str = "samples/s") -> str:
         if not math.isfinite(self.rate):
             return "-"
-        out = f"{self.rate:,.0f}" + (f" {unit}" if unit else "")
+        # significant figures, not whole numbers: 1 sample/s read as "1 (95% interval 1-1)" hid a 70% spread
+        out = number(float(self.rate)) + (f" {unit}" if unit else "")
         if math.isfinite(self.low) and math.isfinite(self.high):
-            out += f" (95% interval {self.low:,.0f}-{self.high:,.0f})"
+            out += f" (95% interval {number(float(self.low))}-{number(float(self.high))})"
         if self.wide and math.isfinite(self.spread):
             out += f"; spread {100 * self.spread:.0f}% between blocks: too noisy to trust"
         return out
 
     def warmup_text(self) -> str:
-        return f"warm-up {self.warmup_steps} steps, {duration(self.warmup_s)}" if self.warmup_steps else "no warm-up"
+        return f"warm-up {plural(self.warmup_steps, 'step')}, {duration(self.warmup_s)}" if self.warmup_steps else "no warm-up"
 
     def as_dict(self) -> dict:
         return {"rate": self.rate, "low": self.low, "high": self.high, "spread": self.spread,

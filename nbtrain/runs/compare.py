@@ -21,6 +21,7 @@ from ..records import Summary
 from . import repeats
 from .apart import footnotes, versus, vs_first  # versus: the verdict of two runs, a public name of this module
 from .result import RunResult, peak_memory, peak_memory_text
+from .table import not_applied
 
 __all__ = ["Comparison", "compare", "resolve", "smoothed", "time_to_loss", "versus"]
 
@@ -123,7 +124,9 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     rows, noisy = [], []
     for label, run, t in zip(labels, results, times):
         s, steady = run.summary, run.steady()
-        changes = ", ".join(f"{k}={new}" for k, (_, new) in run.config.changed_from(base.config).items())
+        inert = not_applied(run.summary, base.summary)
+        changes = ", ".join(f"{k}={new}" for k, (_, new) in run.config.changed_from(base.config).items()
+                            if k not in inert)
         wide = steady.wide and math.isfinite(steady.spread)
         if wide:  # a mark in the cell, the words once below the table (a cell of them wrapped into three lines)
             noisy.append(f"{label} {100 * steady.spread:.0f}%")

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from ..config import TrainConfig
-from ..format import PrintsAsTable, duration, number
+from ..format import PrintsAsTable, duration, number, plural
 from ..measure.load import Load
 from ..measure.steady import SteadyRate, of_columns
 from ..metrics import PHASES, MetricsLog
@@ -121,7 +121,7 @@ class RunResult(PrintsAsTable):
             ("global batch", f"{number(s.global_batch)} (batch {c.batch_size} x accumulate "
                              f"{c.accumulate_grad_batches} x {s.world_size} processes)"),
             ("learning rate", s.lr_note or "-"),
-            ("steps / epochs", f"{s.steps} / {number(s.epochs_trained)}"),
+            ("steps / epochs", f"{plural(s.steps, 'step')} / {plural(s.epochs_trained, 'epoch')}"),  # not "5 / 0.625"
             ("samples/s", self.steady().text("") + (f"; {self.steady().warmup_text()}" if s.steps else "")
                           + (self.load().beside() if self.load() else "")),
             ("total time", f"{duration(s.train_time_s)} for {s.steps} steps"

@@ -34,6 +34,12 @@ STYLE = """<style>
 </style>"""
 
 
+def not_applied(*summaries) -> set[str]:
+    """The options one of these runs' data could not use (records.EngineInfo.inert): a difference in them is
+    none (shuffle=True beside a stream, which is read in its own order)."""
+    return {name for s in summaries for name in (getattr(s, "inert", None) or ())}
+
+
 @dataclass
 class Row:
     """One run as the table shows it, from the store or from a live panel."""
@@ -55,10 +61,12 @@ class Row:
         return cls(run.id, run.name, run.status, dict(run.config), s, s.trained_steps, run.model, run.created, s)
 
     def differs_from(self, first: "Row") -> str:
-        """'precision=bf16-mixed, batch_size=256': this run's options that are not the first run's."""
+        """'precision=bf16-mixed, batch_size=256': this run's options that are not the first run's (those that
+        either run's data could not use left out)."""
         if self is first:
             return "(first run)"
-        changed = [f"{k}={v}" for k, v in self.config.items() if first.config.get(k) != v]
+        inert = not_applied(self.summary, first.summary)
+        changed = [f"{k}={v}" for k, v in self.config.items() if first.config.get(k) != v and k not in inert]
         return ", ".join(changed) or "the same config"
 
     def cells(self, first: "Row") -> tuple[str, ...]:
