@@ -170,3 +170,20 @@ def test_a_changed_global_is_named_with_its_values_not_two_function_reprs():
     namespace["FACTOR"] = 0.5
     notes = fit(model, data, namespace, "sgd", "lambda_lr", 2).summary["notes"]
     assert "new schedule: LambdaLR lr_lambdas: reads `FACTOR` 0.8 -> 0.5" in notes, notes
+
+
+class PointsBack(torch.optim.SGD):
+    """A wrapper and its inner optimizer pointing at each other (and at itself)."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.05)
+        self.me, self.inner = self, torch.optim.SGD(self.param_groups, lr=0.05)
+        self.inner.outer = self
+
+
+def test_optimizers_pointing_at_each_other_are_compared_without_end_and_carry_on():
+    model, data = make_model(), rows()
+    namespace = {"points_back": lambda p: PointsBack(p)}
+    fit(model, data, namespace, "points_back", None, 2)
+    notes = fit(model, data, namespace, "points_back", None, 2).summary["notes"]
+    assert any(n.startswith("optimizer carried on (same PointsBack") for n in notes), notes

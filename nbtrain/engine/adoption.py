@@ -52,8 +52,9 @@ def is_scheduler_object(made) -> bool:
     return hasattr(made, "step") and hasattr(made, "optimizer")
 
 
-def optimizer_record(optimizer, model, position: dict | None = None) -> dict:
+def optimizer_record(optimizer, model, position: dict | None = None, within: tuple = ()) -> dict:
     position = position if position is not None else {id(p): i for i, p in enumerate(model.parameters())}
+    within = (*within, id(optimizer))  # the optimizers around this one: a wrapper its inner one points back to
     groups = optimizer.param_groups
     record = {"class": Value(type(optimizer)), "groups": Value(len(groups))}
     for i, group in enumerate(groups):
@@ -64,15 +65,18 @@ def optimizer_record(optimizer, model, position: dict | None = None) -> dict:
     # What a class of the user's own keeps beside its groups (`self.clip`, a wrapped optimizer): compared too.
     for name, value in vars(optimizer).items():
         if name not in _torch_attributes():
-            record[f"self.{name}"] = _attribute(value, f"self.{name}", model, position)
+            record[f"self.{name}"] = _attribute(value, f"self.{name}", model, position, within)
     return record
 
 
-def _attribute(value, name: str, model, position: dict):
+def _attribute(value, name: str, model, position: dict, within: tuple):
     """An optimizer's own attribute as a record: a wrapped optimizer as its own record, the model's parameters
     by their places (their values change as it trains: not what the optimizer is), anything else as a Value."""
     if isinstance(value, torch.optim.Optimizer):
-        return optimizer_record(value, model, position)
+        if id(value) in within:
+            out = len(within) - within.index(id(value)) - 1
+            return Value("itself" if not out else f"the optimizer {out} wrapper(s) out")
+        return optimizer_record(value, model, position, within)
     items = value if isinstance(value, (list, tuple)) else [value]
     if items and all(isinstance(v, torch.Tensor) and id(v) in position for v in items):
         return _positions([position[id(v)] for v in items])
