@@ -36,6 +36,7 @@ OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
 GIVEN_KEY = "_given"  # in a kept config (to_record): the options given on purpose; never an option's name
 MAX_BATCH = 2**24
 MAX_WORKERS = 256
+MAX_THREADS = 1024
 
 
 
@@ -76,6 +77,11 @@ class TrainConfig:
     max_steps: int | None = setting(None, "whole", "optimizer steps to train in this run", low=1, nullable=True,
                                     allowed="a whole number >= 1, or None / -1 for no step limit")
     num_workers: int = setting(0, "whole", "DataLoader worker processes", low=0, high=MAX_WORKERS)
+    # torch's intra-op threads (torch.set_num_threads) while the run trains, put back after (engine/threads.py)
+    num_threads: int | None = setting(None, "whole", "torch's CPU threads for the run's own work (intra-op); on a "
+                                      "busy or small machine fewer threads can be much faster", low=1,
+                                      high=MAX_THREADS, nullable=True,
+                                      none="torch's own count; each DDP rank: the cores / its local ranks")
     pin_memory: bool | None = setting(None, "switch", "page-locked host batches for faster copies to the GPU",
                                       nullable=True, allowed="true, false or auto (pinned when training on CUDA)")
     persistent_workers: bool = setting(False, "switch", "keep loader workers alive between epochs",

@@ -107,6 +107,7 @@ class EngineInfo(Record):
     seed: int | None = None
     workload: str | None = None        # a digest of what the run trains beyond its config (engine/workload.py)
     inert: tuple[str, ...] = ()        # options the run's data could not use (a stream's order is its own: shuffle)
+    threads: int | None = None         # torch's intra-op threads the run trained at (engine/threads.py)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from nbtrain.measure.race import Block
 from nbtrain.measure.steady import SteadyRate
 from nbtrain.measure.verdict import Verdict
 from nbtrain.walk.items import Tried
+from nbtrain.walk.quality import Learned
 
 _LOW = ("bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
@@ -94,10 +95,32 @@ class Landscape:
     fabric: Fabric = Fabric()        # between the machine's own devices
     unexplained_s: float = 0.0       # device seconds per sample none of the four ceilings counts (element-wise
     #                                  operations' overheads, allocation): the step falls short of every ceiling
+    b_noise: float = math.inf        # the gradient noise scale: a global batch B takes 1 + B/b_noise times the
+    #                                  samples of a tiny batch to reach a loss (McCandlish et al. 2018)
+    loss_samples: float = 2e5        # samples (at a tiny batch) over which the loss falls by e of its way down
+    loss_noise: float = 0.003        # a held-out loss's relative noise from one equal-time training to another
+    busy_cores: float = 0.0          # CPU: cores other processes keep busy (a laptop's other work)
+    thread_parallel: float = 0.5     # CPU: the share of the device's work torch's threads split
+    oversubscribed: float = 4.0      # CPU: the step's slowdown per thread more than the free cores (it waits for a
+    #                                  core, and the threads waiting on it stall too)
 
 
 def _low(c: TrainConfig) -> bool:
     return c.precision in _LOW
+
+
+def thread_factor(land: Landscape, c: TrainConfig) -> float:
+    """A CPU's device time at the config's threads (torch's default: a thread per core) over its time at the
+    default on a quiet machine: the threads split `thread_parallel` of the work among the free cores, and each
+    thread beyond them stalls the step (1 on a GPU, and at the default on a quiet CPU)."""
+    if land.cuda:
+        return 1.0
+
+    def time(threads: int, busy: float) -> float:
+        free = max(land.cores - busy, 0.5)
+        split = (1 - land.thread_parallel) + land.thread_parallel / min(threads, free)
+        return split * (1 + land.oversubscribed * max(threads - free, 0.0))
+    return time(c.num_threads or land.cores, land.busy_cores) / time(land.cores, 0.0)
 
 
 def parts(land: Landscape, c: TrainConfig) -> dict:
@@ -112,7 +135,7 @@ def parts(land: Landscape, c: TrainConfig) -> dict:
     mm_peak = land.peak_bf16 if low else land.peak_tf32 if c.matmul_precision in ("high", "medium") else land.peak_fp32
     compute = b * land.flops * (land.conv_share / conv_peak + (1 - land.conv_share) / mm_peak)
     memory = b * land.traffic * (0.55 if low else 1) * (0.7 if c.compile != "none" else 1) / land.bandwidth
-    device = max(compute, memory) + b * land.unexplained_s
+    device = (max(compute, memory) + b * land.unexplained_s) * thread_factor(land, c)
     held = bool(c.preload_data) and land.holdable
     loader = 0.0
     if held:
@@ -161,6 +184,7 @@ class Here:
     def __init__(self, land: Landscape):
         self.land, self.samples, self.cuda = land, land.samples, land.cuda
         self.cores, self.has_conv2d = land.cores, land.has_conv
+        self.threads = land.cores  # torch's default: a thread per core
 
     def holding(self, current):
         if not self.land.holdable:
@@ -229,6 +253,17 @@ class SimulatedMachine:
             return Tried("", config, None, blocks[0].note)
         rates = [b.rate for b in blocks]
         return Tried("", config, float(np.median(rates)), blocks=rates)
+
+    def quality(self, config, seconds: float, current=None) -> Learned:
+        """The held-out loss after `seconds` of `config` from the start's weights: 4 falling to 2 with the samples
+        seen, each worth 1 / (1 + B / b_noise) of a tiny batch's (B the global batch)."""
+        self._spend(config, seconds)
+        rate = true_rate(self.land, config)
+        if rate <= 0:
+            return Learned(float("nan"), note="out of memory")
+        worth = self._observed(rate) * seconds / (1 + config.global_batch_size / self.land.b_noise)
+        loss = 2 + 2 * math.exp(-worth / self.land.loss_samples)
+        return Learned(loss * math.exp(self.rng.normal(0, self.land.loss_noise)), "held-out (simulated)")
 
     def race_over(self, keep=()) -> None:
         self.running &= set(keep)  # as walk/bench.py: only the configs the walk goes on with keep their workers

@@ -97,9 +97,9 @@ def test_workers_raced_before_any_batch_race_the_largest_batch_as_well():
     # batches alone keeps 1.1x; one candidate more, the most workers at the largest batch, finds 2.7x at once.
     land = next(land for land in LANDSCAPES if land.name == "cpu-data-bound-fft-2-cores")
     r = walk_against_grid(land, seed=0)
-    first = r["walk"].items[0]
+    first = next(i for i in r["walk"].items if i.name != "threads")  # threads: raced first on every CPU
     assert first.name == "workers" and first.kept and first.chosen == "num_workers=2, batch_size=256", r["walk"].table()
-    assert r["quality"] >= 0.9 and r["time"] <= 0.25, (r["quality"], r["time"])
+    assert r["quality"] >= 0.9 and r["time"] <= 0.35, (r["quality"], r["time"])  # (0.25 before races of what is learned)
 
 
 def test_the_walk_is_deterministic_for_a_seed():

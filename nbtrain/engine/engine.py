@@ -21,7 +21,7 @@ import weakref
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import adoption, borrow, changes, checkpoint, data, data_identity, dist, evaluation, rates, state, toggles
+from . import adoption, borrow, changes, checkpoint, data, data_identity, dist, evaluation, rates, state, threads, toggles
 from .kept_loaders import KeptLoaders
 from ..config import TrainConfig, check_runnable
 from .loop import Run
@@ -311,6 +311,8 @@ class Engine:
             self.train_model = changes.wrap(self, self.model)
         if changes.TOGGLE_OPTIONS & names:
             self.apply_toggles(names)
+        if "num_threads" in names and self.running:  # a live change: from the next step on
+            self._threads.follow(new.num_threads)
         if {"precision", "accelerator"} & names:
             self.precision = Precision(new.precision, self.device.type)
         if changes.LOADER_OPTIONS & names:
@@ -397,8 +399,8 @@ class Engine:
         """
         self._run = Run(self, log, stop, validate=validate, sync_phases=sync_phases)
         try:
-            with load.stamping(self._run.log):  # the machine's load beside the steps, window by window
-                return self._run.train()
+            with load.stamping(self._run.log), threads.running(self) as self._threads:  # the config's torch threads
+                return self._run.train()  # (and the machine's load beside the steps, window by window)
         finally:
             self._run = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import torch
 from torch.utils.data import IterableDataset
 
 from . import data, fsdp
@@ -67,7 +68,7 @@ def info(engine, workload: str | None = None) -> EngineInfo:
                       global_batch=c.global_batch_size,
                       lr=engine.target_lrs()[0], lr_note=engine.lr_note(), precision=c.precision,
                       scaler=engine.precision.scaler.is_enabled(), pin_memory=c.pin, seed=engine.seed,
-                      workload=workload, inert=inert_options(engine.recipe))
+                      workload=workload, inert=inert_options(engine.recipe), threads=torch.get_num_threads())
 
 
 def inert_options(recipe) -> tuple[str, ...]:

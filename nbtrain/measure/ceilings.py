@@ -34,6 +34,31 @@ from .verdict import TOO_WIDE, Verdict
 COLORS = {"data": "tab:red", "host": "tab:orange", "compute": "tab:blue", "memory": "tab:green"}
 
 
+@dataclass(frozen=True)
+class ThreadRace:
+    """The model alone at fewer torch threads beside it at the reading's own count, in alternating blocks: read
+    where the reading's threads waited for a free CPU (an oversubscribed machine), so the remedy is a measured
+    one. Threads change no math beyond the order of float sums."""
+    threads: int                # the count the readings ran at
+    fewer: int                  # the count raced beside it
+    verdict: Verdict            # the model alone at `fewer` over at `threads`, paired blocks
+    rate: float                 # median samples/s of the model alone at `fewer`
+
+    def text(self) -> str:
+        head = f"at {self.fewer} thread{'s' * (self.fewer != 1)} the model alone read {self.rate:,.0f} samples/s"
+        return f"{head}, {self.verdict.text(f'num_threads={self.fewer} against {self.threads}')}"
+
+    @property
+    def remedy(self) -> str:
+        """'num_threads=1: ...' where fewer threads were measurably faster; '' otherwise."""
+        v = self.verdict
+        if not v.faster:
+            return ""
+        return (f"num_threads={self.fewer}: the model alone {v.ratio:.1f}x faster than at {self.threads} threads "
+                f"(95% interval {v.low:.2f}-{v.high:.2f}, {v.pairs} pairs of blocks); the same math, float sums "
+                f"reordered")
+
+
 @dataclass
 class Ceilings(PrintsAsTable):
     config: TrainConfig
@@ -56,6 +81,7 @@ class Ceilings(PrintsAsTable):
     peak_readings: tuple = ()  # the peak read before and after the model (empty: read once, or known before)
     model_load: Load | None = None  # other processes' share of the machine while the model alone was read
     loader_load: Load | None = None  # ... while the loader alone was read
+    threads_race: ThreadRace | None = None  # fewer threads raced, where the model's threads waited for a CPU
 
     @property
     def device_type(self) -> str:
@@ -166,7 +192,9 @@ class Ceilings(PrintsAsTable):
     def verdict(self) -> str:
         b = self.bottleneck()
         if b.state == "noisy":
-            return f"too noisy to tell: {b.noise}; read the ceilings again on a quieter machine"
+            fewer = self.threads_race.remedy.split(":")[0] if self.threads_race and self.threads_race.remedy else ""
+            return (f"too noisy to tell: {b.noise}; read the ceilings again on a quieter machine"
+                    + (f", or with {fewer} (measured faster here: see threads)" if fewer else ""))
         if b.state == "none":
             return (f"the step reaches {_percent(b.share)} of the {b.binding} ceiling, the nearest: none of the four "
                     f"explains it; look at {LOOK_AT}")
@@ -183,6 +211,9 @@ class Ceilings(PrintsAsTable):
         beside = self.model_load.beside() if self.model_load else ""
         out.append(f"  model alone: {self.model.text()}{beside} (one batch of {c.batch_size} held on {self.device}); "
                    f"{mfu}")
+        waited = self.oversubscribed()
+        if waited:
+            out.append(f"  threads: {waited}")
         if self.busy is not None:
             f = self.busy.fraction
             out.append(f"  GPU busy {100 * f.value:.0f}% of the step (95% interval {100 * f.low:.0f}-{100 * f.high:.0f}%;"
@@ -192,7 +223,20 @@ class Ceilings(PrintsAsTable):
         return out
 
     def remedy_lines(self, count: int = 4) -> list[str]:
-        return [f"  try: {r.text} [{r.ceiling}]" for r in self.bottleneck().remedies[:count]]
+        fewer = [f"  try: {self.threads_race.remedy} [threads]"] if self.threads_race and self.threads_race.remedy \
+            else []
+        return fewer + [f"  try: {r.text} [{r.ceiling}]" for r in self.bottleneck().remedies[:count - len(fewer)]]
+
+    def oversubscribed(self) -> str:
+        """Where the model's threads waited for a free CPU while it was read: how long, and what fewer threads did
+        in a short race ('' where they did not wait)."""
+        load = self.model_load
+        if load is None or not load.waited:
+            return ""
+        count = f"{load.threads} " if load.threads else ""
+        out = (f"the model's {count}torch threads waited {load.waited_cores:.1f} s a second for a free CPU "
+               f"(other processes took {load.other_cores:.1f} of {load.cores} cores): the machine is oversubscribed")
+        return out + (f"; {self.threads_race.text()}" if self.threads_race else "")
 
     def _method(self, name: str) -> str:
         n = self.counts

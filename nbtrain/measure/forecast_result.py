@@ -55,15 +55,26 @@ class Forecast:
     checks: list = field(default_factory=list)
     wait: Quantity | None = None    # a step's wait for the slower rank before its all-reduce (measured on 2 ranks)
     copies: Quantity | None = None  # DDP's copies of the gradients into their buckets and back, per step
+    # CPU: one process, alone, at the thread count the live run trains at (the 1 x 1 point: one process, one
+    # truth) and at the threads each rank gets (what a DDP speed-up is read against); None on a GPU
+    one_process: Quantity | None = None
+    threads: int | None = None       # the live run's torch threads
+    rank_threads: int | None = None  # each local rank's torch threads (this machine's cores / its ranks)
 
     def point(self, devices: int, nodes: int = 1) -> ScalingPoint:
         return next(p for p in self.points if p.devices == devices and p.nodes == nodes)
 
     def forecast_for(self, devices: int, nodes: int = 1) -> ScalingPoint:
         """The forecast for any count, listed or not (a check's count)."""
-        return scaling_point(devices, nodes, self.compute, self.buckets, self.local, self.between,
+        return scaling_point(devices, nodes, self.compute_at(devices, nodes), self.buckets, self.local, self.between,
                              batch=self.batch, accumulate=self.accumulate, wait=self.wait,
                              copies=self.copies)
+
+    def compute_at(self, devices: int, nodes: int) -> Quantity:
+        """A micro-batch step's seconds per rank at a count: one process alone at the live run's threads (1 x 1,
+        where it was read), else a rank's."""
+        single = devices * nodes == 1 and self.one_process is not None
+        return self.one_process if single else self.compute
 
     @property
     def gradient_bytes(self) -> int:
@@ -100,6 +111,10 @@ class Forecast:
                  f"  gradients: {self.parameters:,} parameters x {self.gradient_dtype} = "
                  f"{self.gradient_bytes / 1e6:.3g} MB in {len(self.buckets)} DDP bucket"
                  f"{'s' * (len(self.buckets) != 1)} [measured: the model's own parameters]", f"  {local}", f"  {between}"]
+        if self.one_process is not None:
+            lines.append(f"  one process (1 x 1): {self.one_process.text(1000, 'ms')} per step of {self.batch} samples "
+                         f"at {_threads(self.threads)}, as the live run trains [{self.one_process.source}: "
+                         f"{self.one_process.how}]")
         for name, q in (("wait for the slower rank", self.wait), ("DDP's bucket copies", self.copies)):
             if q is not None:
                 lines.append(f"  {name}: {q.text(1000, 'ms')} per step [{q.how}]")
@@ -191,6 +206,19 @@ def _pair(pair: tuple, spec: str) -> str:
 
 
 def _speedup(p: ScalingPoint, f: Forecast) -> str:
-    one = f.batch / f.compute.value
+    """Against one rank; on a CPU against one process alone at the threads each rank runs at, so a speed-up
+    the thread count makes is never shown as DDP's (the live run's own count is the 1 x 1 row)."""
     low, high = p.throughput
-    return f"{low / one:.1f}-{high / one:.1f}x one rank"
+    if f.rank_threads is None:
+        one = f.batch / f.compute.value
+        return f"{low / one:.1f}-{high / one:.1f}x one rank"
+    one = f.one_rank.rate
+    out = f"{low / one:.1f}-{high / one:.1f}x one process at {_threads(f.rank_threads)}, as each rank runs"
+    if f.one_process is not None and f.threads != f.rank_threads:
+        live = f.batch / f.one_process.value
+        out += f"; {low / live:.1f}-{high / live:.1f}x the live run's one process at {_threads(f.threads)}"
+    return out
+
+
+def _threads(count: int | None) -> str:
+    return "an unknown thread count" if count is None else f"{count} thread{'s' * (count != 1)}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -30,6 +31,7 @@ class Load:
     gpu_other: float | None = None  # % of the GPU's time other processes kept it busy; None: no GPU or unknown
     own_cores: float = float("nan")  # CPU-seconds of this process tree per wall second (what the reading used)
     waited_cores: float = float("nan")  # seconds its threads waited for a free CPU, per wall second (Linux)
+    threads: int | None = None  # torch's intra-op threads the reading ran at (None: not recorded, or no torch)
 
     @property
     def small(self) -> bool:
@@ -153,7 +155,13 @@ class Meter:
         other_cores = min(max(other / wall, 0.0), cores) if wall > 0 else float("nan")
         per_wall = (lambda seconds: seconds / wall) if wall > 0 else (lambda seconds: float("nan"))
         return Load(other_cores, cores, wall, gpu_others(self.gpu_index, self.gpu_since_us, ours), per_wall(own),
-                    per_wall(max(_waited_s(self._process, below) - self.waited_s, 0.0)))
+                    per_wall(max(_waited_s(self._process, below) - self.waited_s, 0.0)), _torch_threads())
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op threads now, where this process has torch loaded (this module never imports it)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
 
 
 WINDOW_S = 0.2  # a run's load is read at most this often: a reading walks the process tree (1-3 ms)

@@ -105,6 +105,8 @@ class Controls:
         self.workers = widgets.IntSlider(value=config.num_workers, min=0,
                                          max=max(8, os.cpu_count() or 1, config.num_workers),
                                          description="workers", continuous_update=False)
+        self.threads = widgets.Text(value="" if config.num_threads is None else str(config.num_threads),
+                                    description="threads", placeholder="torch's", continuous_update=False)
         self.devices = widgets.IntSlider(value=config.devices, min=1,
                                          max=max(inv.cuda_devices, inv.cpu_cores, config.devices, 2),
                                          description="devices", continuous_update=False)
@@ -131,7 +133,7 @@ class Controls:
                                                 description="find_unused_parameters")
         # config option -> its widget; the CSS class (nbtrain-...) is what the browser test selects.
         self.fields = {"batch_size": self.batch_size, "accumulate_grad_batches": self.accumulate,
-                       "num_workers": self.workers, "devices": self.devices, "scale_lr": self.scale_lr,
+                       "num_workers": self.workers, "num_threads": self.threads, "devices": self.devices, "scale_lr": self.scale_lr,
                        "base_batch_size": self.base_batch, "lr": self.lr, "max_epochs": self.max_epochs,
                        "max_steps": self.max_steps, "compile": self.compile, "channels_last": self.channels_last,
                        "optimizer_impl": self.optimizer_impl, "matmul_precision": self.matmul,
@@ -149,8 +151,8 @@ class Controls:
         self.widget = widgets.VBox([
             _labelled("device", "accelerator", self.device.widget),
             _labelled("precision", "precision", self.precision.widget),
-            _grid([cells[o] for o in ("batch_size", "accumulate_grad_batches", "devices", "num_workers", "max_epochs",
-                                      "max_steps", "scale_lr", "base_batch_size", "lr")]),
+            _grid([cells[o] for o in ("batch_size", "accumulate_grad_batches", "devices", "num_workers", "num_threads",
+                                      "max_epochs", "max_steps", "scale_lr", "base_batch_size", "lr")]),
             _folded("more speed toggles", widgets.VBox([
                 widgets.HTML("<small>Each applies live, like the settings above; the tooltips say when it pays "
                              "off.</small>"),

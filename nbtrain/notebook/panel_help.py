@@ -20,6 +20,9 @@ RULES = {
                                "in memory at once.",
     "num_workers": "Checklist: load batches in DataLoader workers so the model never waits for data "
                    "(Find workers in the tools tab measures each count).",
+    "num_threads": "Checklist (CPU): beside other work, or with workers and ranks sharing the cores, fewer torch "
+                   "threads are often faster (threads waiting for a busy core stall each other); the walk races "
+                   "counts. Empty: torch's own count.",
     "devices": "Checklist: for several GPUs use DDP (one process each, started fresh from this kernel), "
                "not DataParallel. Changes with the next Run.",
     "scale_lr": "Checklist: a larger batch wants a larger learning rate (linear or sqrt rule); check that the "

@@ -18,6 +18,7 @@ import math
 import time
 
 from ..config import TrainConfig
+from ..engine import threads
 from ..measure.ab import ABResult, describe_change, inherited_options, nonfinite_loss, steps_lasting
 from ..measure.load import Meter, of_device
 from ..measure.steady import block_rates, columns_series, steady_rate
@@ -132,9 +133,10 @@ def compare_on(engine, lent, config_a: TrainConfig, config_b: TrainConfig, *, bl
             while True:
                 order = (0, 1) if len(result.rates_a) % 2 == 0 else (1, 0)
                 for i in order:
-                    meter = Meter()  # each block's load: a pair whose blocks ran under unlike loads is set aside
-                    rate = block_rate(engine, configs[i], steps[i], sides[i])
-                    (result.loads_a if i == 0 else result.loads_b).append(meter.reading())
+                    with threads.held(configs[i].num_threads):  # the block's load records its thread count
+                        meter = Meter()  # each block's load: a pair whose blocks ran under unlike loads is set aside
+                        rate = block_rate(engine, configs[i], steps[i], sides[i])
+                        (result.loads_a if i == 0 else result.loads_b).append(meter.reading())
                     lent.reset()
                     (result.rates_a if i == 0 else result.rates_b).append(rate)
                 result.verdict = result.judged()

@@ -16,17 +16,22 @@ and the model is given back bit for bit.
 """
 from __future__ import annotations
 
+import contextlib
+import statistics
+import time
+
 import torch
 from torch.utils.data import DataLoader
 
 from ..config import TrainConfig
+from ..engine import threads
 from ..engine.data import refusal, to_device
 from ..engine.toggles import to_channels_last
 from ..measure import device_rates
-from ..measure.ceilings import Ceilings
+from ..measure.ceilings import Ceilings, ThreadRace
 from ..measure.load import Meter
 from ..measure.steady import block_rates, steady_rate, warmup_length
-from ..measure.verdict import unpaired
+from ..measure.verdict import paired, unpaired
 from . import trial
 from .ab import diverged_refusal
 from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
@@ -64,8 +69,11 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     config = trial.plain_config(engine.config)
     snapshot = trial.Snapshot(engine)
     device, busy, low_peak, peak_readings = engine.device, None, None, ()
+    stack = contextlib.ExitStack()
     try:
         engine.reconfigure(config)
+        # the readings at the config's threads (a run applies them in Engine.run; these steps are timed alone)
+        stack.enter_context(threads.held(config.num_threads))
         with Meter() as loader_load:
             loader_series, batch = loader_alone(engine, steps, seconds)
         held = not isinstance(engine.loader, DataLoader)
@@ -91,6 +99,8 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
         small = small_batch(engine, batch)
         with Meter() as model_load:  # how busy the machine was while the model alone was read
             full_series, small_series = model_alone(engine, batch, small, steps, seconds)
+        threads_race = race_fewer_threads(engine, batch, seconds) if device.type == "cpu" \
+            and model_load.last.waited else None
         if device.type == "cuda":
             busy = device_rates.busy_fraction(lambda: train_step(engine, batch))
         if dtype not in known:  # read again after the model: apart, the machine's load changed meanwhile
@@ -101,6 +111,7 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
             known[torch.bfloat16] = low_peak
         known[dtype], known["bandwidth"] = peak, memory
     finally:
+        stack.close()
         snapshot.restore()
     n = batch_samples(batch)
     warm = warmup_length(full_series[0])
@@ -111,4 +122,29 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     return Ceilings(config, str(device), steady_rate(*loader_series), steady_rate(*full_series), ratio, counts,
                     n * config.accumulate_grad_batches, peak, memory, split, busy, low_peak, has_convolutions, held,
                     source, hold_refused=hold_refused, peak_readings=peak_readings, model_load=model_load.last,
-                    loader_load=loader_load.last)
+                    loader_load=loader_load.last, threads_race=threads_race)
+
+
+THREAD_RACE_PAIRS = 6  # pairs of blocks: enough for an interval (verdict.FEWEST_PAIRS) with two to spare
+
+
+def race_fewer_threads(engine, batch, seconds: float) -> ThreadRace | None:
+    """The model alone at half its torch threads (one on 2 cores) beside it at its own count, in alternating
+    blocks (the order flipped every pair), about a second in all and at most a third of `seconds`: where its
+    threads waited for a free CPU, the remedy the host reading offers is a measured one. None at one thread."""
+    now = torch.get_num_threads()
+    if now < 2:
+        return None
+    fewer, n = max(now // 2, 1), batch_samples(batch)
+    block_s = min(1.0, seconds / 3) / (2 * THREAD_RACE_PAIRS)
+    rates = {now: [], fewer: []}
+    for pair in range(THREAD_RACE_PAIRS):
+        for count in ((now, fewer) if pair % 2 == 0 else (fewer, now)):
+            with threads.held(count):
+                train_step(engine, batch)  # the pool at its new size warms up outside the timed block
+                done, t0 = 0, time.perf_counter()
+                while done < 2 or time.perf_counter() - t0 < block_s:
+                    train_step(engine, batch)
+                    done += 1
+                rates[count].append(done * n * engine.config.accumulate_grad_batches / (time.perf_counter() - t0))
+    return ThreadRace(now, fewer, paired(rates[now], rates[fewer]), float(statistics.median(rates[fewer])))

@@ -167,44 +167,72 @@ def _forecast(lent, devices, nodes, link_gbps, link_latency_us, check: bool, sec
     buckets = gradient_buckets([p.numel() * p.element_size() for p in trainable])
     one_rank = one_rank_rate(engine, snapshot, config, seconds)
     read = measure_compute(engine, snapshot, config, one_rank, seconds)
+    # CPU: one process, one truth: the 1 x 1 point at the threads the live run trains at, not the ranks' share
+    live_threads = (config.num_threads or torch.get_num_threads()) if device == "cpu" else None
+    process = one_process(engine, snapshot, config, one_rank, live_threads, seconds) if live_threads else None
     local, wait, copies = local_link(buckets, device, read.value)
     between = given_link(link_gbps, link_latency_us) if link_gbps is not None else None
     dtype = str(trainable[0].dtype).replace("torch.", "") if trainable else "float32"
     counts = [(d, n) for n in sorted(set(nodes or DEFAULT_NODES)) for d in sorted(set(devices or DEFAULT_DEVICES))]
 
-    def forecast_from(reading: Quantity) -> Forecast:
+    def forecast_from(reading: Quantity, process: Quantity | None) -> Forecast:
         compute, b, k = reading, config.batch_size, config.accumulate_grad_batches
         if device == "cpu" and local is not None:  # read from 2 ranks that all-reduced once per step
             step = scaling_point(2, 1, reading, buckets, local, None, batch=b, wait=wait, copies=copies)
             compute = less_its_allreduce(reading, k * COMPUTE_ACCUMULATE, step.allreduce_s)
-        points = [scaling_point(d, n, compute, buckets, local, between, batch=b, accumulate=k, wait=wait,
-                                copies=copies) for d, n in counts]
+        points = [scaling_point(d, n, process if d * n == 1 and process is not None else compute, buckets, local,
+                                between, batch=b, accumulate=k, wait=wait, copies=copies) for d, n in counts]
         return Forecast(str(engine.device), sum(p.numel() for p in trainable), dtype, buckets, compute, one_rank, b,
-                        k, local, between, points, assumptions(device), wait=wait, copies=copies)
+                        k, local, between, points, assumptions(device), wait=wait, copies=copies, one_process=process,
+                        threads=live_threads, rank_threads=rank_threads() if live_threads else None)
 
     if not check:
-        return forecast_from(read)
+        return forecast_from(read, process)
     steady = two_ranks(engine, snapshot, config, one_rank.rate, seconds)
     if device == "cpu":  # the load of a shared machine moves: the compute read again after the check, both kept
         read = spanning(read, measure_compute(engine, snapshot, config, one_rank, seconds))
-    result = forecast_from(read)
+        process = spanning(process, one_process(engine, snapshot, config, None, live_threads, seconds))
+    result = forecast_from(read, process)
     result.checks.append(Check(2, 1, steady, result.forecast_for(2, 1),
                                f"nbtrain.fit with devices=2, {steady.steady_steps} steady steps"))
+    if live_threads:  # and the live run's own rate, a reading of its own, against its 1 x 1 point
+        steps = steps_lasting(config.batch_size / process.value, config, seconds, low=MIN_CHECK_STEPS)
+        alone = rate_at(engine, snapshot, config, live_threads, seconds, steps=steps)
+        result.checks.append(Check(1, 1, alone, result.forecast_for(1, 1),
+                                   f"one process at {live_threads} thread{'s' * (live_threads != 1)} as the live "
+                                   f"run trains, {alone.steady_steps} steady steps"))
     return result
 
 
-def one_rank_rate(engine, snapshot, config: TrainConfig, seconds: float):
-    """One rank's steady rate in the kernel (on a CPU with the threads each of 2 ranks gets)."""
-    threads, before = (rank_threads() if engine.device.type == "cpu" else torch.get_num_threads()), torch.get_num_threads()
+def rate_at(engine, snapshot, config: TrainConfig, threads: int | None, seconds: float, who: str = "one process",
+            steps: int | None = None):
+    """One process's steady rate in the kernel at `threads` torch threads (a trial's run applies them; None: the
+    process's own count), about `seconds` long or `steps` steps; the model is put back."""
     try:
-        torch.set_num_threads(threads)
-        measured, steady, _ = trial_rate(engine, config, seconds=seconds)
+        measured, steady, _ = trial_rate(engine, config.replace(num_threads=threads), seconds=None if steps else seconds,
+                                         steps=steps)
     finally:
-        torch.set_num_threads(before)
         snapshot.reset()
     if not measured.ok or not steady.rate > 0:
-        raise ToolRefusal(lambda spell: f"one rank's step could not be measured: {measured.error or 'no rate'}")
+        raise ToolRefusal(lambda spell: f"{who}'s step could not be measured: {measured.error or 'no rate'}")
     return steady
+
+
+def one_process(engine, snapshot, config: TrainConfig, one_rank, threads: int, seconds: float) -> Quantity:
+    """Seconds of one micro-batch step of one process alone at the live run's `threads` (the 1 x 1 point):
+    the one rank's reading where a rank runs at that count, else read at it."""
+    alone = one_rank if one_rank is not None and threads == rank_threads() else \
+        rate_at(engine, snapshot, config, threads, seconds)
+    b = config.batch_size
+    return Quantity(b / alone.rate, b / alone.high, b / alone.low, "s", "measured",
+                    f"one process alone at {threads} thread{'s' * (threads != 1)}: {alone.text()}")
+
+
+def one_rank_rate(engine, snapshot, config: TrainConfig, seconds: float):
+    """One rank's steady rate in the kernel (on a CPU one process alone with the threads each of 2 ranks gets:
+    what a DDP speed-up there is read against)."""
+    threads = rank_threads() if engine.device.type == "cpu" else config.num_threads
+    return rate_at(engine, snapshot, config, threads, seconds, who="one rank")
 
 
 def spanning(before: Quantity, after: Quantity) -> Quantity:
@@ -232,7 +260,7 @@ def measure_compute(engine, snapshot, config: TrainConfig, one_rank, seconds: fl
 def two_ranks(engine, snapshot, config: TrainConfig, rate: float, seconds: float, low: int = MIN_CHECK_STEPS):
     """The steady rate of `config` on 2 local ranks (trial.run_apart), about `seconds` long at `rate` samples/s
     of one rank; the model is put back."""
-    checked = config.replace(devices=2)
+    checked = config.replace(devices=2, num_threads=None)  # each rank at the plan's share of the cores
     steps = steps_lasting(rate, checked, seconds, low=low)
     try:
         run = trial.run_apart(snapshot, checked, steps)

@@ -195,6 +195,31 @@ def device(walk, current):
     return [("accelerator='cuda'", current.replace(accelerator="cuda"))]
 
 
+def thread_candidates(now: int, default: int, cores: int) -> list[int | None]:
+    """The num_threads values to race against a run at `now` threads: one thread, half the cores and torch's
+    default (None), each at a count other than `now`."""
+    counts = {1: 1, max(cores // 2, 1): max(cores // 2, 1), default: None}
+    return [value for count, value in sorted(counts.items()) if count != now]
+
+
+# First, before any reading: on a CPU shared with other work, torch's default of a thread per core leaves threads
+# waiting for a busy core and stalling the others (29x slower than one thread on a 2-core laptop with one core
+# busy), and every later race and reading would time that noise rather than the item it tries.
+@item("threads", stage="first")
+def threads(walk, current):
+    """torch's intra-op thread counts (num_threads: 1, half the cores, torch's default) on the CPU. Threads change
+    no math beyond the order of float sums (a reduction split across threads adds in another order)."""
+    if current.device_type != "cpu":
+        return f"torch's CPU threads pace a run on the CPU; this run is on {current.device_type}"
+    default = getattr(walk.here, "threads", None) or walk.here.cores  # what a run at num_threads=None trains at
+    now = current.num_threads or default
+    values = thread_candidates(now, default, walk.here.cores)
+    if not values:
+        return f"one core: no other thread count than {now} to try"
+    return [(f"num_threads={v if v is not None else f'None ({default})'} (was {now}; same math, float sums "
+             "reordered)", current.replace(num_threads=v)) for v in values]
+
+
 @item("precision", answers=("precision",))
 def precision(walk, current):
     runnable, refused = [], []
