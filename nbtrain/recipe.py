@@ -23,13 +23,23 @@ NAMES = {
     "scheduler_interval": ("scheduler_interval",),
     "metrics": ("metrics",),
     "validation_step": ("validation_step",),
-    "train_data": ("train_data", "train_dataset", "dataset"),
+    "train_data": ("train_data", "train_dataset", "dataset", "data"),
     "loss_fn": ("loss_fn", "criterion", "loss"),
     "training_step": ("training_step",),
     "optimizer": ("optimizer", "make_optimizer"),
     "val_data": ("val_data", "val_dataset"),
     "collate_fn": ("collate_fn",),
 }
+
+# Names that often hold something else (`from torch.utils import data` binds a module): read only where they hold
+# what the part is, so such a name is passed over, not taken and refused.
+ONLY_WHEN = {"data": lambda value: isinstance(value, (Dataset, DataLoader))}
+
+
+def reads_as(name: str, value) -> bool:
+    """Whether `value`, found under `name`, is read as its part (NAMES): any value but None, and for a name in
+    ONLY_WHEN what it asks."""
+    return value is not None and ONLY_WHEN.get(name, lambda _: True)(value)
 
 
 WORKER_OPTIONS = ("persistent_workers", "prefetch_factor")  # settings of a DataLoader's workers, if it has any

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..recipe import NAMES, Recipe, RecipeError
+from ..recipe import NAMES, Recipe, RecipeError, reads_as
 from .lightning import OWN_PARTS, is_lightning_module, lightning_recipe
 
 __all__ = ["is_lightning_module", "lightning_recipe", "namespace_parts", "recipe_for", "recipe_from_namespace"]
@@ -31,7 +31,7 @@ def namespace_parts(namespace: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
     `loss_fn` is not this module's: it brings its own)."""
     found = {}
     for part, names in NAMES.items():
-        name = next((name for name in names if namespace.get(name) is not None), None)
+        name = next((name for name in names if reads_as(name, namespace.get(name))), None)
         if name is not None:
             found[part] = (name, namespace[name])
     if "model" in found and is_lightning_module(found["model"][1]):
