@@ -2,6 +2,8 @@
 a change that alters what is learned is judged by held-out loss at equal wall time (simulated machine)."""
 import dataclasses
 
+import pytest
+
 from landscapes import LANDSCAPES
 from nbtrain.walk.walker import run_walk
 from simulated_machine import SimulatedMachine, true_rate
@@ -29,9 +31,35 @@ def test_a_walk_whose_closing_race_reads_no_difference_keeps_nothing():
     assert walk.chosen_config != walk.start_config and walk.best_config == walk.start_config, walk.table()
     assert not walk.head_to_head.verdict.faster and not walk.moved
     assert walk.headline().startswith("nothing kept: the closing race of the walk's choice against the start read "
-                                      "no measurable difference"), walk.headline()
+                                      + walk.head_to_head.verdict.text()), walk.headline()
     assert "best config: the starting one" in walk.table() and "nothing kept" in walk.table().splitlines()[-4]
     # an honest walk on the same machine keeps what its closing race backs
     plain = run_walk(m := SimulatedMachine(H200, seed=0), budget_s=60, clock=m.clock)
     assert plain.moved and plain.head_to_head.verdict.faster and not plain.withdrawn, plain.table()
     assert plain.best_config == plain.chosen_config
+
+
+def goodput(land, config) -> float:
+    """Samples/s times what each sample is worth at the config's global batch (McCandlish et al.: 1 / (1 + B/B_noise))."""
+    return true_rate(land, config) / (1 + config.global_batch_size / land.b_noise)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_candidate_faster_per_sample_but_worse_per_second_in_loss_is_not_kept(seed):
+    # A gradient noise scale of 64: batch 2048 trains ~9x the samples/s of batch 32, each worth 1/22 as much.
+    land = dataclasses.replace(H200, name="h200-noise-scale-64", b_noise=64, loss_samples=2000)
+    biggest = dataclasses.replace(H200.start, batch_size=2048)
+    assert true_rate(land, biggest) > 5 * true_rate(land, H200.start) and goodput(land, biggest) < goodput(land, H200.start)
+    walk = run_walk(m := SimulatedMachine(land, seed=seed), budget_s=60, clock=m.clock)
+    first = next(i for i in walk.items if i.name == "batch_size")
+    raced = next(t for t in first.tried if t.label == "batch_size=2048")
+    assert raced.verdict.above(0.03) and raced.verdict.ratio > 3, walk.table()  # faster per sample, shown by its race
+    assert "not kept: batch_size=2048 learns worse in the same time (held-out (simulated) " in first.note, walk.table()
+    assert "0.5 s of training each from the same weights, 3 times" in first.note  # the horizon the verdict covers
+    assert walk.best_config.batch_size < 2048 and goodput(land, walk.best_config) > goodput(land, H200.start), walk.table()
+    if walk.best_config.global_batch_size != H200.start.global_batch_size:  # a batch kept learns as well at the end
+        assert walk.learned is not None and walk.learned.measured and not walk.learned.worse, walk.table()
+        assert walk.learned.text() in walk.table()
+    # where each sample is worth as much at any batch (no noise-scale limit), the largest batch is kept
+    plain = run_walk(m := SimulatedMachine(H200, seed=seed), budget_s=60, clock=m.clock)
+    assert plain.best_config.batch_size == 2048, plain.table()

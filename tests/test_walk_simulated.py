@@ -20,9 +20,11 @@ H200 = LANDSCAPES[0]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_walk_reaches_nine_tenths_of_the_grids_best_in_a_third_of_its_time(seed):
+def test_the_walk_reaches_nine_tenths_of_the_grids_best_in_two_fifths_of_its_time(seed):
     results = {land.name: walk_against_grid(land, seed) for land in LANDSCAPES}
-    good = [name for name, r in results.items() if r["quality"] >= 0.90 and r["time"] <= 1 / 3]
+    # 0.4 of the grid's time (was a third): a change that alters what is learned also races what it learns, and the
+    # walk's choice races it against the start at the end (rule 11, walk/quality.py)
+    good = [name for name, r in results.items() if r["quality"] >= 0.90 and r["time"] <= 0.4]
     report = {name: (round(r["quality"], 2), round(r["time"], 2)) for name, r in results.items()}
     assert len(LANDSCAPES) >= 12 and len(good) >= len(LANDSCAPES) - 1, report
     for r in results.values():  # no round was started that would pass the budget
@@ -34,7 +36,7 @@ def test_the_h200_walk_follows_the_bottleneck_from_the_host_to_the_loader_and_as
     # where it pays ~3x: here it is tried under the host, rejected, and tried again once the loader binds.
     r = walk_against_grid(H200, seed=0)
     walk = r["walk"]
-    bindings = [b.binding for _, b in walk.path]
+    bindings = [b.binding for _, b in walk.path if b is not None]  # (the last may find no time for a reading)
     assert bindings[:2] == ["host", "data"], walk.table()
     kept = [(i.bottleneck, i.name) for i in walk.items if i.kept]
     assert kept[:2] == [("host", "batch_size"), ("data", "preload_data")], walk.table()
@@ -44,7 +46,7 @@ def test_the_h200_walk_follows_the_bottleneck_from_the_host_to_the_loader_and_as
     assert "bound by" in table and "path: host-bound -> data-bound" in table
     rows = walk.rows()  # one row an item, in the order first walked; its other races said in it
     lines = [line.split()[:2] for line in table.splitlines()[3:3 + len(rows)]]
-    assert lines == [[i.bottleneck, i.name] for i in rows], table
+    assert lines == [[i.bottleneck or "-", i.name] for i in rows], table
     figure = walk.plot(tmp_path / "walk.png")  # and the waterfall's bars, each with its bottleneck
     ticks = [t.get_text() for t in figure.axes[0].get_xticklabels()]
     assert ticks[1:3] == ["batch_size\n(host-bound)", "preload_data\n(data-bound)"] and ticks[-1] == "result\n(head to head)", ticks
@@ -159,7 +161,8 @@ def test_a_race_too_noisy_to_tell_gets_a_second_look_while_the_budget_lasts():
     # The first CPU benchmark after the walk followed the bottleneck ended at 28 s of 120 with every race
     # "too noisy to tell" (the box's load moved by 90%); a passing load decides one race, rarely two.
     noisy = dataclasses.replace(LANDSCAPES[5], name="noisy", noise=0.12, drift=0.06)
-    walk = run_walk(m := SimulatedMachine(noisy, seed=0), budget_s=60, clock=m.clock)
+    # 90 s: a batch kept must also race what it learns (rule 11, walk/quality.py), which 60 s leaves no room for
+    walk = run_walk(m := SimulatedMachine(noisy, seed=0), budget_s=90, clock=m.clock)
     rows = [(i.name, i.kept, i.note.startswith("too noisy to tell")) for i in walk.items]
     first = rows.index(("batch_size", False, True))
     assert ("batch_size", True, False) in rows[first + 1:], walk.table()

@@ -24,6 +24,9 @@ from ..tools.ab import diverged_refusal, trial_rate
 from ..tools.ceilings import measure_ceilings
 from ..tools.tune import is_oom, memory_limit
 from .items import Tried, cannot_run_ddp_here
+from .quality import Learned
+
+_SCORED_SLICE = 512  # training samples a race of what is learned scores on where the recipe has no val_data
 
 _WARM_UP_STEPS = 3  # uncounted steps before a config's first block in a race: its workers' first batches arrive
 
@@ -61,6 +64,10 @@ class Bench(Protocol):
 
     def bottleneck(self, config: TrainConfig, seconds: float) -> Bottleneck:
         """The ceilings' verdict at `config`, each ceiling read for about `seconds`."""
+
+    def quality(self, config: TrainConfig, seconds: float, current: TrainConfig | None = None) -> Learned:
+        """`config` trained `seconds` of wall time from the walk's starting weights, on the same data in the same
+        order as every other config, scored on held-out data (walk/quality.py)."""
 
     def apart(self, label: str, config: TrainConfig, steps: int) -> Tried:
         """`config` run in processes of its own (DDP), `steps` steps."""
@@ -208,6 +215,28 @@ class EngineBench:
         finally:
             self.lent.reset()
 
+    def quality(self, config, seconds: float, current=None) -> Learned:
+        """`config` trained `seconds` from the trial's starting weights (the same data order: the trial's seed and
+        position), its loss on the recipe's val_data, or, where none was given, on a fixed slice of the training
+        data, said as such (it was trained on too: a training loss at equal time, not a held-out one)."""
+        if config.world_size > 1:
+            return Learned(float("nan"), note="it runs in processes of its own, which this race cannot alternate")
+        data, scored = held_out(self.engine.recipe)
+        if data is None:
+            return Learned(float("nan"), note=scored)
+        try:
+            m = trial.measure(self.engine, config, seconds=seconds, warmup_steps=0)
+            if m.error or m.diverged:
+                return Learned(float("nan"), scored, note=m.error or "its loss diverged")
+            return Learned(float(self.engine.evaluate(data)["val_loss"]), scored)
+        except Exception as error:  # noqa: BLE001 - a candidate that cannot train is a row, never the walk's end
+            if is_oom(error):
+                return Learned(float("nan"), scored, note="out of memory")
+            return Learned(float("nan"), scored, note=trial.failed(error))
+        finally:
+            self.lent.reset()
+            trial.release_memory()
+
     def apart(self, label: str, config, steps: int) -> Tried:
         """`config` run by fit in processes of its own (DDP), `steps` steps."""
         try:
@@ -254,3 +283,17 @@ class EngineBench:
         self.lent.reset()
         if config is not None:
             self.kept = config
+
+
+def held_out(recipe) -> tuple:
+    """(the data a race of what is learned scores on, how it is said); (None, why) where there is none."""
+    if recipe.val_data is not None:
+        return recipe.val_data, "held-out (val_data)"
+    data = recipe.train_data
+    try:
+        n = len(data)
+    except TypeError:
+        return None, "no val_data given, and the training data has no length to take a fixed slice of"
+    from torch.utils.data import Subset
+    k = min(n, _SCORED_SLICE)
+    return Subset(data, range(k)), f"training loss on its first {k} samples (no val_data given)"

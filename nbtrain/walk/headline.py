@@ -8,6 +8,8 @@ walk's headline (ChecklistResult.headline, the table's last row, the waterfall's
 """
 from __future__ import annotations
 
+from .quality import alters_learning, quality_cost
+
 FINAL_ROUNDS = 3  # rounds the budget keeps for the final head-to-head: the fewest a race keeps a config on
 
 
@@ -22,7 +24,7 @@ def head_to_head(walk, start, chosen) -> tuple:
     short = walk.left() - head_to_head_reserve(walk)
     if short < 0:
         walk.held_back = lambda: short
-    tried = walk.race([("the walk's choice", chosen)])
+    tried = walk.race([("the walk's choice", chosen)], judged=False)  # what it learns: run_walk, after this race
     if not tried or tried[0].samples_per_s is None:
         why = tried[0].note if tried else f"no time left ({max(walk.left(), 0):.1f} s)"
         return None, float("nan"), f"the walk's choice was not measured against the start head to head: {why}"
@@ -31,8 +33,10 @@ def head_to_head(walk, start, chosen) -> tuple:
 
 def head_to_head_reserve(walk) -> float:
     """Seconds kept back from the items for the final head-to-head: FINAL_ROUNDS rounds of two blocks and the
-    start-up of both configs (their workers, stopped when a race left them)."""
-    return FINAL_ROUNDS * 2 * walk.block_cost_s() + 2 * walk.start_up_s
+    start-up of both configs (their workers, stopped when a race left them); and, where the config kept so far
+    changes what is learned, the race of what it learns against the start's (quality.py)."""
+    learning = quality_cost(walk) if alters_learning(walk.current, walk.start) else 0.0
+    return FINAL_ROUNDS * 2 * walk.block_cost_s() + 2 * walk.start_up_s + learning
 
 
 def unbacked(start, chosen, final, note: str) -> str:

@@ -75,6 +75,7 @@ class ChecklistResult(PrintsAsTable):
     head_to_head_note: str = ""   # why the choice was not measured against the start, where it was not
     chosen_config: TrainConfig | None = None  # what the items kept, before the closing race judged it
     withdrawn: str = ""           # why the closing race did not back the items' choice: then nothing is kept
+    learned: object = None        # quality.Quality: the choice's held-out loss against the start's at equal time
 
     @property
     def moved(self) -> bool:
@@ -159,7 +160,7 @@ class ChecklistResult(PrintsAsTable):
             raced = (f"start {self.baseline:,.0f}; the walk's choice {self.final:,.0f}" if h is not None
                      else self.head_to_head_note)
             lines.append(f"  {'':<9} {'result':<{w}} {result:<{v}} {'':<4}  the walk's choice against the start, "
-                         f"head to head in one race: {raced}")
+                         f"head to head in one race: {raced}" + (f"; it {self.learned.text()}" if self.learned else ""))
         changes = self.changes()
         lines.append("best config: " + (", ".join(f"{k}={v!r}" for k, v in changes.items()) or "the starting one"))
         if self.path:

@@ -37,6 +37,7 @@ from ..tools.tool_options import ToolRefusal
 from .bench import Bench
 from .headline import head_to_head, head_to_head_reserve, unbacked
 from .items import ITEMS, REGISTRY, Tried
+from .quality import alters_learning, judged_by_learning, quality_cost, race_quality
 from .result import ChecklistResult, ItemResult
 
 _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
@@ -92,16 +93,19 @@ class Walk:
             self.start_up_s = max(0.0, paid, 0.5 * self.start_up_s + 0.5 * paid)
         return block
 
-    def race(self, candidates: list, ordered: bool = False) -> list[Tried]:
+    def race(self, candidates: list, ordered: bool = False, judged: bool = True) -> list[Tried]:
         """Race (label, config) candidates against the current config (measure/race.py), within the budget.
 
-        Returns [] when not even one round fits what is left of the budget."""
+        Returns [] when not even one round fits what is left of the budget (with, where `judged` and a candidate
+        changes what is learned, the race of what it learns that a keep takes: quality.py)."""
         new = sum(config not in self.seen for _, config in candidates) + (self.current not in self.seen)
-        if self.left() < (len(candidates) + 1) * self.block_cost_s() + new * self.start_up_s:
+        judged = judged and any(alters_learning(c, self.current) for _, c in candidates)
+        judged = quality_cost(self) if judged else 0.0
+        if self.left() < (len(candidates) + 1) * self.block_cost_s() + new * self.start_up_s + judged:
             return []
         entrants = [Entrant(label, config) for label, config in candidates]
         result = race(self.block, self.current, entrants, decide_at=self.min_gain, min_rounds=_ROUNDS[0],
-                      max_rounds=_ROUNDS[1], budget_s=max(self.left(), 0.0), block_cost_s=self.block_cost_s(),
+                      max_rounds=_ROUNDS[1], budget_s=max(self.left() - judged, 0.0), block_cost_s=self.block_cost_s(),
                       ordered=ordered, clock=self.clock)
         leader = result.leader()
         keep = [self.current] + ([leader.config] if leader is not None else [])
@@ -251,10 +255,13 @@ def _try(walk: Walk, item, binding: str | None, skipped: dict, lr_checks: list) 
     try:
         result = _decide(walk, item, tried)
         chosen = next(t.config for t in tried if t.label == result.chosen) if result.kept else None
-        if chosen is not None and chosen.scale_lr != "none" and chosen.lr_factor() != current.lr_factor():
+        if chosen is not None:
             doing = f"the learning-rate check of {result.chosen}"
-            chosen, notes = walk.bench.checked_lr(chosen)  # the walk never hands over a diverging rate
-            lr_checks += notes
+            chosen = _handed_over(walk, chosen, current, lr_checks)
+        if chosen is not None and not item.keep_regardless:  # faster per sample; as good per second? (quality.py)
+            doing = f"the equal-time race of {result.chosen}"
+            result, chosen = judged_by_learning(walk, tried, result, chosen, current,
+                                                lambda config: _handed_over(walk, config, current, lr_checks))
     except Exception as error:  # noqa: BLE001 - a keep that cannot be checked is a row, never the walk's end
         walk.bench.restore()
         walk.results.append(ItemResult(item.name, tried, walk.rate, walk.rate, False, "",
@@ -267,6 +274,14 @@ def _try(walk: Walk, item, binding: str | None, skipped: dict, lr_checks: list) 
         walk.current = chosen
         walk.rate = result.after
     return result.kept
+
+
+def _handed_over(walk: Walk, config, current, lr_checks: list):
+    """`config` as the walk would keep it: a scaled learning rate checked, and lowered where it diverges."""
+    if config.scale_lr != "none" and config.lr_factor() != current.lr_factor():
+        config, notes = walk.bench.checked_lr(config)  # the walk never hands over a diverging rate
+        lr_checks += notes
+    return config
 
 
 def _decide(walk: Walk, item, tried: list) -> ItemResult:
@@ -333,7 +348,7 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
                                         f"(e.g. {spell('budget_s', 30)})")
     skipped, lr_checks, finished = {}, [], False
     start = current = chosen = walk.start
-    final, final_start, final_note, withdrawn = None, float("nan"), "", ""
+    final, final_start, final_note, withdrawn, learned = None, float("nan"), "", "", None
     try:
         # The items leave room for the headline's own measurement, at the block and start-up costs seen so far.
         walk.held_back = lambda: head_to_head_reserve(walk)
@@ -342,6 +357,10 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
         current = walk.current
         final, final_start, final_note = head_to_head(walk, start, current)
         withdrawn = unbacked(start, current, final, final_note)
+        if not withdrawn and alters_learning(current, start):  # as fast, and as good per second? (quality.py)
+            learned = race_quality(walk, current, start, reserved=True)
+            withdrawn = "" if learned.measured and not learned.worse else \
+                f"the walk's choice against the start: {learned.text()}"
         if withdrawn:  # the closing race backs everything kept, or nothing is (rule 11)
             chosen, current, lr_checks = current, start, []
         walk.current = start
@@ -371,4 +390,4 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
                            trials=walk.trials, device=bench.device, lr_note=lr_note, kept_on_engine=keep_best,
                            blocks=walk.blocks, start=base, rounds=walk.rounds, path=path, head_to_head=final,
                            head_to_head_note=final_note, chosen_config=chosen if withdrawn else current,
-                           withdrawn=withdrawn)
+                           withdrawn=withdrawn, learned=learned)

@@ -1,0 +1,146 @@
+"""Faster means the same model sooner (rule 11): a candidate that alters what is learned is raced for quality.
+
+A candidate that changes the math (the global batch, a learning-rate rule, accumulation, precision, a warm-up,
+clipping) can be faster per sample and learn worse per second: a batch 16x larger takes 16x fewer steps for the
+same samples. So once a race has shown such a candidate faster, it races the current config again, for what
+each learns: both train from the same weights (the bench's reset point) on the same data (the same seed and
+order) for the same wall time, `QUALITY_ROUNDS` times, in turn, and each is scored by its loss on held-out data
+(the user's val_data; where none was given, the bench says what it scored on). The candidate is kept unless its
+losses are measurably worse (a paired verdict over the rounds, as a race's rates are judged). A race this short
+speaks for its horizon only (a higher rate can lose early and win later): every verdict says the seconds it
+covers, and a longer walk budget lengthens them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..measure.verdict import UNMEASURED, Verdict, paired
+
+QUALITY_ROUNDS = 3  # pairs of equal-time trainings behind a verdict: the fewest a paired interval comes from
+_OPTIONS = ("batch_size", "accumulate_grad_batches", "lr", "scale_lr", "base_batch_size", "warmup_steps",
+            "precision", "gradient_clip_val")  # each changes the updates a step makes, or how many steps
+_HORIZON_BLOCKS = 1  # each side trains for one race block's time, a sixth of a trial (a 60 s walk races 0.5 s
+# horizons; a longer budget, longer blocks and horizons): what the budget allows beside the items' own races
+_ALTERNATES = 2  # other candidates faster than the current config raced for quality once the leader learned worse
+
+
+def alters_learning(config, current) -> list:
+    """The options of `config` that change what is learned from `current`'s (devices and nodes count where they
+    change the global batch: more ranks at the same per-rank batch average more samples per step)."""
+    changed = [name for name in config.changed_from(current) if name in _OPTIONS]
+    if config.global_batch_size != current.global_batch_size and "batch_size" not in changed:
+        changed.append("global batch")
+    return changed
+
+
+@dataclass
+class Learned:
+    """One side of one equal-time training: its score on held-out data, and what that data was."""
+    loss: float
+    held_out: str = "held-out"  # e.g. "held-out (val_data)" or what the bench scored on instead
+    note: str = ""              # why no loss (it did not run)
+
+
+@dataclass
+class Quality:
+    """A candidate's losses against the current config's, each trained `seconds` from the same weights."""
+    current: list = field(default_factory=list)
+    candidate: list = field(default_factory=list)
+    seconds: float = 0.0
+    held_out: str = "held-out"
+    note: str = ""  # why it was not measured
+
+    @property
+    def verdict(self) -> Verdict:
+        """The current config's loss over the candidate's, paired by round (> 1: the candidate learns better)."""
+        return paired(self.candidate, self.current) if self.current else UNMEASURED
+
+    @property
+    def measured(self) -> bool:
+        return math.isfinite(self.verdict.low)
+
+    @property
+    def worse(self) -> bool:
+        """The candidate learns measurably worse in the same time, or diverged where the current did not."""
+        if any(not math.isfinite(x) for x in self.candidate) and all(math.isfinite(x) for x in self.current):
+            return True
+        v = self.verdict
+        return v.measurable and v.ratio < 1
+
+    def horizon(self) -> str:
+        n = len(self.current)
+        return (f"{self.seconds:.2g} s of training each from the same weights, {n} time{'s' if n != 1 else ''}; "
+                f"a longer budget races a longer horizon")
+
+    def losses(self) -> str:
+        cand, cur = np.median(self.candidate), np.median(self.current)
+        return f"{self.held_out} {cand:.3g} vs {cur:.3g}"
+
+    def text(self) -> str:
+        if not self.measured:
+            return f"what it learns was not measured: {self.note or 'too few equal-time races'}"
+        v = self.verdict
+        if self.worse:
+            head = "learns worse in the same time"
+        elif v.measurable:
+            head = "learns better in the same time"
+        else:
+            head = "learns as well in the same time (no measurable difference in loss)"
+        return f"{head} ({self.losses()}; {self.horizon()})"
+
+
+def quality_cost(walk) -> float:
+    """Seconds one race of what is learned takes, at the block and start-up costs the walk has seen."""
+    return QUALITY_ROUNDS * 2 * (_HORIZON_BLOCKS * walk.block_s + walk.block_overhead_s) + walk.start_up_s
+
+
+def race_quality(walk, config, current, reserved: bool = False) -> Quality:
+    """`config` against `current`, each trained _HORIZON_BLOCKS race blocks from the same weights for QUALITY_ROUNDS rounds (order
+    turning), scored on held-out data; an empty Quality with its note where the budget has no room (`reserved`: the
+    walk's closing race, whose time was kept back: one that an item overran still runs, and the walk ends later)."""
+    seconds, cost = _HORIZON_BLOCKS * walk.block_s, quality_cost(walk)
+    if walk.left() < cost and not reserved:
+        return Quality(seconds=seconds, note=f"no time left for {QUALITY_ROUNDS} equal-time races "
+                                             f"(about {cost:.0f} s, {max(walk.left(), 0):.0f} s left)")
+    out = Quality(seconds=seconds)
+    for round_ in range(QUALITY_ROUNDS):
+        sides = [(current, out.current), (config, out.candidate)]
+        for which, losses in sides[::-1] if round_ % 2 else sides:
+            learned = walk.bench.quality(which, seconds, current)
+            losses.append(learned.loss if not learned.note else float("nan"))
+            out.held_out = learned.held_out
+            out.note = learned.note or out.note
+    return out
+
+
+def judged_by_learning(walk, tried: list, result, chosen, current, checked):
+    """(result, chosen): the item's kept candidate once it has raced the current config for what it learns (a
+    candidate that changes no math is the same model sooner, and keeps its speed verdict). Where the leader learns
+    worse, up to _ALTERNATES other candidates the race showed faster are raced so, fastest first (a smaller batch
+    that still gains: goodput, not throughput); `checked(config)` hands back a config as the walk would keep it
+    (its learning rate checked). Not kept where none learns as well, or what they learn could not be measured."""
+    if not alters_learning(chosen, current):
+        return result, chosen
+    leader = next(t for t in tried if t.label == result.chosen)
+    others = sorted((t for t in tried if t is not leader and t.samples_per_s and t.verdict.ratio > 1 + walk.min_gain),
+                    key=lambda t: -t.verdict.ratio)
+    notes = []
+    for t, config in [(leader, chosen)] + [(t, None) for t in others[:_ALTERNATES]]:
+        config = config if config is not None else checked(t.config)
+        quality = race_quality(walk, config, current)
+        # A candidate the race left early (its speed screened, not shown) is kept only where it learns measurably
+        # better in the same time: that race then shows what the speed race did not.
+        shown = t.verdict.above(walk.min_gain) and t.verdict.paired and t.verdict.pairs >= QUALITY_ROUNDS
+        if quality.measured and not quality.worse and (shown or quality.verdict.faster):
+            note = "; ".join(notes + [f"{t.label} {quality.text()}"])
+            result.chosen, result.compared, result.verdict, result.note = t.label, t.label, t.verdict, note
+            result.after = t.samples_per_s
+            return result, config
+        notes.append(f"not kept: {t.label} {quality.text()}")
+        if not quality.measured:
+            break  # no time for another
+    result.kept, result.chosen, result.after, result.note = False, "", result.before, "; ".join(notes)
+    return result, None
