@@ -22,10 +22,15 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from nbtrain.api import live_engine
+from nbtrain.recipe import RecipeError
+
 from helpers import weights_differ
 from test_edited_values import PlainLoop, fit, make_model, rows
 
 CELL = """
+import abc
+import dataclasses
 import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -79,11 +84,24 @@ class ClassRule:
         return type(self).gamma ** epoch
 
 
+class Schedule(abc.ABC):
+    @abc.abstractmethod
+    def at(self, epoch): ...
+
+
+@dataclasses.dataclass
+class Settings(Schedule):
+    gamma: float = 0.8
+
+    def at(self, epoch):
+        return self.gamma ** epoch
+
+
 def decaying(g):
     return lambda epoch: g ** epoch
 
 
-rule, class_rule, made = Rule(0.8), ClassRule(), decaying(0.8)
+rule, class_rule, made, settings = Rule(0.8), ClassRule(), decaying(0.8), Settings()
 TABLE = np.linspace(1.0, 0.1, 50)
 BIG = torch.linspace(1.0, 0.1, 10_000)  # past what is copied to compare: compared by its checksum
 
@@ -92,6 +110,7 @@ clipped = lambda p: ClippedSGD(p, LR, CLIP)
 wrapped = lambda p: Wrapped(p, lambda g: torch.optim.SGD(g, lr=LR, momentum=INNER_MOMENTUM), SCALE)
 method = lambda o: LambdaLR(o, rule.at)
 class_attribute = lambda o: LambdaLR(o, class_rule.at)
+dataclass_method = lambda o: LambdaLR(o, settings.at)
 captured = lambda o: LambdaLR(o, made)
 table = lambda o: LambdaLR(o, lambda e: float(TABLE[e]))
 big_table = lambda o: LambdaLR(o, lambda e: float(BIG[e]))
@@ -100,6 +119,7 @@ big_table = lambda o: LambdaLR(o, lambda e: float(BIG[e]))
 # Each schedule kind's edit, run in the notebook's namespace, and what the summary names.
 SCHEDULE_EDITS = {"method": ("rule.gamma = 0.5", "Rule.gamma 0.8 -> 0.5"),
                   "class_attribute": ("ClassRule.gamma = 0.5", "ClassRule.gamma 0.8 -> 0.5"),
+                  "dataclass_method": ("settings.gamma = 0.5", "Settings.gamma 0.8 -> 0.5"),
                   "captured": ("made = decaying(0.5)", "captured `g` 0.8 -> 0.5"),
                   "table": ("TABLE *= 0.5", "reads `TABLE` [1, 0.981633"),
                   "big_table": ("BIG.mul_(0.5)", "reads `BIG`")}
@@ -187,3 +207,29 @@ def test_optimizers_pointing_at_each_other_are_compared_without_end_and_carry_on
     fit(model, data, namespace, "points_back", None, 2)
     notes = fit(model, data, namespace, "points_back", None, 2).summary["notes"]
     assert any(n.startswith("optimizer carried on (same PointsBack") for n in notes), notes
+
+
+class Slotted:
+    """Its state kept in slots, outside any __dict__: nbtrain cannot read it as attributes."""
+    __slots__ = ("gamma",)
+
+    def __init__(self):
+        self.gamma = 0.8
+
+    def at(self, epoch):
+        return self.gamma ** epoch
+
+
+def test_a_schedule_over_a_method_of_an_object_nbtrain_cannot_read_is_asked_about_and_nothing_changes():
+    model, data, slotted = make_model(), rows(), Slotted()
+    namespace = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+                 "by_slots": lambda o: torch.optim.lr_scheduler.LambdaLR(o, slotted.at)}
+    fit(model, data, namespace, "sgd", "by_slots", 2)
+    engine = live_engine(model)
+    before = (engine.optimizer, engine.schedule, engine.step, [p.clone() for p in model.parameters()])
+    with pytest.raises(RecipeError) as asked:
+        fit(model, data, namespace, "sgd", "by_slots", 2)
+    assert str(asked.value).startswith("scheduler: nbtrain cannot tell whether it makes the schedule stepped so far "
+                                       "(lr_lambdas is a Slotted, which nbtrain cannot compare)"), str(asked.value)
+    assert (engine.optimizer, engine.schedule, engine.step) == before[:3]
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before[3]))

@@ -103,6 +103,8 @@ class Value:
 def _text(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 16:  # not a repr at every call
+        return f"a {type(value).__name__} of {len(value)}"
     if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
         return "(" + ", ".join(_text(v) for v in value) + ")"
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -118,7 +120,11 @@ def _text(value) -> str:
         return "a function"
     if isinstance(value, types.MethodType):
         return f"a method ({value.__func__.__name__})"
-    return repr(value) if len(repr(value)) <= 40 else type(value).__name__
+    try:
+        shown = repr(value)
+    except Exception:  # a user's __repr__ may fail: the value is still compared, only not shown
+        shown = ""
+    return shown if 0 < len(shown) <= 40 else type(value).__name__
 
 
 class _Read(list):
@@ -171,7 +177,7 @@ def _plain_object(value) -> bool:
     kind = type(value)
     return hasattr(value, "__dict__") and not isinstance(value, nn.Module) and kind.__module__ != "builtins" \
         and kind.__getattribute__ is object.__getattribute__ and not hasattr(kind, "__getattr__") \
-        and not hasattr(kind, "__slots__") and all(c.__flags__ & _HEAP_TYPE for c in kind.__mro__[:-1])
+        and all(c.__flags__ & _HEAP_TYPE and not vars(c).get("__slots__") for c in kind.__mro__[:-1])
 
 
 def _object(obj, name: str, unknown: _Read, depth: int):
@@ -183,7 +189,7 @@ def _object(obj, name: str, unknown: _Read, depth: int):
     shared = []
     for cls in kind.__mro__[:-1]:
         for n, v in vars(cls).items():
-            if n.startswith("__") and n.endswith("__"):
+            if n.startswith("__") and n.endswith("__") or n == "_abc_impl":  # (an ABC's cache of its subclasses)
                 continue
             v = v.fget if isinstance(v, property) else v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
             shared.append((n, _Named(f"{cls.__name__}.{n}", _key(v, f"{name}'s class's `{n}`, which", unknown, depth),
