@@ -91,6 +91,11 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
             engine.schedule.check(config, recipe.val_data is not None, config.world_size)  # would, in rank 0)
         before = time.perf_counter() - called
         result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine)
+        began = result.extras.pop("run_began", None)
+        if began is not None and result.summary.time_split is not None:
+            # Starting the ranks (processes, imports, rendezvous, each rank's engine) is start-up, not "other":
+            # the call until rank 0's run began, less the start-up rank 0's own split already holds.
+            before = began - called - result.summary.time_split.get("start-up", 0.0)
     else:
         engine = engine_for(recipe, config)
         engine.check_schedule()

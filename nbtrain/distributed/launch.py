@@ -14,6 +14,8 @@ rank, an interrupt or a collective timeout stops all of them.
 """
 from __future__ import annotations
 
+import time
+
 from .. import launchers
 from ..engine import fsdp
 from ..config import TrainConfig
@@ -54,6 +56,11 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
     log = log if log is not None else MetricsLog()
     run = RunDir.create(plan, config=config, recipe=recipe,
                         engine_state=carry.sent(engine) if engine is not None else None)
+    began = []  # when rank 0's run began, on this process's clock: its "start" event's arrival
+    def note_start(event, _log):
+        if event["type"] == "start" and not began:
+            began.append(time.perf_counter())
+    log.subscribe(note_start)
     try:
         job = launchers.launcher_for(plan.launcher).start(run, plan, shipped=(recipe,))
         status, error = supervise(job, log, echo, stop)
@@ -71,8 +78,11 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         # What the kernel's model holds now, for front-ends that speak of it (the workers' weights come
         # back only from a run that completed).
         result.extras["weights_loaded"] = state is not None
+        if began:  # starting the ranks is the call's start-up, not "other" (nbtrain.fit's time split)
+            result.extras["run_began"] = began[0]
         return result
     finally:
+        log.unsubscribe(note_start)
         run.remove()
 
 
