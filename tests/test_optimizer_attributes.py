@@ -22,8 +22,6 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from nbtrain.api import live_engine
-from nbtrain.recipe import RecipeError
 
 from helpers import weights_differ
 from test_edited_values import PlainLoop, fit, make_model, rows
@@ -208,28 +206,3 @@ def test_optimizers_pointing_at_each_other_are_compared_without_end_and_carry_on
     notes = fit(model, data, namespace, "points_back", None, 2).summary["notes"]
     assert any(n.startswith("optimizer carried on (same PointsBack") for n in notes), notes
 
-
-class Slotted:
-    """Its state kept in slots, outside any __dict__: nbtrain cannot read it as attributes."""
-    __slots__ = ("gamma",)
-
-    def __init__(self):
-        self.gamma = 0.8
-
-    def at(self, epoch):
-        return self.gamma ** epoch
-
-
-def test_a_schedule_over_a_method_of_an_object_nbtrain_cannot_read_is_asked_about_and_nothing_changes():
-    model, data, slotted = make_model(), rows(), Slotted()
-    namespace = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1),
-                 "by_slots": lambda o: torch.optim.lr_scheduler.LambdaLR(o, slotted.at)}
-    fit(model, data, namespace, "sgd", "by_slots", 2)
-    engine = live_engine(model)
-    before = (engine.optimizer, engine.schedule, engine.step, [p.clone() for p in model.parameters()])
-    with pytest.raises(RecipeError) as asked:
-        fit(model, data, namespace, "sgd", "by_slots", 2)
-    assert str(asked.value).startswith("scheduler: nbtrain cannot tell whether it makes the schedule stepped so far "
-                                       "(lr_lambdas is a Slotted, which nbtrain cannot compare)"), str(asked.value)
-    assert (engine.optimizer, engine.schedule, engine.step) == before[:3]
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before[3]))
