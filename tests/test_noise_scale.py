@@ -37,6 +37,7 @@ def closed_form(model, data):
     return float(trace / (mean @ mean))
 
 
+@pytest.mark.slow
 def test_the_noise_scale_matches_its_closed_form_on_a_linear_regression_with_known_gradient_noise():
     model, data = regression()
     truth = closed_form(model, data)
@@ -62,3 +63,16 @@ def test_the_estimates_are_unbiased_for_norms_drawn_as_the_model_says():
         estimates([1.0], [1.0], 64, 8)
     rng = np.random.default_rng(0)
     assert noise_scale(g2 + tr / 8 + rng.normal(0, 1, 50), g2 + tr / 64 + rng.normal(0, 0.1, 50), 8, 64).measured
+
+
+@pytest.mark.slow
+def test_ceilings_show_the_critical_batch_size_beside_the_batch():
+    import nbtrain
+    model, data = regression(n=4096)
+    before = state(model)
+    reading = nbtrain.ceilings(model, data, loss_fn=nn.MSELoss(), batch_size=64, accelerator="cpu", steps=10,
+                               seconds=0.3)
+    assert same_state(before, state(model))
+    assert reading.noise_scale is not None and reading.noise_scale.small == 64
+    line = reading.table().splitlines()[-1]
+    assert line.startswith("batch: critical batch size ~") and "this run's global batch 64 is" in line, line

@@ -28,6 +28,7 @@ from ..format import PrintsAsTable
 from .bottleneck import CEILINGS, LOOK_AT, Bottleneck, bottleneck
 from .device_rates import Busy, HostSplit, Rate, StepCount
 from .load import Load, could_move
+from .noise_scale import NoiseScale
 from .steady import SteadyRate
 from .verdict import TOO_WIDE, Verdict
 
@@ -82,6 +83,7 @@ class Ceilings(PrintsAsTable):
     model_load: Load | None = None  # other processes' share of the machine while the model alone was read
     loader_load: Load | None = None  # ... while the loader alone was read
     threads_race: ThreadRace | None = None  # fewer threads raced, where the model's threads waited for a CPU
+    noise_scale: NoiseScale | None = None  # the gradient noise scale at this batch: the critical batch size
 
     @property
     def device_type(self) -> str:
@@ -260,7 +262,17 @@ class Ceilings(PrintsAsTable):
         c = self.config
         return "\n".join([f"nbtrain ceilings on {self.device} (batch {c.batch_size}, {c.num_workers} workers, "
                           f"{c.precision}), binding first"] + self.lines() + [f"verdict: {self.verdict}"]
-                         + self.remedy_lines())
+                         + self.remedy_lines() + ([self.batch_line()] if self.noise_scale is not None else []))
+
+    def batch_line(self) -> str:
+        """The critical batch size beside the batch: above it a larger batch costs samples for the same loss."""
+        n, b = self.noise_scale, self.config.global_batch_size
+        if not n.measured:
+            return f"batch: {n.text()}"
+        where = ("at or below it" if b <= n.low else "above it: larger batches cost samples for the same loss"
+                 if b > n.high else "within its interval")
+        return (f"batch: {n.text()}; this run's global batch {b} is {where} (a batch up to about B_crit buys fewer "
+                f"steps nearly for free; beyond it, each doubling buys less)")
 
     def __repr__(self) -> str:
         return f"Ceilings({self.verdict!r})"

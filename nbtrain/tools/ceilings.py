@@ -33,6 +33,7 @@ from ..measure.load import Meter
 from ..measure.steady import block_rates, steady_rate, warmup_length
 from ..measure.verdict import paired, unpaired
 from . import trial
+from .gradient_noise import read_noise_scale
 from .ab import diverged_refusal
 from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
 from .tool_options import declare, option
@@ -55,7 +56,12 @@ def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     rate from a few of them would be one preemption's guess.
     """
     with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
-        return measure_ceilings(lent.engine, steps=steps, seconds=seconds)
+        reading = measure_ceilings(lent.engine, steps=steps, seconds=seconds)
+        try:  # the critical batch size beside the ceilings (gradient_noise.py), in the same trial
+            reading.noise_scale = read_noise_scale(lent.engine, seconds=seconds)
+        finally:
+            lent.reset()
+        return reading
 
 
 def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: dict | None = None) -> Ceilings:
