@@ -100,6 +100,10 @@ _MEASURED = [
     # How busy the machine was (measure/load.py): said beside a rate only where other processes took a share.
     (re.compile(r"; other processes took [^;\]\n]*?cores(, and its threads waited [^;\]\n]*?CPU)?"), ""),
     (re.compile(r"^\* too noisy to trust.*$", re.M), ""),
+    # A speed claim a busy machine kept from showing (nbtrain/notebook/claims.py): how busy it was, not the code
+    (re.compile(r"^this machine is too busy to show the claim now \(.*$", re.M), ""),
+    (re.compile(r"^the other checks passed; this machine is too busy to show the claim now: .*$", re.M),
+     "all checks passed"),
     (re.compile(r"(?<=\))\*|(?<=\)) noisy\b"), ""),
     (re.compile(r", warm-up [\d.,]+ (ms|s)\b"), ""),  # in the call's time split only where a warm-up was found
     (re.compile(r"warm-up \d+ steps?, [\d.,]+ (ms|s)|no warm-up"), "WARM-UP"),

@@ -18,6 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from nbtrain.notebook.claims import TOO_BUSY, in_ci
 from notebook_runner import CHECKS_PASSED, NOTEBOOKS, QUICK_START, ROOT, stale_cells
 
 REQUIREMENTS = ROOT / "binder" / "requirements.txt"
@@ -121,7 +122,9 @@ def test_quick_start_runs_in_a_fresh_environment_built_from_binder_files_alone()
                               str(run_dir), "120", str(executed)], cwd=work, env={**env, "OMP_NUM_THREADS": "1"},
                              capture_output=True, text=True, timeout=600)
         assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-5000:]
-        assert CHECKS_PASSED in ran.stdout  # the quick start's claims hold (its last cell asserts them)
+        # the quick start's claims hold (its last cell asserts them; outside CI a busy machine may say it could not
+        # show a speed claim, nbtrain/notebook/claims.py)
+        assert CHECKS_PASSED in ran.stdout or (not in_ci() and TOO_BUSY in ran.stdout), ran.stdout[-3000:]
         kernel_line = next(line for line in ran.stdout.splitlines() if line.startswith("kernel:"))
         assert f"{venv}/bin/python" in kernel_line and f"{venv}/lib" in kernel_line, kernel_line
         # This run is also the quick start's run for tests/test_notebooks.py (one execution, not two): what the

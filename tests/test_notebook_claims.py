@@ -4,10 +4,12 @@ import subprocess
 import sys
 import time
 
+import nbformat
 import pytest
 
 from nbtrain.measure.load import Load, Meter
 from nbtrain.notebook import claims
+from notebook_runner import stale_cells
 
 QUIET = Load(0.0, 2, 1.0, own_cores=1.0, waited_cores=0.0)
 
@@ -82,3 +84,19 @@ def test_a_head_to_head_without_a_whole_load_is_judged_by_its_blocks_loads(outsi
                      loads_a=[QUIET] * 4, loads_b=[QUIET] * 4)
     with pytest.raises(AssertionError, match="two workers are faster"):
         claims.claim(quiet.verdict.faster, quiet, "two workers are faster")
+
+
+def test_a_checks_cell_that_a_busy_machine_kept_from_showing_a_claim_is_not_stale_and_a_failed_one_is():
+    # Whether the machine was busy is a measurement, not the code's words: a stored notebook's checks cell is
+    # not stale for it (tests/notebook_runner.py's _MEASURED).
+    def checks(output: str):
+        nb = nbformat.v4.new_notebook()
+        nb.cells.append(nbformat.v4.new_code_cell("claim(...)\nprint(checks_done())",
+                                                  outputs=[nbformat.v4.new_output("stream", text=output)]))
+        return nb
+    busy = Load(1.6, 2, 1.0, own_cores=1.0, waited_cores=0.6)
+    claims._not_shown.append("batch 256 is faster")
+    said = (f"{claims.TOO_BUSY} (batch 256 is faster): rerun when quieter ({busy.text()})\n"
+            f"{claims.checks_done()}\n")
+    assert stale_cells(checks("all checks passed\n"), checks(said)) == []
+    assert len(stale_cells(checks("all checks passed\n"), checks("AssertionError: batch 256 is faster\n"))) == 1

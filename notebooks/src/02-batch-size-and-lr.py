@@ -73,7 +73,8 @@ print(large_end.text())
 # At small batches the per-step overhead (Python, the framework, the optimizer's loop over parameters)
 # dominates, so four times the work per step costs little more time: batch 32 trains two to three times the
 # samples per second of batch 8. By batch 128 the matrix multiplications dominate, and four times the
-# batch buys a small gain or none the measurement can tell apart. On a GPU the climb lasts much longer —
+# batch buys much less: well under twice the samples per second (about 1.4-1.6x on the 2-core CPU these
+# notebooks were measured on). On a GPU the climb lasts much longer —
 # there you go up until memory runs out (the largest batch that *fits*); on a CPU it flattens early.
 #
 # ## The largest batch that fits, searched
@@ -170,6 +171,6 @@ assert max(max(acc[(512, rule)] for rule in rules), warm.summary["val_acc"]) < b
 # A speed claim a busy machine kept from showing says so, with how busy it was; on CI or a quiet machine it
 # is asserted.
 claim(small_end.verdict.faster and small_end.verdict.low > 1.5, small_end, "small batches: overhead-bound")
-claim(not large_end.verdict.above(0.6), large_end, "128 -> 512: a small gain at most")
+claim(not large_end.verdict.above(1.0), large_end, "128 -> 512: four times the batch, under twice the samples/s")
 claim(search.speed.verdict.faster, search.speed, "the search measured its batch faster")
 print(checks_done())
