@@ -214,4 +214,3 @@ def test_a_stored_output_is_stale_when_its_words_are_not_the_codes_and_fresh_whe
         return nb
     assert stale_cells(notebook(text), notebook(remeasured)) == []
     assert len(stale_cells(notebook(old), notebook(text))) == 1
-
