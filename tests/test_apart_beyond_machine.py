@@ -13,6 +13,7 @@ from torch.utils.data import TensorDataset
 
 import nbtrain
 from nbtrain import Recipe, TrainConfig
+from nbtrain.measure.load import Load
 from nbtrain.metrics import MetricsLog
 from nbtrain.runs.apart import UNREAD
 from nbtrain.runs.repeats import BEYOND_MACHINE, evidence, same_settings, spread
@@ -101,3 +102,25 @@ def test_real_runs_apart_for_a_reason_nbtrain_cannot_read_say_so(monkeypatch):
     assert quick.steady().rate > BEYOND_MACHINE * waits.steady().rate
     cell = nbtrain.compare(quick, waits).rows[1]["vs first"]
     assert cell.startswith("the same settings as far as nbtrain can read, yet ") and "A/A" not in cell, cell
+
+
+def _beside_a_full_machine(run, own_cores):
+    """`run` as if its threads waited 1.2 s a second for a CPU (a full machine), its process tree using
+    `own_cores` cores meanwhile."""
+    wall_s = run.summary.train_time_s
+    load = Load(1.7, 2, wall_s, own_cores=own_cores, waited_cores=1.2)
+    return RunResult(run.config, run.log, run.summary.replace(load=load), name=run.name)
+
+
+@pytest.mark.parametrize("same_work", [True, False])
+def test_on_a_full_machine_the_cpu_time_a_sample_took_decides(same_work):
+    # 7x apart on a full machine: the load can explain any wall clock. Where each sample took the same CPU
+    # time, it may (A/A); where the slower one's samples took 7x the CPU time too, the work differs.
+    quick = _beside_a_full_machine(_run(0.01, "a"), own_cores=0.3)
+    slow = _beside_a_full_machine(_run(0.07, "b", seed=1), own_cores=0.3 / 7 if same_work else 0.3)
+    cell = nbtrain.compare(quick, slow).rows[1]["vs first"]
+    if same_work:
+        assert cell.startswith("same settings (A/A): ") and same_settings(quick, slow), cell
+    else:
+        assert cell.startswith("the same settings as far as nbtrain can read, yet 7.0x apart"), cell
+        assert not same_settings(quick, slow)

@@ -22,7 +22,7 @@ from ..measure.load import WINDOW_S, Load, demand, explains, explains_by_windows
 from ..measure.steady import columns_series
 from ..measure.verdict import Verdict, steady_ratio
 from ..records import samples_start
-from .repeats import BEYOND_MACHINE, Spread, apart_beyond_machine, readable_alike, spread
+from .repeats import BEYOND_LOADED, BEYOND_MACHINE, Spread, apart_beyond_machine, readable_alike, spread
 from .result import RunResult
 
 Labelled = tuple[str, RunResult]  # a run and the label its table row shows
@@ -35,8 +35,9 @@ SAME_SETTINGS = (f"{SAME_SETTINGS_CELL}: both runs trained the same code and dat
 UNREAD_CELL = "the same settings as far as nbtrain can read"
 UNREAD = (f"{UNREAD_CELL}, yet apart: the two runs' config, code, data and process settings read the same, but "
           f"their speeds read more than {BEYOND_MACHINE:g}x apart, further than repeats of one settings read on a "
-          "quiet machine: something nbtrain cannot read differs (a file or a library's state read in a step, the "
-          "machine itself). Neither counts as a repeat of the other; run each again to see which one moves")
+          f"quiet machine (on a full one: more than {BEYOND_LOADED:g}x, in the CPU time each sample took too): "
+          "something nbtrain cannot read differs (a file or a library's state read in a step, the machine "
+          "itself). Neither counts as a repeat of the other; run each again to see which one moves")
 TOO_SHORT_CELL = "too short to compare"
 TOO_SHORT = (f"{TOO_SHORT_CELL}: runs taken at different times need {APART_MIN_S:g} s of steady steps each, for the "
              f"machine's load to be read beside them (every {WINDOW_S:g} s); run more steps, or nbtrain.ab, which "

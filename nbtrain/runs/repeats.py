@@ -32,6 +32,11 @@ ENGINE_FIELDS = ("workload", "world_size", "device", "strategy", "global_batch",
 # settings (a global read in forward, a hook, a thread count) put them 7x-46x apart. No spread measured
 # between repeats is wider: runs further apart are not repeats (`_clusters`).
 BEYOND_MACHINE = 2.0
+# On a full machine (threads waiting a second a second for a CPU) the load can explain any slowdown of the
+# wall clock, but hardly the CPU time a sample took: identical runs of a small MLP there read up to 2.2x
+# apart in rate and 1.9x in CPU time per sample (11 pairs, a 2-core VM at load 8-16); 30 extra matmuls a
+# step, a difference nbtrain could not read, read 5.5x and 15x in both.
+BEYOND_LOADED = 3.0
 
 
 def settings_key(config: dict, summary: Summary) -> str | None:
@@ -63,7 +68,8 @@ def same_settings(first: RunResult, other: RunResult) -> bool:
 
 def apart_beyond_machine(first: RunResult, other: RunResult) -> float | None:
     """How many times faster the faster of the two runs' steady rates is, where that is more than
-    BEYOND_MACHINE and the load beside them cannot explain it; else None."""
+    BEYOND_MACHINE and the load beside them cannot explain it (where it could explain the wall clock: the
+    CPU time a sample took, which the load hardly moves, reads more than BEYOND_LOADED apart too); else None."""
     rates = first.steady().rate, other.steady().rate
     if not all(rate > 0 and math.isfinite(rate) for rate in rates):
         return None
@@ -72,7 +78,18 @@ def apart_beyond_machine(first: RunResult, other: RunResult) -> float | None:
     if factor <= BEYOND_MACHINE:
         return None
     loads = slower.load(), faster.load()
-    return None if None not in loads and explains(*loads, factor) else factor
+    if None in loads or not explains(*loads, factor):
+        return factor
+    work = cpu_per_sample(slower.summary) / cpu_per_sample(faster.summary)
+    return factor if factor > BEYOND_LOADED and work > BEYOND_LOADED else None
+
+
+def cpu_per_sample(summary: Summary) -> float:
+    """CPU seconds the run's process tree spent per sample it trained (nan: not recorded)."""
+    load = summary.load
+    if load is None or not summary.samples or not (math.isfinite(load.own_cores) and load.own_cores > 0):
+        return math.nan
+    return load.own_cores * load.wall_s / summary.samples
 
 
 @dataclass(frozen=True)
