@@ -27,6 +27,7 @@ from ..adapters.lightning import is_lightning_module
 from ..options import Problem
 from ..recipe import Recipe
 from ..records import samples_start
+from .failure_causes import explained
 from .tool_options import ToolOptionError
 
 # What a tool's **parts may hold besides training options: the parts of a recipe, as nbtrain.fit takes them.
@@ -304,5 +305,5 @@ def failed(error: BaseException) -> str:
         raise error
     text = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     if any("Traceback (most recent call last)" in line for line in text):  # a worker's error wraps its traceback: the cause is last
-        return f"failed: {text[-1][:200]}"
-    return f"failed: {type(error).__name__}" + (f": {text[0][:200]}" if text else "")
+        return explained(f"failed: {text[-1][:200]}")
+    return explained(f"failed: {type(error).__name__}" + (f": {text[0][:200]}" if text else ""))

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..measure.race import Entrant, race
 from ..tools import trial
+from ..tools.failure_causes import none_ran
 from ..tools.tool_options import ToolRefusal
 from .bench import Bench
 from .headline import head_to_head, head_to_head_reserve, unbacked
@@ -294,7 +295,7 @@ def _decide(walk: Walk, item, tried: list) -> ItemResult:
     # the most pairs), then the higher ratio.
     best = max(ran, key=lambda t: (not t.left.startswith("left"), t.verdict.pairs, t.verdict.ratio), default=None)
     if best is None:
-        note = "no candidate ran" if not any(t.samples_per_s for t in tried) else \
+        note = none_ran([t.note for t in tried]) if not any(t.samples_per_s for t in tried) else \
             "no time left to measure the current config beside it"
         return ItemResult(item.name, tried, rate, rate, False, "", note=note)
     verdict = best.verdict
