@@ -35,5 +35,7 @@ def panel(recipe_or_namespace=None, config=None, display=True):
 
 def load_ipython_extension(ipython):
     """`%load_ext nbtrain` registers the %%nbtrain magics (IPython is imported only here)."""
+    from .engine.imports import settle
     from .notebook.magic import load_ipython_extension as load
+    settle()  # torch's heavy lazy imports now, the interrupt held: a later cell's interrupt cannot cut them short
     load(ipython)

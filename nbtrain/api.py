@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from .config import ConfigError, Problem, TrainConfig, check_runnable
+from .engine import imports
 from .engine.engine import Engine
 from .engine.report import with_call
 from .engine.loggers import check_folder
@@ -57,6 +58,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     set from any thread (every DDP rank at the same step), keeping what it trained.
     """
     called = time.perf_counter()  # the call's wall time, all of it, is split in the summary
+    imports.settle()  # before the first optimizer is built: an interrupt cannot land inside torch's lazy imports
     parts = {"model": model, "train_data": train_data, "loss_fn": loss_fn, "training_step": training_step,
              "optimizer": optimizer, "val_data": val_data, "collate_fn": collate_fn, "scheduler": scheduler,
              "scheduler_interval": scheduler_interval, "metrics": metrics, "validation_step": validation_step}

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import TrainConfig, option_names
+from ..engine import imports
 from ..engine.borrow import Trial, own_parts
 from ..engine.state import Snapshot  # noqa: F401  (a tool's own engine's reset points)
 from ..adapters.lightning import is_lightning_module
@@ -47,6 +48,7 @@ def borrow(model=None, train_data=None, *, recipe: Recipe | None = None, config:
     """
     from ..adapters import recipe_for
     from ..engine.engine import Engine
+    imports.settle()  # before anything is built: an interrupt cannot land inside torch's lazy imports
     options = {name: value for name, value in parts.items() if name not in RECIPE_PARTS}
     parts = {name: value for name, value in parts.items() if name in RECIPE_PARTS}
     check_option_names(options)

@@ -1,0 +1,89 @@
+"""An interrupt at any moment leaves a kernel that trains (DESIGN rule 12): torch's heavy lazy imports done once
+with the interrupt held until they finish, and an import an interrupt cut short earlier (outside nbtrain) found and named.
+
+torch imports torch._dynamo (and through it sympy and mpmath, ~800 modules, seconds) the first time an optimizer
+is built. A KeyboardInterrupt landing inside leaves packages half imported: Python drops the package whose
+__init__ was cut short from sys.modules but keeps the submodules that finished, which still point at the dropped
+package object, and every later import of it fails (`module 'sympy' has no attribute 'logic'`).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import signal
+import sys
+import threading
+
+HEAVY = ("torch._dynamo",)  # what the first optimizer built imports lazily (sympy, mpmath come with it)
+_settled = False
+_NO_SOURCE: set = set()  # names without a package to import (see half_imported)
+
+
+class HalfImported(RuntimeError):
+    """A package an interrupt cut short cannot be imported again in this process."""
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """A SIGINT arriving inside the block is delivered when the block ends (main thread only; elsewhere there
+    is no signal to hold): what the interrupted code was importing finishes first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if arrived:
+            if callable(previous):
+                previous(signal.SIGINT, arrived[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
+
+
+def half_imported() -> list[str]:
+    """The packages an interrupted import left behind: missing from sys.modules while submodules of theirs that
+    finished are there (the shortest such name of each)."""
+    names = set(sys.modules)
+    missing = {n.rpartition(".")[0] for n in names if "." in n and n.rpartition(".")[0] not in names} - _NO_SOURCE
+    for name in sorted(missing):  # a name some library put in sys.modules by hand has no package to import
+        if not _importable(name):
+            _NO_SOURCE.add(name)
+    missing -= _NO_SOURCE
+    return sorted(m for m in missing if not any(m.startswith(o + ".") for o in missing))
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError, AttributeError):
+        return False
+
+
+def refuse_half_imported() -> None:
+    """One clear refusal where an interrupt outside nbtrain cut an import short (the user's own first optimizer,
+    before `%load_ext nbtrain`): torch cannot train in that process, and a repair in place is not sound (torch
+    registers operators and caches as it imports, so its modules cannot run twice, and the modules that finished
+    keep the dropped objects), so the kernel must restart; never an AttributeError from deep inside later."""
+    broken = half_imported()
+    if broken:
+        raise HalfImported(f"an interrupt earlier in this process cut short Python's import of {', '.join(broken)} "
+                           f"(its finished submodules are loaded, the package is not), so torch cannot train in "
+                           "this process; restart the kernel (after `%load_ext nbtrain`, nbtrain makes these imports "
+                           "with the interrupt held)")
+
+
+def settle() -> None:
+    """Before nbtrain builds anything: refuse a half-finished import, and do torch's heavy lazy imports once with
+    the interrupt held, so that an interrupt of the first cell cannot land inside them."""
+    global _settled
+    refuse_half_imported()
+    if _settled:
+        return
+    with interrupts_held():
+        for name in HEAVY:
+            importlib.import_module(name)
+    _settled = True
