@@ -8,8 +8,9 @@ values starts its first epoch, as before.
 
 Generated: data set wrapping (a TensorDataset over from_numpy, a Subset of one, a ConcatDataset of two) x the
 write (numpy, .data) x preload_data (auto, True) x order; and wrapping x how the object is made again (the same
-tensors, equal copies, other values). Each against test_changed_data's plain loop reading the data as it is at each
-batch, in DistributedSampler's order, its epoch going on while the data is the same. Weights bit for bit at fp32 on the CPU.
+tensors, equal copies, other values) x held or read through the DataLoader. Each against test_changed_data's
+plain loop reading the data as it is at each batch, in DistributedSampler's order, its epoch going on while the
+data is the same. Weights bit for bit at fp32 on the CPU.
 """
 from __future__ import annotations
 
@@ -91,18 +92,18 @@ REMADE = {"same tensors": lambda x, y: (x, y), "equal copies": lambda x, y: (x.c
           "other values": lambda x, y: (x * 0.5, y)}
 
 
-@pytest.mark.parametrize("kind,remade,shuffle", list(itertools.product(("tensors", "subset", "concat"), REMADE,
-                                                                        (False, True))))
-def test_a_new_data_set_object_over_the_same_data_goes_on_with_its_epoch(kind, remade, shuffle):
+@pytest.mark.parametrize("kind,remade,shuffle,held", list(itertools.product(("tensors", "subset", "concat"), REMADE,
+                                                                             (False, True), (True, False))))
+def test_a_new_data_set_object_over_the_same_data_goes_on_with_its_epoch(kind, remade, shuffle, held):
     arr, labels = arrays()
     x, y = torch.from_numpy(arr), torch.from_numpy(labels)
     model, twin = make_model(), make_model()
     plain = PlainLoop(twin, shuffle)
-    steps = random.Random(f"{kind}{remade}{shuffle}").sample(range(2, 5), 3)
+    steps = random.Random(f"{kind}{remade}{shuffle}{held}").sample(range(2, 5), 3)
     for call, n in enumerate(steps):
         tensors = REMADE[remade](x, y) if call else (x, y)
         dataset = wrap(kind, *tensors)
-        result = fit(model, dataset, n, True if kind == "concat" else "auto", shuffle)
+        result = fit(model, dataset, n, (True if kind == "concat" else "auto") if held else False, shuffle)
         if call and remade == "other values":  # other samples: their first epoch, from its start
             plain.epoch = plain.offset = 0
         plain.train(dataset, n)
