@@ -89,7 +89,8 @@ def process_settings() -> tuple:
     """What the process runs every step under, beyond the run's config: threads, autograd's modes, the
     backends' flags, a tracer (a debugger, coverage) slowing Python."""
     backends = torch.backends
-    flags = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+    from .. import __version__ as nbtrain_version  # the engine's own code: its version's
+    flags = {"torch": torch.__version__, "nbtrain": nbtrain_version, "threads": torch.get_num_threads(),
              "interop_threads": torch.get_num_interop_threads(),
              "anomaly": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
              "deterministic": (torch.are_deterministic_algorithms_enabled(),
@@ -273,8 +274,8 @@ class _Reader:
         if _library(function):
             self.add(_qualname(function))
             return
-        code = function.__code__
-        self.add(_code(code))
+        names = _names(function.__code__)
+        self.add(_code(function.__code__))
         self.value(function.__defaults__)
         self.value(function.__kwdefaults__)
         for cell in function.__closure__ or ():
@@ -282,7 +283,6 @@ class _Reader:
                 self.value(cell.cell_contents)
             except ValueError:  # an empty cell
                 self.add(None)
-        names = _names(code)
         namespace = function.__globals__
         for name in sorted(names):
             if name in namespace:
