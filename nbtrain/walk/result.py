@@ -76,6 +76,7 @@ class ChecklistResult(PrintsAsTable):
     chosen_config: TrainConfig | None = None  # what the items kept, before the closing race judged it
     withdrawn: str = ""           # why the closing race did not back the items' choice: then nothing is kept
     learned: object = None        # quality.Quality: the choice's held-out loss against the start's at equal time
+    min_gain: float = 0.03        # the keep rule: an item's 95% interval must lie above 1 + min_gain
 
     @property
     def moved(self) -> bool:

@@ -391,4 +391,4 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
                            trials=walk.trials, device=bench.device, lr_note=lr_note, kept_on_engine=keep_best,
                            blocks=walk.blocks, start=base, rounds=walk.rounds, path=path, head_to_head=final,
                            head_to_head_note=final_note, chosen_config=chosen if withdrawn else current,
-                           withdrawn=withdrawn, learned=learned)
+                           withdrawn=withdrawn, learned=learned, min_gain=min_gain)
