@@ -131,13 +131,13 @@ def test_where_the_models_threads_waited_the_host_reading_says_how_long_and_offe
     faster = ThreadRace(2, 1, Verdict(3.0, 2.4, 3.7, 6), 9000.0)
     busy = dataclasses.replace(quiet, model_load=waited, threads_race=faster)
     table = busy.table()
-    assert "threads: the model's 2 torch threads waited 1.4 s a second for a free CPU" in table, table
+    assert "; oversubscribed: its 2 torch threads waited 1.4 s a second for a free CPU" in table, table
     assert "at 1 thread the model alone read 9,000 samples/s, num_threads=1 against 2: 3.00x faster" in table, table
     assert busy.remedy_lines()[0].startswith("  try: num_threads=1: the model alone 3.0x faster than at 2 threads")
     assert "or with num_threads=1 (measured faster here" in busy.verdict  # too noisy, and a measured way out
     same = dataclasses.replace(busy, threads_race=ThreadRace(2, 1, Verdict(1.0, 0.97, 1.03, 6), 3000.0))
-    assert not same.remedy_lines()[0].startswith("  try: num_threads") and "threads waited" in same.table()
-    assert "threads:" not in quiet.table() or quiet.model_load.waited  # said only where they waited
+    assert not same.remedy_lines()[0].startswith("  try: num_threads") and "torch threads waited" in same.table()
+    assert "threads waited" not in quiet.table() or quiet.model_load.waited  # said only where they waited
 
 
 def test_on_a_cpu_the_forecasts_one_process_is_the_live_runs_and_ddps_gain_is_read_at_the_ranks_threads():

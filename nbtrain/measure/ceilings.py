@@ -196,7 +196,7 @@ class Ceilings(PrintsAsTable):
         if b.state == "noisy":
             fewer = self.threads_race.remedy.split(":")[0] if self.threads_race and self.threads_race.remedy else ""
             return (f"too noisy to tell: {b.noise}; read the ceilings again on a quieter machine"
-                    + (f", or with {fewer} (measured faster here: see threads)" if fewer else ""))
+                    + (f", or with {fewer} (measured faster here: see the model alone)" if fewer else ""))
         if b.state == "none":
             return (f"the step reaches {_percent(b.share)} of the {b.binding} ceiling, the nearest: none of the four "
                     f"explains it; look at {LOOK_AT}")
@@ -211,11 +211,9 @@ class Ceilings(PrintsAsTable):
         if training_rate is not None:
             mfu += f", {100 * self.utilisation(training_rate):.1f}% (training)"
         beside = self.model_load.beside() if self.model_load else ""
+        waited = self.oversubscribed()  # said on the model's line: its threads' wait is that reading's
         out.append(f"  model alone: {self.model.text()}{beside} (one batch of {c.batch_size} held on {self.device}); "
-                   f"{mfu}")
-        waited = self.oversubscribed()
-        if waited:
-            out.append(f"  threads: {waited}")
+                   f"{mfu}" + (f"; {waited}" if waited else ""))
         if self.busy is not None:
             f = self.busy.fraction
             out.append(f"  GPU busy {100 * f.value:.0f}% of the step (95% interval {100 * f.low:.0f}-{100 * f.high:.0f}%;"
@@ -236,8 +234,7 @@ class Ceilings(PrintsAsTable):
         if load is None or not load.waited:
             return ""
         count = f"{load.threads} " if load.threads else ""
-        out = (f"the model's {count}torch threads waited {load.waited_cores:.1f} s a second for a free CPU "
-               f"(other processes took {load.other_cores:.1f} of {load.cores} cores): the machine is oversubscribed")
+        out = f"oversubscribed: its {count}torch threads waited {load.waited_cores:.1f} s a second for a free CPU"
         return out + (f"; {self.threads_race.text()}" if self.threads_race else "")
 
     def _method(self, name: str) -> str:

@@ -21,6 +21,7 @@ What it measures here, through trials that give the model back (the arithmetic i
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -223,6 +224,8 @@ def one_process(engine, snapshot, config: TrainConfig, one_rank, threads: int, s
     the one rank's reading where a rank runs at that count, else read at it."""
     alone = one_rank if one_rank is not None and threads == rank_threads() else \
         rate_at(engine, snapshot, config, threads, seconds)
+    if not math.isfinite(alone.low):  # too few steps in `seconds` for an interval (threads stalled): steps instead
+        alone = rate_at(engine, snapshot, config, threads, seconds, steps=MIN_CHECK_STEPS)
     b = config.batch_size
     return Quantity(b / alone.rate, b / alone.high, b / alone.low, "s", "measured",
                     f"one process alone at {threads} thread{'s' * (threads != 1)}: {alone.text()}")
