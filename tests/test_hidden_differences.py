@@ -154,3 +154,44 @@ def test_a_global_in_a_users_own_module_is_read_by_value(tmp_path, monkeypatch):
     monkeypatch.setattr(settings_of_mine, "SCALE", 3)
     assert None not in (before, digest(recipe)) and digest(recipe) != before
     assert re.fullmatch(r"[0-9a-f]{16}", before)
+
+
+class Settings:  # a plain settings object, neither a dataclass nor a module
+    def __init__(self, repeats):
+        self.repeats = repeats
+
+
+def _more_work(module, *args):
+    return None
+
+
+MORE_KINDS = {
+    "a forward pre-hook": lambda model: model.register_forward_pre_hook(_more_work),
+    "a full backward hook": lambda model: model.register_full_backward_hook(_more_work),
+    "a hook on a torch submodule": lambda model: model.net.register_forward_hook(_more_work),
+    "a parameter's gradient hook": lambda model: model.net.weight.register_hook(lambda grad: grad * 1),
+    "a global module hook": lambda model: nn.modules.module.register_module_forward_hook(_more_work),
+    "a plain settings object, edited in place": lambda model: setattr(model.settings, "repeats", 6),
+    "a class attribute": lambda model: setattr(type(model), "SCALE", 6),
+    "a matmul precision": lambda model: torch.set_float32_matmul_precision("medium"),
+    "deterministic algorithms": lambda model: torch.use_deterministic_algorithms(True),
+}
+
+
+@pytest.mark.parametrize("kind", list(MORE_KINDS))
+def test_more_hidden_differences_change_the_digest(kind):
+    nb = notebook()
+    recipe = Recipe(model=nb["Net"](), train_data=nb["Pairs"](), loss_fn=nb["loss"])
+    recipe.model.settings = Settings(0)
+    before = digest(recipe)
+    precision, deterministic = torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled()
+    handle = MORE_KINDS[kind](recipe.model)
+    try:
+        assert None not in (before, digest(recipe)) and digest(recipe) != before
+    finally:
+        if hasattr(handle, "remove"):
+            handle.remove()
+        torch.set_float32_matmul_precision(precision)
+        torch.use_deterministic_algorithms(deterministic)
+    if recipe.model.settings.repeats == 0 and not hasattr(type(recipe.model), "SCALE"):
+        assert digest(recipe) == before  # the hook removed, the flag put back: the same settings again
