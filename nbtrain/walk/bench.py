@@ -35,6 +35,7 @@ class Here(Protocol):
     """What the items ask of the machine the walk walks on."""
     samples: int       # training samples per rank
     cores: int         # CPU cores the DataLoader's workers may use
+    threads: int       # torch's intra-op threads a run at num_threads=None trains at
     cuda: bool         # a GPU is there
     has_conv2d: bool   # the model has 2-D convolutions (channels_last acts on them)
 
@@ -96,6 +97,7 @@ class EngineFacts:
         self.samples = len(engine.recipe.train_data) // engine.world.size
         self.cuda = torch.cuda.is_available()
         self.cores = usable_cores()
+        self.threads = torch.get_num_threads()  # what a run at num_threads=None trains at (torch's own count)
         self.has_conv2d = has_conv2d(engine.model)
 
     def holding(self, current):
