@@ -242,9 +242,11 @@ weights_before = [p.detach().clone() for p in model.parameters()]
 # on this CPU — and the table says which items the 30 s budget had no time for: on your own model give the
 # walk minutes (`--budget 120`), not seconds.
 #
-# Each bar of the waterfall is one item's measured change in samples/s, in the order walked, with the
-# bottleneck it was tried for under its name, from the starting configuration on the left to the best one
-# found on the right. `walk.best_config` is that configuration, ready for `nbtrain.fit` (`--keep-best`
+# Each bar of the chart is one item's measured speed-up over the configuration current in its own race (its
+# leader's ratio with the 95% interval as whiskers; kept green, not kept grey), in the order walked, with the
+# bottleneck it was tried for under its name; the dashed line is the keep rule (the interval above 1.03x). Each
+# race ran at its own load, so the bars are not a cascade and do not multiply: the last bar is the walk's
+# choice raced against the starting configuration at the end, the one speed-up the walk claims. `walk.best_config` is that configuration, ready for `nbtrain.fit` (`--keep-best`
 # makes it the default of later `%%nbtrain` cells). When the walk
 # keeps a larger batch, its learning-rate note says how the rate was scaled — check the accuracy
 # consequence as in notebook 2 before keeping it.
