@@ -37,6 +37,12 @@ OPTIMIZERS = ("sgd-groups-instance", "sgd-momentum-factory", "adam-weight-decay-
               "adamw-factory", "adamw-instance")
 
 
+
+def draw_base_seed() -> None:
+    """What `iter(DataLoader)` draws from torch's generator at every pass (its base seed): the loop a user
+    writes over a DataLoader draws it, and every later dropout mask depends on it."""
+    torch.empty((), dtype=torch.int64).random_()
+
 @dataclass
 class Run:
     steps: int
@@ -216,6 +222,8 @@ class PlainLoop:
             if not sizes:
                 self.epoch, self.offset = self.epoch + 1, 0
                 continue
+            if self.offset == 0:  # a pass of the loader starts: iter(DataLoader) draws its base seed
+                draw_base_seed()
             window = min(accumulate, len(sizes))
             order = self.order(self.epoch)
             changed = False
@@ -375,6 +383,8 @@ def play_calls_plainly(case: CallCase, seed: int) -> nn.Module:
                 group.pop("initial_lr", None)
             scheduler = make_scheduler(*call.schedule)(optimizer) if call.schedule else None
         for _ in range(call.stop_after or call.steps):
+            if offset == 0:
+                draw_base_seed()
             order = torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
             x, y = dataset[order[offset:offset + case.batch]]
             nn.functional.mse_loss(model(x), y).backward()

@@ -213,6 +213,8 @@ def plain_in_order(case: Case, seed: int) -> nn.Module:
                 continue
             # gathered: a fresh batch, as a collate makes (a view into the data set's tensors at an unaligned
             # offset can take another matmul kernel: last-bit changes)
+            if offset == 0:  # a pass of the loader starts: iter(DataLoader) draws its base seed
+                torch.empty((), dtype=torch.int64).random_()
             x, y = dataset[own_rows[order[offset:offset + size]]]
             step(model, optimizer, x, y)
             offset += size

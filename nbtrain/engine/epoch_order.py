@@ -79,3 +79,14 @@ def batch_views(rows: torch.Tensor, order: torch.Tensor, size: int, device: torc
     if full == 0 or gathered.data_ptr() % ALIGNMENT:
         return map(aligned, batches)
     return iter(batches)
+
+
+def draw_as_a_loader_pass(loader) -> None:
+    """One number drawn from torch's global generator, as `iter(DataLoader)` draws its base seed (its workers'
+    seeds) there at every pass of a loader without a generator of its own, train and validation loaders alike:
+    the user's own loop draws it, so every later dropout mask and random augmentation lies where theirs does.
+    nbtrain's loaders seed their workers from their own generator (a resumed run's workers match); this draw
+    only keeps the global stream in step. A loader read as the user built it (FixedLoader) draws by itself."""
+    if getattr(loader, "draws_on_its_own", False):
+        return
+    torch.empty((), dtype=torch.int64).random_()

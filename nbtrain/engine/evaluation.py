@@ -11,6 +11,7 @@ import numbers
 import torch
 
 from . import data, dist
+from .epoch_order import draw_as_a_loader_pass
 from ..recipe import RecipeError, split_batch, with_part
 
 
@@ -34,6 +35,7 @@ def evaluate(engine, dataset) -> dict:
 
     was_training = model.training
     model.eval()
+    draw_as_a_loader_pass(loader)  # as the user's `for batch in val_loader` draws its base seed
     try:
         with torch.no_grad(), engine.precision.autocast():
             for batch in loader:

@@ -83,6 +83,8 @@ class FixedLoader:
     exactly only where the loader's order is deterministic.)
     """
 
+    draws_on_its_own = True  # iter() of the user's loader draws its own base seed (epoch_order.draw_as_a_loader_pass)
+
     def __init__(self, loader, note=lambda text: None):
         self.sampler = StreamPosition()
         self.batch_size = loader.batch_size
