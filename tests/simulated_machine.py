@@ -30,6 +30,7 @@ import numpy as np
 
 from nbtrain.config import TrainConfig
 from nbtrain.measure.ceilings import Ceilings
+from nbtrain.measure.noise_scale import noise_scale
 from nbtrain.measure.device_rates import Busy, HostSplit, Rate, StepCount
 from nbtrain.measure.forecast import ring_allreduce_s
 from nbtrain.measure.race import Block
@@ -253,6 +254,18 @@ class SimulatedMachine:
             return Tried("", config, None, blocks[0].note)
         rates = [b.rate for b in blocks]
         return Tried("", config, float(np.median(rates)), blocks=rates)
+
+    def noise_scale(self, config, seconds: float):
+        """B_simple as measure/noise_scale.py reads it from norms drawn as the landscape's b_noise says (|G|^2 = 1,
+        tr(Sigma) = b_noise; each norm within a few percent): the critical batch the walk's batch row shows."""
+        self._spend(config, seconds)
+        b = config.global_batch_size
+        if math.isinf(self.land.b_noise):
+            return noise_scale([1.0, 1.0], [1.0, 1.0], b, 8 * b)  # no gradient noise: no B_simple to give
+        jitter = lambda: math.exp(self.rng.normal(0, 0.02))  # noqa: E731
+        small = [(1 + self.land.b_noise / b) * jitter() for _ in range(20)]
+        big = [(1 + self.land.b_noise / (8 * b)) * jitter() for _ in range(20)]
+        return noise_scale(small, big, b, 8 * b)
 
     def quality(self, config, seconds: float, current=None) -> Learned:
         """The held-out loss after `seconds` of `config` from the start's weights: 4 falling to 2 with the samples

@@ -71,5 +71,5 @@ def noise_scale(small_sq, big_sq, small: int, big: int, *, resamples: int = 2000
     # A resample whose |G|^2 is not positive reads "noise without signal": the batch could be any size, so it
     # counts as an unbounded B_simple, never dropped (dropping it would narrow the interval on its easy side).
     ratios = np.where(gs > 0, ts / np.where(gs > 0, gs, 1.0), np.inf)
-    low, high = np.percentile(ratios, [2.5, 97.5])
+    low, high = np.percentile(ratios, [2.5, 97.5], method="inverted_cdf")  # no interpolation: inf stays inf
     return NoiseScale(t / g, float(low), float(high), g, t, small, big, n)

@@ -25,6 +25,8 @@ from ..tools.ceilings import measure_ceilings
 from ..tools.tune import is_oom, memory_limit
 from .items import Tried, cannot_run_ddp_here
 from .quality import Learned
+from ..measure.noise_scale import NoiseScale
+from ..tools.gradient_noise import read_noise_scale
 
 _SCORED_SLICE = 512  # training samples a race of what is learned scores on where the recipe has no val_data
 
@@ -65,6 +67,9 @@ class Bench(Protocol):
 
     def bottleneck(self, config: TrainConfig, seconds: float) -> Bottleneck:
         """The ceilings' verdict at `config`, each ceiling read for about `seconds`."""
+
+    def noise_scale(self, config: TrainConfig, seconds: float) -> NoiseScale:
+        """The gradient noise scale of the model at `config`'s batch, read for about `seconds`."""
 
     def quality(self, config: TrainConfig, seconds: float, current: TrainConfig | None = None) -> Learned:
         """`config` trained `seconds` of wall time from the walk's starting weights, on the same data in the same
@@ -214,6 +219,14 @@ class EngineBench:
         try:
             self.engine.reconfigure(config)
             return measure_ceilings(self.engine, steps=10, seconds=seconds, known=self.device_rates).bottleneck()
+        finally:
+            self.lent.reset()
+
+    def noise_scale(self, config, seconds: float) -> NoiseScale:
+        """The gradient noise scale at `config`'s batch (tools/gradient_noise.py), in the trial, put back after."""
+        try:
+            self.engine.reconfigure(config)
+            return read_noise_scale(self.engine, seconds=seconds)
         finally:
             self.lent.reset()
 

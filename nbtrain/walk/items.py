@@ -34,6 +34,7 @@ class Item:
     stage: str = "bottleneck"     # "first": before any bottleneck is read; "last": once, after the path ends
     ordered: bool = False         # candidates in rising size: one that does not fit takes the larger ones out
     keep_regardless: bool = False  # asked for by the user (accumulation to a target): kept without a gain
+    reads: Callable | None = None  # (walk, current) -> a reading said in its row (the batch: the critical batch size)
 
 
 REGISTRY: dict[str, Item] = {}
@@ -141,7 +142,15 @@ def preload_data(walk, current):
 
 # Batch before workers: more workers only pay once a batch is big enough to keep them busy, and a
 # larger batch is the cheaper change; a coordinate search that tries workers first keeps too few.
-@item("batch_size", answers=("batch_size",), ordered=True)
+def critical_batch(walk, current) -> str:
+    """The gradient noise scale at the current batch (tools/gradient_noise.py), said in the batch item's row: the
+    batch beyond which a larger one costs samples for the same loss (McCandlish et al. 2018)."""
+    if walk.left() < 4 * walk.block_cost_s():
+        return "critical batch size not read: no time left in the budget"
+    return walk.bench.noise_scale(current, walk.block_s).text()
+
+
+@item("batch_size", answers=("batch_size",), ordered=True, reads=critical_batch)
 def batch_size(walk, current):
     target = walk.target
     sizes = [b for b in batch_candidates(current, walk.here.samples, target) if b > current.batch_size]

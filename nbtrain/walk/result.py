@@ -27,6 +27,7 @@ class ItemResult:
     bottleneck: str = ""            # the binding ceiling when it was tried ("" where none was read)
     current_rate: float = float("nan")  # the current config's samples/s beside the candidates, in the same race
     earlier: list = field(default_factory=list)  # the same item's earlier races, at configs the walk left since
+    about: str = ""                 # what the item read beside its race (the batch: the critical batch size)
 
     @property
     def speedup(self) -> float:
@@ -147,7 +148,7 @@ class ChecklistResult(PrintsAsTable):
                             for i in item.earlier)
             lines.append(f"  {item.bottleneck or '-':<9} {item.name:<{w}} {item.verdict_text():<{v}} "
                          f"{'yes' if item.kept else 'no':<4}  {tried}" + (f" -> {item.chosen}" if item.kept else "")
-                         + again)
+                         + again + (f" [{item.about}]" if item.about else ""))
         for name, reason in self.skipped:
             lines.append(f"  {'':<9} {name:<{w}} {'skipped':<{v}} {'':<4}  {reason}")
         if self.withdrawn:

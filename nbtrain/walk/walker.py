@@ -233,6 +233,7 @@ def _try(walk: Walk, item, binding: str | None, skipped: dict, lr_checks: list) 
     walk.race_base = float("nan")
     try:
         outcome = item.candidates(walk, current)
+        about = item.reads(walk, current) if item.reads is not None and not isinstance(outcome, str) else ""
         if isinstance(outcome, list) and outcome and not isinstance(outcome[0], Tried):
             outcome = walk.race(outcome, ordered=item.ordered)
     except Exception as error:  # noqa: BLE001 - an item that fails is a row; the walk goes on
@@ -269,7 +270,7 @@ def _try(walk: Walk, item, binding: str | None, skipped: dict, lr_checks: list) 
                                        note=f"not kept: {doing} could not run ({trial.failed(error)})",
                                        bottleneck=binding or ""))
         return False
-    result.bottleneck = binding or ""
+    result.bottleneck, result.about = binding or "", about
     walk.results.append(result)
     if result.kept:
         walk.current = chosen
