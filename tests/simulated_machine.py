@@ -212,6 +212,7 @@ class SimulatedMachine:
     seen: set = field(default_factory=set)     # configs run once (compiled)
     running: set = field(default_factory=set)  # configs whose workers are up
     blocks: list = field(default_factory=list)
+    stepping: tuple = (None, "")  # how often the user's schedule is stepped, and which: ('step', 'LambdaLR ...')
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.seed)
@@ -326,6 +327,9 @@ class SimulatedMachine:
 
     def schedule_note(self) -> str:
         return ""
+
+    def schedule_stepping(self) -> tuple:
+        return self.stepping  # the user's schedule, as the landscape's test gives it (none by default)
 
     def restore(self, config=None) -> None:
         pass

@@ -67,3 +67,25 @@ def test_a_candidate_faster_per_sample_but_worse_per_second_in_loss_is_not_kept(
     # where each sample is worth as much at any batch (no noise-scale limit), the largest batch is kept
     plain = run_walk(m := SimulatedMachine(H200, seed=seed), budget_s=60, clock=m.clock)
     assert plain.best_config.batch_size == 2048, plain.table()
+
+
+def test_a_batch_change_says_what_it_does_to_a_schedule_counted_in_steps_and_rescales_nothing():
+    # The user's warm-up + decay stepped every step (nanoGPT's get_lr as a LambdaLR): at a batch 64x larger each of its
+    # steps is 64x the samples. Said in the learning-rate line; the schedule itself is kept in steps, as written.
+    machine = SimulatedMachine(H200, seed=0, stepping=("step", "LambdaLR every step (as given)"))
+    walk = run_walk(machine, budget_s=60, clock=machine.clock)
+    factor = walk.best_config.global_batch_size / walk.start_config.global_batch_size
+    assert factor > 1, walk.table()
+    assert (f"your schedule (LambdaLR every step (as given)) counts optimizer steps: at global batch "
+            f"{walk.best_config.global_batch_size} instead of 32 each of its steps is {factor:.3g}x the samples") in walk.lr_note
+    assert walk.lr_note.endswith("kept in steps, as written: nbtrain does not rescale a schedule unasked")
+    assert "learning rate: " in walk.table()
+    # a schedule stepped every epoch, and no warm-up: nothing counted in steps, nothing said
+    quiet = run_walk(m := SimulatedMachine(H200, seed=0, stepping=("epoch", "StepLR every epoch")), budget_s=60,
+                     clock=m.clock)
+    assert "counts optimizer steps" not in quiet.lr_note and "kept in steps" not in quiet.lr_note
+    from nbtrain.walk.steps_note import steps_note
+    start = H200.start.replace(warmup_steps=5)
+    assert steps_note(start, start.replace(batch_size=512), None) == (
+        "warmup_steps=5 becomes 2,560 samples' worth (was 160); kept in steps, as written: nbtrain does not rescale "
+        "a schedule unasked")

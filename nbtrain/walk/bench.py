@@ -87,6 +87,9 @@ class Bench(Protocol):
     def schedule_note(self) -> str:
         """What keeping a config with a new learning rate does to the live schedule, in words."""
 
+    def schedule_stepping(self) -> tuple:
+        """(how often the live schedule is stepped: 'step', 'epoch' or None where there is none, which in words)."""
+
     def restore(self, config: TrainConfig | None = None) -> None:
         """The walk is over: the bench back where it started; `config` the one the walk keeps (keep_best)."""
 
@@ -284,6 +287,10 @@ class EngineBench:
         if result.status != "completed":
             raise RuntimeError(f"the ranks' check ended {result.status}")
         return worse(list(result.log.columns["loss"]))
+
+    def schedule_stepping(self) -> tuple:
+        s = self.engine.schedule
+        return (None, "") if s is None or s.on_plateau else (s.interval, s.stepping())
 
     def schedule_note(self) -> str:
         s = self.engine.schedule  # the trial's copy of the live schedule (the same scheduler class)

@@ -40,6 +40,7 @@ from .headline import head_to_head, head_to_head_reserve, unbacked
 from .items import ITEMS, REGISTRY, Tried
 from .quality import alters_learning, judged_by_learning, quality_cost, race_quality
 from .result import ChecklistResult, ItemResult
+from .steps_note import steps_note
 
 _ROUNDS = (3, 8)  # fewest rounds before a race may keep a candidate, and most rounds of one race
 _BLOCKS_PER_TRIAL = 6  # a race block is a sixth of trial_s: short blocks pair closely in time (the
@@ -386,6 +387,7 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
                                                       "; add warmup_steps (linear warm-up) for large scale-ups"))
     if keep_best and finished and current.lr_factor() != start.lr_factor():
         lr_note += bench.schedule_note()
+    lr_note = "; ".join(filter(None, [lr_note, steps_note(start, current, *bench.schedule_stepping())]))
     lr_note = "; ".join(filter(None, [lr_note] + lr_checks))
     return ChecklistResult(start_config=start, best_config=current, baseline=base.samples_per_s, items=walk.results,
                            skipped=list(skipped.items()), budget_s=float(budget_s), elapsed_s=clock() - t0,
