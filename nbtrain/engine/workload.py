@@ -21,6 +21,7 @@ attributes to read and no known kind, a graph too large to follow), the digest i
 from __future__ import annotations
 
 import collections
+import dis
 import enum
 import functools
 import hashlib
@@ -274,7 +275,7 @@ class _Reader:
         if _library(function):
             self.add(_qualname(function))
             return
-        names = _names(function.__code__)
+        names, attributes = _names(function.__code__)
         self.add(_code(function.__code__))
         self.value(function.__defaults__)
         self.value(function.__kwdefaults__)
@@ -290,7 +291,7 @@ class _Reader:
                 self.add(name)
                 if isinstance(value, types.ModuleType) and not _library_module(value.__name__):
                     self.add(("module", value.__name__))  # a user's module: what the code reads of it
-                    for attribute in sorted(names):
+                    for attribute in sorted(attributes):
                         if attribute in vars(value):
                             self.add(attribute)
                             self.value(vars(value)[attribute])
@@ -395,13 +396,22 @@ def _plain_repr(value):
     return (type(value).__name__, len(value), hashlib.sha256(repr(value).encode()).hexdigest())
 
 
-def _names(code: types.CodeType) -> set[str]:
-    """The global and attribute names a code object and the functions nested in it read."""
-    names = set(code.co_names)
+@functools.lru_cache(maxsize=4096)
+def _names(code: types.CodeType) -> tuple[frozenset, frozenset]:
+    """The global names a code object and the functions nested in it load, and the attribute names they
+    read (`self.model` reads no global `model`: a notebook's `model` is not what that line reads)."""
+    globals_, attributes = set(), set()
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            globals_.add(instruction.argval)
+        elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM"):
+            attributes.add(instruction.argval)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
+            inner_globals, inner_attributes = _names(const)
+            globals_ |= inner_globals
+            attributes |= inner_attributes
+    return frozenset(globals_), frozenset(attributes)
 
 
 def _code(code: types.CodeType):

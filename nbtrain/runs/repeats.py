@@ -67,21 +67,25 @@ def same_settings(first: RunResult, other: RunResult) -> bool:
 
 
 def apart_beyond_machine(first: RunResult, other: RunResult) -> float | None:
-    """How many times faster the faster of the two runs' steady rates is, where that is more than
-    BEYOND_MACHINE and the load beside them cannot explain it (where it could explain the wall clock: the
-    CPU time a sample took, which the load hardly moves, reads more than BEYOND_LOADED apart too); else None."""
+    """How many times faster the faster of the two runs' steady rates is, where even the least their
+    intervals allow is more than BEYOND_MACHINE and the load beside them cannot explain it (where it could
+    explain the wall clock: that least, and the CPU time a sample took, which the load hardly moves, are
+    more than BEYOND_LOADED apart); else None."""
     rates = first.steady().rate, other.steady().rate
     if not all(rate > 0 and math.isfinite(rate) for rate in rates):
         return None
     (slower, faster) = (first, other) if rates[0] < rates[1] else (other, first)
     factor = max(rates) / min(rates)
-    if factor <= BEYOND_MACHINE:
+    high, low = slower.steady().high, faster.steady().low
+    # a noisy run's interval (a first run in a process, its blocks 2.3x apart) says how far apart they may be
+    least = low / high if math.isfinite(low) and math.isfinite(high) and low > 0 and high > 0 else factor
+    if least <= BEYOND_MACHINE:
         return None
     loads = slower.load(), faster.load()
-    if None in loads or not explains(*loads, factor):
+    if None in loads or not explains(*loads, least):
         return factor
     work = cpu_per_sample(slower.summary) / cpu_per_sample(faster.summary)
-    return factor if factor > BEYOND_LOADED and work > BEYOND_LOADED else None
+    return factor if least > BEYOND_LOADED and work > BEYOND_LOADED else None
 
 
 def cpu_per_sample(summary: Summary) -> float:
