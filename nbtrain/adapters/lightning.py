@@ -145,6 +145,10 @@ def lightning_recipe(module, train_data=None, val_data=None, **parts) -> Recipe:
     if clashing:
         raise RecipeError(f"{', '.join(clashing)}: given with a LightningModule, which defines its own (training_step, "
                           "configure_optimizers, validation_step); allowed: leave them out, or change the module")
+    if getattr(module, "automatic_optimization", True) is False:  # manual optimization
+        raise RecipeError("automatic_optimization=False: the LightningModule steps its optimizers itself "
+                          "(self.optimizers(), self.manual_backward), which needs a Lightning Trainer; nbtrain trains "
+                          "automatic optimization only: allowed: automatic_optimization=True, or a Lightning Trainer")
     slot = module.__dict__.setdefault("_nbtrain_training", Slot())
     if slot.value is None:  # one wrapper per module, so the live engine (and optimizer state) carries on
         slot.value = LightningTraining(module)

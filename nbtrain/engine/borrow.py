@@ -1,9 +1,9 @@
 """A tool's trial: an engine of its own that borrows the live model and gives it back.
 
 A trial shares one thing with the live engine: the model. It borrows it (`Loan`: its weights, buffers
-and gradients, with their devices and layouts, its modules' modes and activation checkpointing, every
-RNG stream and the process-wide matmul settings are saved when the trial starts and put back, bit for
-bit, when it ends), and trains it with parts of its own (Engine.fork): a copy of the live optimizer
+and gradients, with their devices and layouts, its modules' modes, plain numbers and activation checkpointing,
+every RNG stream (the global ones and the generators its data sets and modules keep: random_streams.py) and the
+process-wide matmul settings are saved when the trial starts and put back, bit for bit, when it ends), and trains it with parts of its own (Engine.fork): a copy of the live optimizer
 and its state, a copy of the schedule and its notes, its own loader over the same data (a fresh
 iteration, never the live loader's open pass or its generator), its own scaler, position and config.
 The live engine's objects are never reached, so there is no list of things to put back that could
@@ -21,6 +21,7 @@ import dataclasses
 import torch
 
 from .data import stop_workers
+from .random_streams import Saved
 from .state import Snapshot, copy_loader, copy_optimizer, copy_schedule, rng_state, same_state, set_rng_state
 
 _NO_FORWARD = object()  # a module without a forward of its own (the class's forward runs)
@@ -108,8 +109,11 @@ class Trial:
         """`original`: the optimizer the trial's engine copied (the live one), which nothing steps meanwhile."""
         self.recipe = recipe
         self.loan = Loan(model)
+        self.saved = None
         try:
             self.engine = make()
+            r = self.engine.recipe  # the data sets' own generators, the modules' plain numbers: put back at close
+            self.saved = Saved(model, r.train_data, r.val_data, r.fixed_loader, r.collate_fn, r.loss_fn)
             if config is not None:
                 self.engine.reconfigure(config)
             # Where each of the trial's blocks starts: its weights are the loan's copy, its optimizer state the
@@ -120,6 +124,8 @@ class Trial:
             self.start = Snapshot(self.engine, saved=saved)
         except BaseException:
             self.loan.give_back()
+            if self.saved is not None:
+                self.saved.put_back()
             raise
 
     def reset(self) -> None:
@@ -130,6 +136,7 @@ class Trial:
             stop_workers(self.engine.loader)
         finally:
             self.loan.give_back()
+            self.saved.put_back()
 
     def __enter__(self) -> "Trial":
         return self

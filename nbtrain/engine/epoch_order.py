@@ -90,3 +90,11 @@ def draw_as_a_loader_pass(loader) -> None:
     if getattr(loader, "draws_on_its_own", False):
         return
     torch.empty((), dtype=torch.int64).random_()
+
+
+def start_pass(loader, offset: int):
+    """iter(loader), after the draw the user's DataLoader makes when a pass starts (offset 0; a run continuing a
+    pass mid-way makes none, as the user's loop keeps its iterator)."""
+    if offset == 0:
+        draw_as_a_loader_pass(loader)
+    return iter(loader)

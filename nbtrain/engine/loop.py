@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from . import checkpoint, data, fsdp, loggers, report, workload
+from . import checkpoint, data, epoch_order, fsdp, loggers, report, workload
 from ..config import ConfigError, Problem
 from ..measure import load
 from .changes import check_batches
@@ -39,7 +39,6 @@ from ..metrics import MetricsLog
 from .monitor import Monitor, check_monitor
 from ..records import EndEvent, EpochEvent, LoggedEvent, StartEvent, StartInfo, StepsEvent
 from ..runs.result import RunResult, summarize
-from .epoch_order import draw_as_a_loader_pass
 from .support import Clock, no_device_sync, plain, release_loader, stop_on_sigint
 
 _NEVER = threading.Event()  # the stop event of a run whose caller gave none: never set
@@ -192,9 +191,7 @@ class Run:
         save_steps, save_seconds = (every.steps, every.seconds) if every else (0, 0.0)
         sync = functools.partial(torch.cuda.synchronize, device) \
             if self.sync_phases and device.type == "cuda" else no_device_sync
-        if engine.epoch_offset == 0:  # a pass starts: the user's loop draws its loader's base seed here
-            draw_as_a_loader_pass(loader)
-        iterator = iter(loader)
+        iterator = epoch_order.start_pass(loader, engine.epoch_offset)  # with the user's loop's draw at offset 0
         micro = window = window_samples = 0
         data_s = h2d_s = forward_s = backward_s = 0.0
         loss_sum = None
