@@ -113,7 +113,7 @@ def test_ab_stops_when_its_own_clock_says_the_budget_is_spent():
 
 def test_an_interval_too_wide_to_rule_anything_out_says_too_noisy_not_no_difference():
     from nbtrain.measure.verdict import Verdict
-    wide, narrow = Verdict(1.9, 0.62, 11.2, 2), Verdict(1.01, 0.97, 1.04, 8)
+    wide, narrow = Verdict(1.9, 0.62, 11.2, 5), Verdict(1.01, 0.97, 1.04, 8)
     assert wide.too_noisy and not wide.measurable and not wide.above(0.03)
     assert wide.short() == "too noisy to tell (0.62-11.20)"
     assert wide.text("batch 64") == "batch 64: too noisy to tell (95% interval 0.62-11.20)"
