@@ -100,3 +100,9 @@ def test_a_comparison_does_not_call_shuffle_a_difference_where_a_runs_data_is_a_
     assert table_rows[1].differs_from(table_rows[0]) == "the same config"
     # where both runs' order is nbtrain's, shuffle is a difference and is said
     assert compare(trained(listed, shuffle=False), trained(listed)).rows[1]["changed from first"] == "shuffle=True"
+
+
+def test_the_readme_says_a_switch_takes_its_no_form():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "`--no-shuffle` is `--shuffle false`" in readme
