@@ -25,7 +25,7 @@ CHANGED = dict(
     channels_last=True, matmul_precision="high", cudnn_benchmark=False, optimizer_impl="foreach",
     activation_checkpointing="layers.0,head", checkpoint_every="90s", checkpoint_dir="/tmp/a b",
     resume="-it's last.pt", on_nonfinite_loss="continue", val_every_n_steps=50, monitor="val_acc", mode="max",
-    patience=3, restore_best=True, logger="csv", logger_dir="logs \"dir\"", log_every_n_steps=1)
+    patience=3, restore_best=True, logger="csv", logger_dir="logs \"dir\"", log_every_n_steps=1, num_threads=1)
 DEFAULTS = TrainConfig().to_dict()
 
 
