@@ -54,7 +54,7 @@ def test_many_tiny_operations_are_bound_by_the_host_and_a_larger_batch_comes_fir
     assert groups(b)[0] == "host"
     every_ceiling_has_an_interval(c)
     assert c.verdict.startswith("host-bound: the host's fixed cost per step allows ")
-    assert "step times at batch 8 and 2" in c.table() and "try: batch_size=16" in c.table()
+    assert "step times at batch 8 and 2" in c.table() and "idea, not raced: batch_size=16" in c.table()
 
 
 @pytest.mark.slow

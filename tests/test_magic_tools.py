@@ -84,7 +84,7 @@ def test_ceilings_flag_prints_the_four_ceilings_binding_first_and_the_remedies(i
                           "cells\n"), out
     c = ip.user_ns["_nbtrain"]
     b = c.bottleneck()
-    assert f"verdict: {c.verdict}" in out and f"try: {b.remedies[0].text}" in out
+    assert f"verdict: {c.verdict}" in out and f"idea, not raced: {b.remedies[0].text}" in out
     assert out.index(f"  {b.order[0]} ") < out.index(f"  {b.order[-1]} ") and out.count("95% interval") >= 4
 
 

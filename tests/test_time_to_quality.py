@@ -89,3 +89,15 @@ def test_a_batch_change_says_what_it_does_to_a_schedule_counted_in_steps_and_res
     assert steps_note(start, start.replace(batch_size=512), None) == (
         "warmup_steps=5 becomes 2,560 samples' worth (was 160); kept in steps, as written: nbtrain does not rescale "
         "a schedule unasked")
+
+
+def test_a_peak_ratio_is_never_presented_as_the_expected_gain():
+    # ceilings' first suggestion on nanoGPT read "a bf16 matmul ... 4.32x faster"; ab measured the step 1.09x slower.
+    land = next(land for land in LANDSCAPES if land.name == "gpu-compute-bound-matmuls")
+    reading = SimulatedMachine(land).ceilings(land.start, 0.5)
+    lines = reading.remedy_lines()
+    precision = next(line for line in lines if "precision='bf16-mixed'" in line)
+    assert precision.startswith("  idea, not raced: precision='bf16-mixed': a bf16 matmul alone against the float32 "
+                                "one here: "), lines
+    assert "(the matmul's own ratio, not this step's expected gain: nbtrain.ab measures the step)" in precision
+    assert all(line.startswith("  idea, not raced: ") for line in lines), lines  # nothing here was raced

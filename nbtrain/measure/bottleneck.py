@@ -180,8 +180,8 @@ def _host(c) -> list[Remedy]:
         h, d = split.host_s.value, split.device_s.value
         gain = 2 * (h + d) / (h + 2 * d) if h + 2 * d > 0 else math.nan
         out.append(Remedy("host", "batch_size", f"batch_size={2 * b}: the fixed {1000 * h:.2f} ms per step spread over "
-                                                f"twice the samples ({ratio_text(gain)} faster, predicted by the "
-                                                "two-batch fit)"))
+                                                f"twice the samples ({ratio_text(gain)} faster as the two-batch "
+                                                "fit predicts, not measured)"))
     else:
         out.append(Remedy("host", "batch_size", f"batch_size={2 * b}: the fixed per-step cost spread over more samples"))
     steps = []
@@ -204,7 +204,8 @@ def _lower_precision(c, why: str) -> Remedy | None:
     low, measured = c.low_precision_peak, ""
     if low is not None and c.peak.value > 0:
         ratio = Verdict(low.value / c.peak.value, low.low / c.peak.high, low.high / c.peak.low, 0, paired=False)
-        measured = f"a bf16 matmul against the float32 one here: {ratio.text()}; "
+        measured = (f"a bf16 matmul alone against the float32 one here: {ratio.text()} (the matmul's own ratio, not "
+                    f"this step's expected gain: nbtrain.ab measures the step); ")
     return Remedy(why, "precision", f"precision='bf16-mixed': {measured}compared against "
                                     f"{precision_baseline(c.device_type)}")
 

@@ -225,7 +225,10 @@ class Ceilings(PrintsAsTable):
     def remedy_lines(self, count: int = 4) -> list[str]:
         fewer = [f"  try: {self.threads_race.remedy} [threads]"] if self.threads_race and self.threads_race.remedy \
             else []
-        return fewer + [f"  try: {r.text} [{r.ceiling}]" for r in self.bottleneck().remedies[:count - len(fewer)]]
+        # Only a remedy raced on the live model here (fewer threads) is a "try" with its measured ratio; every other is
+        # an idea with its reason, not raced: its figures (a peak's ratio, a fit's prediction) are not the step's gain
+        return fewer + [f"  idea, not raced: {r.text} [{r.ceiling}]"
+                        for r in self.bottleneck().remedies[:count - len(fewer)]]
 
     def oversubscribed(self) -> str:
         """Where the model's threads waited for a free CPU while it was read: how long, and what fewer threads did
