@@ -61,6 +61,8 @@ def test_the_estimates_are_unbiased_for_norms_drawn_as_the_model_says():
     assert not unresolved.measured and "not resolved" in unresolved.note and math.isnan(unresolved.b_simple)
     with pytest.raises(ValueError, match="0 < small < big"):
         estimates([1.0], [1.0], 64, 8)
+    few = noise_scale([g2 + tr / 8] * 3, [g2 + tr / 64] * 3, 8, 64)  # 3 repeats: an estimate, no interval
+    assert few.b_simple == pytest.approx(20) and math.isnan(few.low) and "too few repeats for an interval" in few.text()
     rng = np.random.default_rng(0)
     assert noise_scale(g2 + tr / 8 + rng.normal(0, 1, 50), g2 + tr / 64 + rng.normal(0, 0.1, 50), 8, 64).measured
 

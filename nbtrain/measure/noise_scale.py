@@ -19,6 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
+_FEWEST_FOR_INTERVAL = 5  # repeats from which the bootstrap gives an interval
+
+
 @dataclass(frozen=True)
 class NoiseScale:
     """B_simple with its 95% interval over `repeats` pairs of norms, and what it was read from."""
@@ -40,7 +43,9 @@ class NoiseScale:
         if not self.measured:
             return f"critical batch size not measured: {self.note}"
         interval = f"{self.low:,.0f}-{self.high:,.0f}" if math.isfinite(self.high) else \
-            f"{self.low:,.0f} or more" if math.isfinite(self.low) else "interval too wide to give"
+            f"{self.low:,.0f} or more" if math.isfinite(self.low) else \
+            f"too few repeats for an interval, {_FEWEST_FOR_INTERVAL} needed" if self.repeats < _FEWEST_FOR_INTERVAL \
+            else "interval too wide to give"
         return (f"critical batch size ~{self.b_simple:,.0f} samples (gradient noise scale B_simple, 95% interval "
                 f"{interval}; gradients at batch {self.small} and {self.big}, {self.repeats} repeats)")
 
@@ -65,6 +70,8 @@ def noise_scale(small_sq, big_sq, small: int, big: int, *, resamples: int = 2000
             "|G|^2 was not resolved above the gradients' noise (more repeats, or a larger B_big)" if not g > 0 \
             else "the larger batch's gradients were no less noisy (tr(Sigma) not positive)"
         return NoiseScale(float("nan"), float("nan"), float("nan"), g, t, small, big, n, note=why)
+    if n < _FEWEST_FOR_INTERVAL:  # a bootstrap of 2 or 3 repeats is no interval: the estimate is said without one
+        return NoiseScale(t / g, float("nan"), float("nan"), g, t, small, big, n)
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, n, (resamples, n))
     gs, ts = grad_sq[picks].mean(axis=1), trace[picks].mean(axis=1)

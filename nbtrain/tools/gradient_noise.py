@@ -19,7 +19,7 @@ _K = 8  # batches per repeat: B_big = 8 B (the larger the ratio, the better |G|^
 
 def read_noise_scale(engine, *, repeats: int = 20, k: int = _K, seconds: float | None = None) -> NoiseScale:
     """B_simple of the trial engine's model at its config's batch size; the caller resets the trial. `seconds`:
-    stop taking repeats after this long (at least 2 are taken)."""
+    stop taking repeats after this long (at least 5 are taken: the fewest the interval comes from)."""
     import time
     model, recipe = engine.model, engine.recipe
     params = [p for p in model.parameters() if p.requires_grad]
@@ -31,7 +31,7 @@ def read_noise_scale(engine, *, repeats: int = 20, k: int = _K, seconds: float |
     t0 = time.perf_counter()
     try:
         for _ in range(repeats):
-            if seconds is not None and len(small_sq) >= 2 and time.perf_counter() - t0 > seconds:
+            if seconds is not None and len(small_sq) >= 5 and time.perf_counter() - t0 > seconds:
                 break
             total = [torch.zeros_like(p, dtype=torch.float64) for p in params]
             squares = 0.0
