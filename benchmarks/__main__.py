@@ -15,7 +15,8 @@ from .common import machine
 
 BENCHMARKS = ("parity", "ddp_parity", "engine_overhead", "peer_rnn", "peers", "launch_latency", "checklist_vs_grid", "batch_search",
               "magic_views_overhead", "budgets", "notebook_time", "in_memory", "long_runs", "verdicts", "forecast_check",
-              "ceilings_textbook", "walk_headline", "compare_beside_load", "slurm_job", "time_to_quality")
+              "ceilings_textbook", "walk_headline", "compare_beside_load", "slurm_job",
+              "threads", "time_to_quality")
 
 
 def main(argv=None) -> int:
