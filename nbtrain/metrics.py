@@ -276,6 +276,29 @@ class MetricsLog:
             copy._thin(max_rows)
         return copy
 
+    def tail(self, rows: int = 0, marks: int = 0) -> dict:
+        """What the log holds past its first `rows` step rows and `marks` other events, copied together,
+        with its thinning counters: a copy elsewhere (the live plot's drawing process) catches up with
+        `add_tail`, sent only what it lacks. Counters other than the copy's own mean thinning changed the
+        rows it holds: send it the tail from 0."""
+        with self._lock:
+            return {"rows": rows, "marks": marks,
+                    "columns": {name: c[rows:] for name, c in self.columns.items()},
+                    "events": [list(m) for m in self._marks[marks:]],
+                    "thinned": (self.dropped, self.dropped_events, self.full_from_step)}
+
+    def add_tail(self, tail: dict) -> None:
+        """Append another log's `tail`, taken where this log ends (ValueError otherwise)."""
+        with self._lock:
+            before = len(self.columns["step"])
+            if (tail["rows"], tail["marks"]) != (before, len(self._marks)):
+                raise ValueError(f"a tail from row {tail['rows']}, event {tail['marks']} does not continue a log "
+                                 f"of {before} rows and {len(self._marks)} events")
+            for name, values in tail["columns"].items():
+                self.columns.setdefault(name, _column(name, before)).extend(values)
+            self._marks.extend(list(m) for m in tail["events"])
+            self.dropped, self.dropped_events, self.full_from_step = tail["thinned"]
+
     def to_dict(self) -> dict:
         return {"columns": {name: c.tolist() for name, c in self.columns.items()}, "events": self.events}
 

@@ -331,16 +331,26 @@ def test_panel_in_jupyterlab_runs_with_changed_settings_and_stops_on_request(lab
     page.screenshot(path=str(ARTIFACTS / "jupyterlab-1920x1080.png"))
 
 
-def test_a_magic_cells_live_plot_has_data_while_the_run_goes_on(lab, page):
+# Every 100 ms while the cell runs, in the page: whether its prompt still shows [*], and which image it shows
+# (the data URL's length and tail tell two PNGs apart).
+WATCH_FRAMES = """(cell) => { window.nbtrainFrames = []; window.nbtrainWatch = setInterval(() => {
+  const img = cell.querySelector('.jp-OutputArea-output img');
+  const prompt = cell.querySelector('.jp-InputPrompt').textContent;
+  window.nbtrainFrames.push([performance.now(), prompt.includes('*'), img ? img.src.length + img.src.slice(-64) : null]);
+}, 100); }"""
+
+
+def test_a_magic_cells_live_plot_is_redrawn_about_once_a_second_while_the_run_goes_on(lab, page):
     from playwright.sync_api import expect
     expect.set_options(timeout=60_000)
     ARTIFACTS.mkdir(exist_ok=True)
     page.goto(f"http://127.0.0.1:{lab}/lab/tree/magic.ipynb?reset")
     kernel = page.locator("#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel']")
     expect(kernel).to_contain_text("Idle")
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(1)
+    cell.evaluate(WATCH_FRAMES)
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(1)
     image = cell.locator(".jp-OutputArea-output img")
     expect(image).to_be_visible()
     # Drawn while the cell still runs: its prompt shows [*] and no summary table yet.
@@ -351,3 +361,15 @@ def test_a_magic_cells_live_plot_has_data_while_the_run_goes_on(lab, page):
     expect(cell.locator("text=nbtrain run live")).to_be_visible(timeout=120_000)  # the summary, at the end
     expect(cell.locator(".jp-OutputArea-output img")).to_have_count(1)  # one plot, updated in place
     cell.screenshot(path=str(ARTIFACTS / "magic-after-run.png"))
+    samples = page.evaluate("() => { clearInterval(window.nbtrainWatch); return window.nbtrainFrames; }")
+    running = [(t / 1000, image) for t, busy, image in samples if busy]
+    changes = [t for (t, image), (_, before) in zip(running, [(None, None)] + running[:-1])
+               if image is not None and image != before]
+    # About a frame a second (one every 4 s was the bug), counted from the first frame to the run's end (the
+    # kernel's start, the imports and the data before it are not the plot's). On a loaded machine the run
+    # takes longer and frames come less often: at least one per 1.6 s, and never under 5.
+    drawing_s = running[-1][0] - changes[0]
+    print(f"live plot: {len(changes)} frames in the {drawing_s:.1f} s from the first to the run's end, at "
+          + ", ".join(f"{t - running[0][0]:.1f}" for t in changes) + f" s; the cell ran {running[-1][0] - running[0][0]:.1f} s")
+    assert len(changes) >= max(5, 1 + drawing_s / 1.6), \
+        f"the live plot changed {len(changes)} times in the {drawing_s:.1f} s from its first frame to the run's end"

@@ -91,3 +91,66 @@ def test_the_drawing_process_ends_with_the_kernel_that_started_it(trained_log, t
     while psutil.pid_exists(drawing_pid) and psutil.Process(drawing_pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the drawing process outlived its kernel"
         time.sleep(0.1)
+
+
+def _window(log, start: int, rows: int = 10) -> None:
+    log.emit({"type": "steps", "rows": {"step": list(range(start, start + rows)),
+                                        "samples": [32 * (s + 1) for s in range(start, start + rows)],
+                                        "time": [0.01 * (s + 1) for s in range(start, start + rows)],
+                                        "loss": [1 / (s + 1) for s in range(start, start + rows)]}})
+
+
+def _same(copy, log) -> bool:
+    """The same rows (bit for bit: NaN is a missing value), the same events between them, the same thinning."""
+    def record(log):
+        return ({name: (c.typecode, c.tobytes()) for name, c in log.columns.items()},
+                [m for m in log._marks], log.thinning)
+    return record(copy) == record(log)
+
+
+def test_a_log_kept_up_by_its_tails_is_the_log_through_new_columns_events_and_thinning():
+    log, copy, sent = nbtrain.MetricsLog(), nbtrain.MetricsLog(), (0, 0, None)
+    log.emit({"type": "start", "config": {"log_every_n_steps": 10}, "info": {}})
+
+    def catch_up(copy, sent):
+        rows, events, thinned = sent
+        tail = log.tail(rows, events)
+        if thinned is not None and tail["thinned"] != thinned:  # thinned since: a new copy, from the start
+            copy, tail = nbtrain.MetricsLog(), log.tail(0, 0)
+        copy.add_tail(tail)
+        return copy, (len(copy), len(copy._marks), tail["thinned"])
+
+    for start in range(0, 200, 10):
+        _window(log, start)
+        if start == 100:  # a column that appears mid-run (a stamp), and an event between windows
+            log.stamp(lambda rows: {"load": [0.5] * len(rows["step"])})
+            log.emit({"type": "change", "step": start, "changes": {"lr": [0.1, 0.01]}})
+        if start % 30 == 0:
+            copy, sent = catch_up(copy, sent)
+            assert _same(copy, log)
+    log._thin(64)  # (what a long run does past MetricsLog.MAX_ROWS)
+    _window(log, 200)
+    copy, sent = catch_up(copy, sent)
+    assert _same(copy, log) and log.thinning
+    with pytest.raises(ValueError, match="does not continue"):
+        nbtrain.MetricsLog().add_tail(log.tail(10, 1))
+
+
+def test_each_frame_sends_the_drawing_process_only_what_the_log_gained(trained_log):
+    log = trained_log.snapshot()
+    for start in range(60, 3000, 10):
+        _window(log, start)
+    frames = FrameProcess()
+    try:
+        assert frames.png(log, (6, 2), 72, "t").startswith(PNG)
+        whole = frames.sent_bytes
+        assert whole > 150_000  # the first frame: the whole log
+        _window(log, 3000)
+        assert frames.png(log, (6, 2), 72, "t").startswith(PNG)
+        assert frames.sent_bytes < 3_000 and frames.drawn_s > 0  # then ten rows
+        key, rows, events, thinned = frames._sent[log]
+        frames._sent[log] = (key + 100, rows, events, thinned)  # as if the process had lost its copy
+        _window(log, 3010)
+        assert frames.png(log, (6, 2), 72, "t").startswith(PNG) and frames.sent_bytes > whole
+    finally:
+        frames.close()

@@ -51,7 +51,8 @@ class LivePlot:
         self.cost_s = 0.0  # spent inside the training loop (marking the plot stale)
         self.error: str | None = None
         self.fallback: str | None = None  # why a frame was drawn on this thread, if one was
-        self.held_s = 0.0  # the latest frame's time holding the GIL on this thread
+        self.held_s = 0.0  # the latest frame's CPU time on this thread: its time holding the GIL
+        self.drawn_s = 0.0  # the latest frame's CPU time in the drawing process
         self._log = None
         self._stale = threading.Event()
         self._done = threading.Event()
@@ -76,13 +77,24 @@ class LivePlot:
         self.cost_s += time.perf_counter() - started
 
     def _loop(self) -> None:
-        wait = self.interval_s
-        while not self._done.wait(wait):
-            if self._stale.is_set():
-                self._stale.clear()
-                # About once a second; a frame that held the GIL long (the copy of a long log, or one
-                # drawn on this thread) spaces the next one out: never more than `budget` of training time.
-                wait = max(self.interval_s, self.redraw() / self.budget)
+        started = time.monotonic()
+        try:  # the drawing process started and matplotlib loaded while the run's first second passes
+            FRAMES.warm(self.figsize, self.dpi)
+        except RuntimeError:
+            pass  # the first frame says so, and is drawn here
+        due = started + self.interval_s
+        while not self._done.wait(max(0.0, due - time.monotonic())):
+            if not self._stale.is_set():
+                due = time.monotonic() + min(self.interval_s, 0.2)
+                continue
+            self._stale.clear()
+            started = time.monotonic()
+            held = self.redraw()
+            # About once a second, counted from the start of the last frame: the wait for the drawing process is
+            # not added to the second. Never more than `budget` of training time on this thread (a frame drawn
+            # here holds the GIL), and the drawing process busy at most half of a core (one the training may
+            # want). Both in CPU time: on a loaded machine, waiting for a core takes nothing from training.
+            due = started + max(self.interval_s, held / self.budget, 2 * self.drawn_s)
 
     def finish(self) -> None:
         """Stop following and draw the final state once."""
@@ -100,34 +112,32 @@ class LivePlot:
         self.finish()
 
     def redraw(self) -> float:
-        """Draw the latest state; returns the seconds this thread held the GIL for it (waiting for the
-        drawing process does not count: the training thread runs meanwhile)."""
+        """Draw the latest state; returns the seconds of CPU this thread spent on it, i.e. held the GIL
+        (waiting for the drawing process, for the GIL or for a core does not count: training runs meanwhile)."""
         if self._log is None:
             return 0.0
-        started, self.held_s = time.perf_counter(), 0.0
+        started, self.drawn_s = time.thread_time(), 0.0
         try:
-            snapshot = self._log.snapshot()  # a consistent copy while training appends to the original
-            self.held_s = time.perf_counter() - started
-            if len(snapshot):
-                self._show(self.png(snapshot), snapshot)
+            if len(self._log):
+                self._show(self.png(self._log), self._log)
         except Exception as exc:  # said by the front-end; training goes on
             self.error = f"live plot failed: {exc!r}"
+        self.held_s = time.thread_time() - started
         return self.held_s
 
     def png(self, log) -> bytes:
-        """A frame, drawn in the kernel's drawing process (plot_process.py) so the training thread never
-        waits for it; on this thread, holding the GIL, only if that process cannot draw."""
+        """A frame, drawn in the kernel's drawing process (plot_process.py), which is sent only what the log
+        gained since the last frame, so the training thread never waits for it; on this thread, holding
+        the GIL, only if that process cannot draw."""
         try:
             png = FRAMES.png(log, self.figsize, self.dpi, self.title)
-            self.held_s += FRAMES.held_s
+            self.drawn_s = FRAMES.drawn_s
             return png
         except RuntimeError as exc:
             self.fallback = str(exc)
-        started = time.perf_counter()
+        snapshot = log.snapshot()  # a consistent copy while training appends to the original
         with _FIGURES_LOCK:  # one figure per size for every live plot of the kernel: made (costly) once
-            png = live_frame(_FIGURES, log, self.figsize, self.dpi, self.title)
-        self.held_s += time.perf_counter() - started
-        return png
+            return live_frame(_FIGURES, snapshot, self.figsize, self.dpi, self.title)
 
     def _show(self, png: bytes, log) -> None:
         self.renders += 1
