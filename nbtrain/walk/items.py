@@ -205,9 +205,9 @@ def device(walk, current):
 
 
 def thread_candidates(now: int, default: int, cores: int) -> list[int | None]:
-    """The num_threads values to race against a run at `now` threads: one thread, half the cores and torch's
-    default (None), each at a count other than `now`."""
-    counts = {1: 1, max(cores // 2, 1): max(cores // 2, 1), default: None}
+    """The num_threads values to race against a run at `now` threads: one thread, half the cores, all of them
+    and torch's default (None: where OMP_NUM_THREADS set it, not the cores), each at a count other than `now`."""
+    counts = {1: 1, max(cores // 2, 1): max(cores // 2, 1), cores: cores, default: None}
     return [value for count, value in sorted(counts.items()) if count != now]
 
 
@@ -216,7 +216,7 @@ def thread_candidates(now: int, default: int, cores: int) -> list[int | None]:
 # busy), and every later race and reading would time that noise rather than the item it tries.
 @item("threads", stage="first")
 def threads(walk, current):
-    """torch's intra-op thread counts (num_threads: 1, half the cores, torch's default) on the CPU. Threads change
+    """torch's intra-op thread counts (num_threads: 1, half the cores, all, torch's default) on the CPU. Threads change
     no math beyond the order of float sums (a reduction split across threads adds in another order)."""
     if current.device_type != "cpu":
         return f"torch's CPU threads pace a run on the CPU; this run is on {current.device_type}"
