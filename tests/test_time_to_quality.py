@@ -1,8 +1,10 @@
 """Faster means the same model sooner (issue 48, rule 11): the walk keeps only what its own closing race backs, and
 a change that alters what is learned is judged by held-out loss at equal wall time (simulated machine)."""
 import dataclasses
+import math
 
 import pytest
+import torch
 
 from landscapes import LANDSCAPES
 from nbtrain.walk.walker import run_walk
@@ -101,3 +103,37 @@ def test_a_peak_ratio_is_never_presented_as_the_expected_gain():
                                 "one here: "), lines
     assert "(the matmul's own ratio, not this step's expected gain: nbtrain.ab measures the step)" in precision
     assert all(line.startswith("  idea, not raced: ") for line in lines), lines  # nothing here was raced
+
+
+class Counted(torch.utils.data.Dataset):
+    """A regression data set that counts how often each sample is read."""
+
+    def __init__(self, n=640):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.reads = torch.randn(n, 4, generator=g), [0] * n
+        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn(n, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.reads[i] += 1
+        return self.x[i], self.y[i:i + 1]
+
+
+def test_without_val_data_a_race_of_what_is_learned_holds_a_slice_out_of_training_and_says_so():
+    from nbtrain.tools import trial
+    from nbtrain.walk.bench import EngineBench
+    from checklist_recipes import same_state, state
+    torch.manual_seed(0)
+    model, data = torch.nn.Linear(4, 1), Counted()
+    before = state(model)
+    with trial.borrow(model, data, loss_fn=torch.nn.MSELoss(), batch_size=16, accelerator="cpu") as lent:
+        bench = EngineBench(lent)
+        losses = [bench.quality(bench.start.replace(batch_size=b), 0.3) for b in (16, 64)]
+    assert same_state(before, state(model))  # every race gave the weights back
+    assert all(l.held_out == "held-out (128 training samples set aside, no val_data given)" for l in losses), losses
+    assert all(math.isfinite(l.loss) and not l.note for l in losses), losses
+    held = set(torch.randperm(640, generator=torch.Generator().manual_seed(0))[:128].tolist())  # the seeded slice
+    assert all(data.reads[i] == 2 for i in held), data.reads  # read once by each race's scoring, never trained on
+    assert sum(n for i, n in enumerate(data.reads) if i not in held) > 2 * 512, data.reads  # the rest trained on
