@@ -18,22 +18,71 @@ from .records import Summary, samples_start
 MAX_POINTS = 1000  # points a line draws: enough for any figure's width
 
 
+_RESULT_FIGURE: list = []  # the class, made at first use: matplotlib is imported only where a plot is drawn
+
+
+def figure_class():
+    """The Figure class of every result's plot (a matplotlib Figure that a notebook shows once)."""
+    if _RESULT_FIGURE:
+        return _RESULT_FIGURE[0]
+    import base64
+    import io
+    from matplotlib.figure import Figure
+
+    class _ResultFigure(Figure):
+        """A result's figure (`result.plot(...)` returns it), shown once in a notebook and as one line in a
+        terminal ("figure saved to PATH"), never as `<Figure size 900x340 with 4 Axes>`. Shown by the display
+        hook, it leaves pyplot's inline backend, which would show it again when the cell ends."""
+        saved_to: str | None = None
+
+        def _ipython_display_(self):
+            import matplotlib
+            from IPython.display import display
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=100)
+            words = f"figure saved to {self.saved_to}" if self.saved_to else f"a figure of {len(self.axes)} panels"
+            display({"image/png": base64.b64encode(buffer.getvalue()).decode(), "text/plain": words}, raw=True)
+            if "inline" in matplotlib.get_backend():  # (a window of a GUI backend stays open)
+                import matplotlib.pyplot as plt
+                plt.close(self)
+
+    _ResultFigure.__name__ = _ResultFigure.__qualname__ = "ResultFigure"  # pickled by name: __getattr__ below
+    _RESULT_FIGURE.append(_ResultFigure)
+    return _ResultFigure
+
+
+def __getattr__(name: str):
+    if name == "ResultFigure":  # (made at first use, see figure_class)
+        return figure_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def new_figure(path=None, figsize=(6, 3.2)):
+    """A result's figure: for a file (`path`), an Agg figure outside pyplot (pyplot's backend, the notebook's
+    inline one included, stays as it was, and nothing piles up); otherwise one of pyplot's, which a script
+    shows with plt.show() and a notebook once."""
+    if path is not None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        figure = figure_class()(figsize=figsize, layout="constrained")
+        FigureCanvasAgg(figure)
+        return figure
+    import matplotlib.pyplot as plt
+    return plt.figure(figsize=figsize, layout="constrained", FigureClass=figure_class())
+
+
+def saved(figure, path) -> None:
+    if path is not None:
+        figure.savefig(path, dpi=100)
+        figure.saved_to = str(path)
+
+
 @contextlib.contextmanager
 def axes(path=None, ax=None, figsize=(6, 3.2)):
-    """An axis to draw on — `ax`, or one on a new figure — whose figure is saved to `path` on exit.
-
-    A figure drawn for a file is closed after saving, so scripts and notebooks do not pile them up.
-    """
-    import matplotlib
-    if path is not None and ax is None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    """An axis to draw on — `ax`, or one on a new figure (new_figure) — whose figure is saved to `path` on exit."""
     if ax is None:
-        _, ax = plt.subplots(figsize=figsize, layout="constrained")
+        ax = new_figure(path, figsize).add_subplot()
     yield ax
-    if path is not None:
-        ax.figure.savefig(path, dpi=100)
-        plt.close(ax.figure)
+    saved(ax.figure, path)
 
 
 def _numbers(column: array) -> np.ndarray:
@@ -206,7 +255,7 @@ def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS, lr_ax=
     """Draw (or redraw in place) a run's history: the training loss (raw, faint, and smoothed) with
     the held-out numbers, samples/s, and the learning rate on `lr_ax` when given. At most
     `max_points` points a line, so a redraw costs the same however long the run."""
-    from matplotlib.ticker import MaxNLocator, StrMethodFormatter
+    from matplotlib.ticker import MaxNLocator, NullFormatter, StrMethodFormatter
     thousands = StrMethodFormatter("{x:,.0f}")  # 8,554 as the tables write it, not 8.55e+03
     panels = [ax for ax in (loss_ax, rate_ax, lr_ax) if ax is not None]
     for ax in panels:
@@ -216,9 +265,14 @@ def draw(log, loss_ax, rate_ax, title=None, max_points: int = MAX_POINTS, lr_ax=
     steps, rates = throughput_series(log, max_points)
     rate_ax.plot(steps, rates, color="tab:orange", lw=1.2, marker="o" if len(steps) < 200 else None, ms=2,
                  alpha=0.55, label="each log window")
-    _draw_steady(log, rate_ax)
+    _draw_steady(log, rate_ax, max_points)
     rate_ax.set_ylabel("samples/s")
+    positive = [r for r in rates if r > 0]
+    # Windows 20x apart (a fast start, then slow steps): on a log scale both show, and the steady line is not
+    # flattened against the bottom under points that tower over it.
+    rate_ax.set_yscale("log" if positive and max(positive) > 20 * min(positive) else "linear")
     rate_ax.yaxis.set_major_formatter(thousands)
+    rate_ax.yaxis.set_minor_formatter(NullFormatter())
     if twin:
         rate_ax.yaxis.set_label_position("right")  # clear() put it back on the left, over the loss's
     if lr_ax is not None and not _lr_panel(log, rate_ax, lr_ax):
@@ -253,20 +307,39 @@ def steady_of(log) -> SteadyRate:
     return of_columns(log.read("time", "samples"), samples_start(log))
 
 
-def _draw_steady(log, rate_ax) -> None:
+def _draw_steady(log, rate_ax, max_points: int = MAX_POINTS) -> None:
     """The steady rate as a line over the steps after the warm-up, its 95% interval as a band around it: the
-    number the summary reports, on the panel whose window rates swing around it."""
+    number the summary reports, on the panel whose window rates swing around it. That rate is all samples after
+    the warm-up over all their seconds, so a slow window weighs as long as it took and many short fast ones
+    little: the same ratio up to each window's end is drawn too (dashed), ending on the line, so points far
+    above it read as short windows, not as a wrong line."""
     steady = steady_of(log)
-    steps = log.read("step")["step"]
+    cols = log.read("step", "time", "samples")
+    steps = cols["step"]
     if not np.isfinite(steady.rate) or steady.warmup_steps >= len(steps):
         return
     span = [steps[steady.warmup_steps], steps[-1]]
     if np.isfinite(steady.low) and np.isfinite(steady.high):
         rate_ax.fill_between(span, steady.low, steady.high, color="tab:red", alpha=0.18, lw=0)
-    rate_ax.hlines(steady.rate, *span, color="tab:red", lw=1.6, label="steady " + steady.text("").split(";")[0])
+    rate_ax.hlines(steady.rate, *span, color="tab:red", lw=1.6,
+                   label="steady " + steady.text("").split(";")[0])
+    running_steps, running = running_rate(log, steady.warmup_steps, cols, max_points)
+    rate_ax.plot(running_steps, running, color="tab:red", lw=0.9, ls="--", label="samples / s since warm-up, so far")
     # above the panel, as the loss panel's: inside, it hid the window rates it sits over
     rate_ax.legend(fontsize=6.5, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False,
                    handlelength=1.5, borderaxespad=0.2)
+
+
+def running_rate(log, warmup_steps: int, cols=None, max_points: int = MAX_POINTS) -> tuple[list, list]:
+    """(step, samples / seconds from the warm-up's end to that step): the steady rate of the steps so far,
+    time-weighted as the summary's is, at the end of each drawn window after the warm-up."""
+    cols = cols or log.read("step", "time", "samples")
+    rows = len(cols["step"])
+    step, t, s = (_numbers(cols[name]) for name in ("step", "time", "samples"))
+    t0, s0 = (t[warmup_steps - 1], s[warmup_steps - 1]) if warmup_steps else (0.0, samples_start(log))
+    ends = np.append(_bucket_starts(rows, _every(log, rows, max_points))[1:] - 1, rows - 1)
+    ends = ends[(ends >= warmup_steps) & (t[ends] > t0)]  # (a requeued run's clock starts again: no rate across)
+    return step[ends].tolist(), ((s[ends] - s0) / (t[ends] - t0)).tolist()
 
 
 def history_axes(figure):
@@ -300,20 +373,14 @@ def live_frame(figures: dict, log, figsize, dpi: int, title=None) -> bytes:
 
 
 def plot_history(log, path=None, ax=None, title=None):
-    import matplotlib
-    if path is not None and ax is None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
     if ax is None:
-        fig = plt.figure(figsize=(9, 3.4), layout="constrained")
+        fig = new_figure(path, figsize=(9, 3.4))
         loss_ax, rate_ax, lr_ax = history_axes(fig)
     else:  # one axis given: the loss on it, samples/s on a twin axis, no room for the learning rate
         loss_ax, fig, lr_ax = ax, ax.figure, None
         rate_ax = ax.twinx()
     draw(log, loss_ax, rate_ax, title, lr_ax=lr_ax)
-    if path is not None:
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+    saved(fig, path)
     return fig
 
 

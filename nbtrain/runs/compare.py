@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..measure.steady import WIDE_SPREAD
-from ..plotting import held_out_series
-from ..format import number, rate_with_interval
+from ..plotting import figure_class, held_out_series
+from ..format import PrintsAsTable, number, rate_with_interval
 from ..records import Summary
 from . import repeats
 from .apart import footnotes, versus, vs_first  # versus: the verdict of two runs, a public name of this module
@@ -67,8 +67,10 @@ def resolve(runs, store=None) -> list[RunResult]:
     return out
 
 
-@dataclass
-class Comparison:
+@dataclass(repr=False)
+class Comparison(PrintsAsTable):
+    """Runs side by side: print() and a notebook show its table (a notebook its figure too); `plot(path)`
+    saves the figure, as every result's `plot` does."""
     runs: list[RunResult]
     labels: list[str]
     target_loss: float
@@ -106,6 +108,17 @@ class Comparison:
     def save(self, path) -> None:
         self.figure.savefig(path, dpi=100)
 
+    def plot(self, path=None):
+        """The figure (loss against time, time to the loss, throughput with its interval and verdict, memory),
+        saved to `path` when given."""
+        if path is not None:
+            self.save(path)
+            self.figure.saved_to = str(path)
+        return self.figure
+
+    def __repr__(self) -> str:
+        return f"<Comparison of {len(self.runs)} runs: {', '.join(self.labels)}>"
+
 
 def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparison:
     """Compare runs (RunResults, stored names or ids): loss vs time, time to `loss`, samples/s, memory.
@@ -139,7 +152,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     if all(row["held-out"] == "-" for row in rows):  # no run validated: no column of dashes
         for row in rows:
             del row["held-out"]
-    figure = _draw(results, labels, target, times)
+    figure = _draw(results, labels, target, times, [row["vs first"] for row in rows])
     notes = [f"{NOISY_MARK} too noisy to trust: the spread between timed blocks ({', '.join(noisy)}) is over "
              f"{100 * WIDE_SPREAD:.0f}%; samples/s with the 95% interval"] if noisy else []
     notes += footnotes([row["vs first"] for row in rows])
@@ -183,11 +196,17 @@ def held_out_text(summary: Summary) -> str:
     return ", ".join(parts)
 
 
-def _draw(results, labels, target, times):
-    from matplotlib.figure import Figure
+def _wrapped(text: str, width: int = 16) -> str:
+    import textwrap
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def _draw(results, labels, target, times, verdicts):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.lines import Line2D
     from matplotlib.ticker import StrMethodFormatter
-    figure = Figure(figsize=(13, 3.5), layout="constrained")
+    figure = figure_class()(figsize=(13, 3.5), layout="constrained")
+    FigureCanvasAgg(figure)
     loss_ax, time_ax, rate_ax, mem_ax = figure.subplots(1, 4)
     colors = [f"C{i % 10}" for i in range(len(results))]
     handles, held = [], False
@@ -208,20 +227,35 @@ def _draw(results, labels, target, times):
                   frameon=False)
     positions = range(len(results))
 
-    def bars(ax, values, title, unit, missing="n/a", notes=None):
+    def bars(ax, values, title, unit, missing="n/a", notes=None, intervals=None):
         heights = [0 if v is None or math.isnan(v) else v for v in values]
-        ax.bar(positions, heights, color=colors)
+        whiskers = None
+        if intervals:  # the 95% interval of each bar, as the table gives it (none where it is unknown)
+            whiskers = [[max(h - low, 0) if math.isfinite(low) else 0 for h, (low, _) in zip(heights, intervals)],
+                        [max(high - h, 0) if math.isfinite(high) else 0 for h, (_, high) in zip(heights, intervals)]]
+        ax.bar(positions, heights, color=colors, yerr=whiskers, capsize=4 if whiskers else 0,
+               error_kw={"elinewidth": 1, "ecolor": "0.2"})
         ax.set_xticks(list(positions), labels, rotation=20 if len(labels) > 3 else 0, fontsize=8)
         ax.set_title(title)
         ax.set_ylabel(unit)
         ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.10g}"))  # 8,000 as the tables write it
-        for x, v, h, note in zip(positions, values, heights, notes or [""] * len(values)):
+        tops = [h + (whiskers[1][i] if whiskers else 0) for i, h in enumerate(heights)]
+        for x, v, top, note in zip(positions, values, tops, notes or [""] * len(values)):
             text = missing if v is None or math.isnan(v) else number(float(v)) + note
-            ax.annotate(text, (x, h), ha="center", va="bottom", fontsize=8)
+            ax.annotate(text, (x, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=8)
         ax.margins(y=0.22 if any(notes or []) else 0.12)  # room above the tallest bar for its number
 
     bars(time_ax, times, f"time to loss {target:.3g}", "seconds", missing="not reached")
-    bars(rate_ax, [r.summary.samples_per_s for r in results], "throughput", "samples/s")
+    steady = [r.steady() for r in results]
+    bars(rate_ax, [s.rate for s in steady], "throughput", "samples/s (steady, 95% interval)",
+         intervals=[(s.low, s.high) for s in steady])
+    # The table's verdict under each bar but the first, in its words: bars of different heights whose
+    # intervals overlap are "too noisy to tell", not a winner.
+    rate_ax.set_xticks(list(positions), [label if i == 0 else f"{label}\n" + _wrapped(verdict)
+                                         for i, (label, verdict) in enumerate(zip(labels, verdicts))],
+                       fontsize=7)
+    rate_ax.set_xlabel("under each bar: its verdict against the first", fontsize=7)
     kinds = {r.summary.mem_kind or "memory" for r in results}
     memory = [peak_memory(r.summary) for r in results]
     several = any(processes > 1 for _, processes in memory)
