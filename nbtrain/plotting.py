@@ -324,7 +324,7 @@ def _draw_steady(log, rate_ax, max_points: int = MAX_POINTS) -> None:
     rate_ax.hlines(steady.rate, *span, color="tab:red", lw=1.6,
                    label="steady " + steady.text("").split(";")[0])
     running_steps, running = running_rate(log, steady.warmup_steps, cols, max_points)
-    rate_ax.plot(running_steps, running, color="tab:red", lw=0.9, ls="--", label="samples / s since warm-up, so far")
+    rate_ax.plot(running_steps, running, color="tab:red", lw=0.9, ls="--", label="steady so far")
     # above the panel, as the loss panel's: inside, it hid the window rates it sits over
     rate_ax.legend(fontsize=6.5, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=2, frameon=False,
                    handlelength=1.5, borderaxespad=0.2)
