@@ -76,6 +76,8 @@ class TrainConfig:
                                      low=1, nullable=True)
     max_steps: int | None = setting(None, "whole", "optimizer steps to train in this run", low=1, nullable=True,
                                     allowed="a whole number >= 1, or None / -1 for no step limit")
+    max_time: float | None = setting(None, "number", "seconds of training in this run (engine/time_limit.py)",
+                                     above=0, nullable=True, none="no time limit")
     num_workers: int = setting(0, "whole", "DataLoader worker processes", low=0, high=MAX_WORKERS)
     # torch's intra-op threads (torch.set_num_threads) while the run trains, put back after (engine/threads.py)
     num_threads: int | None = setting(None, "whole", "torch's CPU threads for the run's own work (intra-op); on a "

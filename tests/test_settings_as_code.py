@@ -19,7 +19,7 @@ from nbtrain.notebook.magic import build_parser
 CHANGED = dict(
     accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", launcher="torchrun", node_rank=1, rdzv_endpoint="[::1]:29400",
     rdzv_host="10.0.0.1", find_unused_parameters=True, timeout=30, precision="bf16", batch_size=256,
-    accumulate_grad_batches=4, max_epochs=3, max_steps=10, num_workers=2, pin_memory=False,
+    accumulate_grad_batches=4, max_epochs=3, max_steps=10, max_time=7.5, num_workers=2, pin_memory=False,
     persistent_workers=True, prefetch_factor=4, shuffle=False, drop_last=True, preload_data=True, lr=3e-4,
     scale_lr="sqrt", base_batch_size=64, warmup_steps=20, gradient_clip_val=1.5, seed=None, compile="true",
     channels_last=True, matmul_precision="high", cudnn_benchmark=False, optimizer_impl="foreach",

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from ..engine import checkpoint
+from ..engine import checkpoint, time_limit
 
 REQUESTED, READY, FOLDER = "requeue-requested", "requeue-ready", "requeue-checkpoints"
 STOP_REASON = "requeue"
@@ -60,7 +60,7 @@ class RequeueWatch:
             # inside DDP's gradient all-reduce, and a vote here would meet that one (gloo aborts and the
             # user's traceback is lost). A run that has ended has nothing left to stop anyway.
             return
-        seen = [int(self.flag.exists()), int(self.stop_flag.exists())]
+        seen = [int(self.flag.exists()), int(self.stop_flag.exists()), int(time_limit.time_up())]
         if torch_dist.is_available() and torch_dist.is_initialized():
             vote = torch.tensor(seen, device=self.engine.device)
             torch_dist.all_reduce(vote, op=torch_dist.ReduceOp.MAX)
@@ -71,3 +71,6 @@ class RequeueWatch:
         elif seen[1] and not self.stopped:
             self.stopped = True
             self.engine.stop("stopped")
+        elif seen[2] and not self.stopped:  # a rank's max_time passed: every rank ends at this step, completed
+            self.stopped = True
+            self.engine.stop(time_limit.TIME_UP)

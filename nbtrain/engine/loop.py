@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from . import checkpoint, data, epoch_order, fsdp, loggers, report, workload
+from . import checkpoint, data, epoch_order, fsdp, loggers, report, time_limit, workload
 from ..config import ConfigError, Problem
 from ..measure import load
 from .changes import check_batches
@@ -123,7 +123,7 @@ class Run:
                                                 resumed_from=str(resumed_from) if resumed_from else None).to_dict()))
         status = "completed"
         try:
-            with stop_on_sigint(engine):
+            with stop_on_sigint(engine), time_limit.within(engine, c.max_time, self):
                 while True:
                     c = engine.config
                     if c.max_steps is not None and engine.step - start_step >= c.max_steps:
@@ -131,7 +131,7 @@ class Run:
                     if c.epochs_budget is not None and engine.run_start["epochs_done"] >= c.epochs_budget:
                         break
                     if self.stopping:
-                        status = self._stop_reason or "stopped"
+                        status = time_limit.ended(engine, self._stop_reason, engine.step - from_step)
                         break
                     steps_left = None if c.max_steps is None else c.max_steps - (engine.step - start_step)
                     if self._train_some(steps_left):
