@@ -64,10 +64,10 @@ def _speed_claims():
                    dict(budget_s=8, min_pairs=8), lambda v: not v.above(0.2)),
         # on a CPU with bfloat16 instructions (notebook 06 asserts these only there)
         "06-cnn-bf16": (cnn, images, adamw, fp32_64, {"batch_size": 64, "precision": "bf16-mixed"},
-                        dict(budget_s=12, min_pairs=6), lambda v: v.faster),
+                        dict(budget_s=24, min_pairs=6), lambda v: v.faster),
         "06-cnn-both": (cnn, images, adamw, fp32_64, {"batch_size": 64, "precision": "bf16-mixed",
                                                       "channels_last": True},
-                        dict(budget_s=8, min_pairs=6), lambda v: v.faster),
+                        dict(budget_s=16, min_pairs=6), lambda v: v.faster),
     }
 
 

@@ -167,15 +167,17 @@ plt.show()
 
 # %%
 # A side and B side start from the live model's config (here the bf16 run above): fp32 is asked for by name.
-# bf16's blocks last seconds where PyTorch emulates it: its own comparison gets the time for a few pairs there.
-# channels_last, on which no claim rests on a CPU, gets 4 s.
+# bf16's blocks last seconds where PyTorch emulates it (and where other work slows the CNN's steps): the two
+# comparisons a claim rests on get 24 and 16 s, enough pairs for an interval there (at 12 and 8 s a busy
+# 2-core machine gave them 2-3 pairs: 17 and 19 of 20 held); they stop sooner where the interval narrows to
+# +-5%. channels_last alone, on which no claim rests on a CPU, gets 4 s.
 fp32_64 = {"batch_size": 64, "precision": "32-true"}
 cnn_bf16 = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer, a=fp32_64,
-                      b={"batch_size": 64, "precision": "bf16-mixed"}, budget_s=12, min_pairs=6)
+                      b={"batch_size": 64, "precision": "bf16-mixed"}, budget_s=24, min_pairs=6)
 cnn_cl = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer, a=fp32_64,
                     b={**fp32_64, "channels_last": True}, budget_s=4, min_pairs=6)
 cnn_both = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer, a=fp32_64,
-                      b={"batch_size": 64, "precision": "bf16-mixed", "channels_last": True}, budget_s=8, min_pairs=6)
+                      b={"batch_size": 64, "precision": "bf16-mixed", "channels_last": True}, budget_s=16, min_pairs=6)
 cl_on_bf16 = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer,
                         a={"batch_size": 64, "precision": "bf16-mixed"},
                         b={"batch_size": 64, "precision": "bf16-mixed", "channels_last": True}, budget_s=4, min_pairs=6)
@@ -190,15 +192,19 @@ gain = cnn_bf16.verdict
 print(f"\nOn this CPU ({cpu_kind}), bf16-mixed trains the CNN " +
       (f"{gain.ratio:.2f}x faster than 32-true." if gain.faster else
        f"{1 / gain.ratio:.1f}x slower than 32-true." if gain.measurable else
-       f"at a speed this run could not tell from 32-true's (95% interval {gain.interval_text()}): measure again on "
-       "a quieter machine."
+       f"at a speed this run could not tell from 32-true's ({'95% interval ' * (not gain.too_few_pairs)}"
+       f"{gain.interval_text()}): measure again on a quieter machine."
        if gain.too_noisy or not math.isfinite(gain.low) else "at no measurably different speed."))
 
 fig, ax = plt.subplots(figsize=(6, 2.4), layout="constrained")
 names = list(verdicts)
 ratios = [verdicts[n].verdict for n in names]
-ax.errorbar([r.ratio for r in ratios], range(len(names)), fmt="o", capsize=4,
-            xerr=[[r.ratio - r.low for r in ratios], [r.high - r.ratio for r in ratios]])
+# A verdict from too few pairs has no interval worth drawing (2 pairs' can span 0.01x-100x): its point alone, marked.
+bars = [(0.0, 0.0) if r.too_few_pairs else (r.ratio - r.low, r.high - r.ratio) for r in ratios]
+ax.errorbar([r.ratio for r in ratios], range(len(names)), fmt="o", capsize=4, xerr=list(zip(*bars)))
+for row, r in enumerate(ratios):
+    if r.too_few_pairs:
+        ax.annotate(f"  {r.pairs} pairs: too few for an interval", (r.ratio, row), va="center", fontsize=8)
 ax.axvline(1, color="grey", ls="--", lw=1)
 ax.set_xscale("log")  # 2x faster and 2x slower lie as far from 1
 low, high = ax.get_xlim()
