@@ -8,7 +8,7 @@ walk's headline (ChecklistResult.headline, the table's last row, the waterfall's
 """
 from __future__ import annotations
 
-from .quality import alters_learning, quality_cost
+from .quality import alters_learning, quality_cost, race_quality
 
 FINAL_ROUNDS = 3  # rounds the budget keeps for the final head-to-head: the fewest a race keeps a config on
 
@@ -52,3 +52,18 @@ def unbacked(start, chosen, final, note: str) -> str:
     if v.faster:
         return ""
     return f"the closing race of the walk's choice against the start read {v.text()}"
+
+
+def backing(walk, start, chosen, final, note: str) -> tuple:
+    """(why the walk's choice is withdrawn, '' where its closing race backs it; the race of what it learns against the
+    start, None where not run): faster head to head (unbacked), and, where it changes what is learned, learning as
+    well in the same time (quality.py), in the time the headline's reserve kept. What the user asked for
+    (accumulation to their target) is no claim of the walk's: run_walk calls this only for a choice holding one of
+    the walk's own keeps."""
+    withdrawn = unbacked(start, chosen, final, note)
+    if withdrawn or not alters_learning(chosen, start):
+        return withdrawn, None
+    learned = race_quality(walk, chosen, start, reserved=True)
+    if learned.measured and not learned.worse:
+        return "", learned
+    return f"the walk's choice against the start: {learned.text()}", learned

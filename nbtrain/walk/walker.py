@@ -36,9 +36,9 @@ from ..tools import trial
 from ..tools.failure_causes import none_ran
 from ..tools.tool_options import ToolRefusal
 from .bench import Bench
-from .headline import head_to_head, head_to_head_reserve, unbacked
+from .headline import backing, head_to_head, head_to_head_reserve
 from .items import ITEMS, REGISTRY, Tried
-from .quality import alters_learning, judged_by_learning, quality_cost, race_quality
+from .quality import alters_learning, judged_by_learning, quality_cost
 from .result import ChecklistResult, ItemResult
 from .steps_note import steps_note
 
@@ -103,8 +103,11 @@ class Walk:
         new = sum(config not in self.seen for _, config in candidates) + (self.current not in self.seen)
         judged = judged and any(alters_learning(c, self.current) for _, c in candidates)
         judged = quality_cost(self) if judged else 0.0
-        if self.left() < (len(candidates) + 1) * self.block_cost_s() + new * self.start_up_s + judged:
+        need = (len(candidates) + 1) * self.block_cost_s() + new * self.start_up_s
+        if self.left() < need:
             return []
+        if self.left() < need + judged:  # a race still measures (the start's rate), but leaves its keep unjudged
+            judged = 0.0
         entrants = [Entrant(label, config) for label, config in candidates]
         result = race(self.block, self.current, entrants, decide_at=self.min_gain, min_rounds=_ROUNDS[0],
                       max_rounds=_ROUNDS[1], budget_s=max(self.left() - judged, 0.0), block_cost_s=self.block_cost_s(),
@@ -359,11 +362,8 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
         walk.held_back = lambda: 0.0
         current = walk.current
         final, final_start, final_note = head_to_head(walk, start, current)
-        withdrawn = unbacked(start, current, final, final_note)
-        if not withdrawn and alters_learning(current, start):  # as fast, and as good per second? (quality.py)
-            learned = race_quality(walk, current, start, reserved=True)
-            withdrawn = "" if learned.measured and not learned.worse else \
-                f"the walk's choice against the start: {learned.text()}"
+        claims = any(r.kept and not REGISTRY[r.name].keep_regardless for r in walk.results)  # the walk's own keeps
+        withdrawn, learned = backing(walk, start, current, final, final_note) if claims else ("", None)
         if withdrawn:  # the closing race backs everything kept, or nothing is (rule 11)
             chosen, current, lr_checks = current, start, []
         walk.current = start
