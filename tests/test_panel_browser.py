@@ -363,13 +363,15 @@ def test_a_magic_cells_live_plot_is_redrawn_about_once_a_second_while_the_run_go
     cell.screenshot(path=str(ARTIFACTS / "magic-after-run.png"))
     samples = page.evaluate("() => { clearInterval(window.nbtrainWatch); return window.nbtrainFrames; }")
     running = [(t / 1000, image) for t, busy, image in samples if busy]
-    changes = [t for (t, image), (_, before) in zip(running, [(None, None)] + running[:-1])
-               if image is not None and image != before]
+    shown = [(t, image) for t, image in running if image is not None]  # (an output re-rendered: no image a moment)
+    changes = [t for (t, image), (_, before) in zip(shown, [(None, None)] + shown[:-1]) if image != before]
     # About a frame a second (one every 4 s was the bug), counted from the first frame to the run's end (the
-    # kernel's start, the imports and the data before it are not the plot's). On a loaded machine the run
-    # takes longer and frames come less often: at least one per 1.6 s, and never under 5.
+    # kernel's start, the imports and the data before it are not the plot's): at least one per 1.4 s, and never
+    # under 5. Measured beside other sessions' work (load 10-13 on 2 cores): one per 0.9-1.1 s; main before
+    # issue 54 one per 1.7-1.9 s there (its frames waited a second after each draw ended).
     drawing_s = running[-1][0] - changes[0]
     print(f"live plot: {len(changes)} frames in the {drawing_s:.1f} s from the first to the run's end, at "
-          + ", ".join(f"{t - running[0][0]:.1f}" for t in changes) + f" s; the cell ran {running[-1][0] - running[0][0]:.1f} s")
-    assert len(changes) >= max(5, 1 + drawing_s / 1.6), \
+          + ", ".join(f"{t - running[0][0]:.1f}" for t in changes)
+          + f" s; the cell ran {running[-1][0] - running[0][0]:.1f} s")
+    assert len(changes) >= max(5, 1 + drawing_s / 1.4), \
         f"the live plot changed {len(changes)} times in the {drawing_s:.1f} s from its first frame to the run's end"
