@@ -18,7 +18,7 @@ from .engine.split import split
 from . import slurm  # nbtrain.slurm.submit / attach / export
 from .tools import leaks, tune  # nbtrain.tune.find_workers, nbtrain.leaks.find_graph_leaks
 
-__version__ = "0.1.0"
+from .version import __version__
 __all__ = ["fit", "ab", "ceilings", "forecast", "compare", "panel", "TrainConfig", "ConfigError", "Engine", "MetricsLog", "Recipe", "RecipeError",
            "RunResult", "cache", "checklist", "profile", "launch", "split"]
 

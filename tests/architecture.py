@@ -3,7 +3,10 @@ test_boundaries.py holds: the import graph, module lengths, private names of the
 import ast
 from pathlib import Path
 
-MAX_LINES = 400
+# About 500 lines: past that a module says in its first line why it is one idea (split along a seam, never to
+# meet a count: a cap at 400 kept a per-step saving out of the loop "for its line budget").
+MAX_LINES = 500
+ONE_IDEA = "one idea"
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -102,8 +105,16 @@ def _loop(group: list[str], graph) -> list[str]:
 
 
 def long_modules(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """Modules past `limit` lines whose first line does not say why they are one idea."""
     return [f"{path} has {n} lines" for path in sorted(root.rglob("*.py"))
-            if (n := len(path.read_text().splitlines())) > limit]
+            if (n := len((text := path.read_text()).splitlines())) > limit
+            and ONE_IDEA not in text.lstrip('"').splitlines()[0]]
+
+
+def one_idea_modules(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """The exceptions: modules past `limit` lines whose first line says why they are one idea."""
+    return [str(path.relative_to(root.parent)) for path in sorted(root.rglob("*.py"))
+            if len((text := path.read_text()).splitlines()) > limit and ONE_IDEA in text.lstrip('"').splitlines()[0]]
 
 
 def _private(name: str) -> bool:

@@ -40,6 +40,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from ..version import __version__ as nbtrain_version  # the engine's own code: its version's
+
 _OURS = ("torch", "builtins", "nbtrain", "functools", "lightning", "pytorch_lightning", "torchvision")
 _LIBRARY_DIRS = tuple(p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
                       if p)
@@ -90,7 +92,6 @@ def process_settings() -> tuple:
     """What the process runs every step under, beyond the run's config: threads, autograd's modes, the
     backends' flags, a tracer (a debugger, coverage) slowing Python."""
     backends = torch.backends
-    from .. import __version__ as nbtrain_version  # the engine's own code: its version's
     flags = {"torch": torch.__version__, "nbtrain": nbtrain_version, "threads": torch.get_num_threads(),
              "interop_threads": torch.get_num_interop_threads(),
              "anomaly": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
