@@ -39,6 +39,9 @@ from .step_timing import batch_samples, loader_alone, model_alone, small_batch, 
 from .tool_options import declare, option
 
 
+_NOISE_SCALE_S = 2.0  # at most this long for the critical batch size (at least 5 repeats: gradient_noise.py)
+
+
 @declare("ceilings", "nbtrain.ceilings", "the step's four ceilings (data, host, compute, memory), each measured "
          "with its interval, the binding one first, and the remedies in the order the numbers favour", (
              option("steps", "whole", "batches and steps measured per ceiling",
@@ -58,7 +61,7 @@ def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | 
     with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
         reading = measure_ceilings(lent.engine, steps=steps, seconds=seconds)
         try:  # the critical batch size beside the ceilings (gradient_noise.py), in the same trial
-            reading.noise_scale = read_noise_scale(lent.engine, seconds=seconds)
+            reading.noise_scale = read_noise_scale(lent.engine, seconds=min(seconds, _NOISE_SCALE_S))
         finally:
             lent.reset()
         return reading
