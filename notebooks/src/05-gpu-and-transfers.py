@@ -95,8 +95,9 @@ print(f"on {device.type}, head to head: {logging_cost.text()}")
 # %% [markdown]
 # The losses are identical — only *when* they are read changes. On a CPU there is no device to wait for:
 # reading every step costs only the bookkeeping of one small log event per step — no large difference
-# either way; the head-to-head verdict above says how much it is on this machine, if it can tell it
-# apart from nothing at all. On a GPU the per-step sync stalls the queue: the CPU
+# either way (20 readings on the busy 2-core machine these notebooks were built on ranged from 18% slower
+# to 9% faster); the head-to-head verdict above says how much it is on this machine, if it can tell it apart
+# from nothing at all. On a GPU the per-step sync stalls the queue: the CPU
 # cannot run ahead and queue the next step while the GPU works (measured in the [GPU] cells below).
 #
 # ## [GPU] Pinned memory and `non_blocking`
@@ -179,6 +180,8 @@ else:
 # ## Checks
 
 # %%
+from nbtrain.notebook.claims import checks_done, claim
+
 assert next(model.parameters()).device.type == device.type
 assert TrainConfig(pin_memory=True, accelerator="cpu").pin is False           # pinning never applies on a CPU run
 assert readbacks[1] == steps and readbacks[50] == -(-steps // 50)            # one read-back per N steps, not per step
@@ -186,7 +189,8 @@ assert readbacks[50] * 10 < readbacks[1]
 assert all(r.history["loss"] == sync_runs[1].history["loss"] for r in sync_runs.values())  # same numbers
 v = logging_cost.verdict
 if not has_gpu:
-    assert v.low < 1.25 and v.high > 0.8, logging_cost.text()  # on a CPU: no large difference either way
+    # on a CPU: no large difference either way (a busy machine that kept it from showing says so; CI asserts it)
+    claim(v.low < 1.25 and v.high > 0.8, logging_cost, "logging every step: no large difference on a CPU")
     assert not sync_report.available                             # the sync check says it needs CUDA
 if has_gpu:
     assert TrainConfig().pin is True
@@ -195,5 +199,5 @@ if has_gpu:
     returned, done = copies["pinned, non_blocking"]
     assert returned < 0.5 * done                                              # non_blocking gives control back early
     assert sync_warnings                                                      # .item() is a sync point
-    assert not gpu_logging_cost.verdict.faster, gpu_logging_cost.text()       # a sync every step is never faster
-print("all checks passed")
+    claim(not gpu_logging_cost.verdict.faster, gpu_logging_cost, "a sync every step is never faster")
+print(checks_done())
