@@ -24,7 +24,8 @@ def test_threads_is_one_item_raced_first_and_the_candidates_are_one_half_the_cor
     assert thread_candidates(now=8, default=8, cores=8) == [1, 4]
     assert thread_candidates(now=1, default=8, cores=8) == [4, None]  # None: back to torch's default
     assert thread_candidates(now=2, default=2, cores=2) == [1] and thread_candidates(1, 1, 1) == []
-    assert thread_candidates(now=1, default=1, cores=2) == [2]  # OMP_NUM_THREADS=1 set the default: the cores too
+    assert thread_candidates(now=1, default=1, cores=2) == []  # OMP_NUM_THREADS=1: never more than it asked for
+    assert thread_candidates(now=2, default=1, cores=2) == [None]  # a run given 2 races torch's default (1)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -205,9 +205,10 @@ def device(walk, current):
 
 
 def thread_candidates(now: int, default: int, cores: int) -> list[int | None]:
-    """The num_threads values to race against a run at `now` threads: one thread, half the cores, all of them
-    and torch's default (None: where OMP_NUM_THREADS set it, not the cores), each at a count other than `now`."""
-    counts = {1: 1, max(cores // 2, 1): max(cores // 2, 1), cores: cores, default: None}
+    """The num_threads values to race against a run at `now` threads: one thread, half the cores and torch's
+    default (None), each at a count other than `now`. Never more than the default: where OMP_NUM_THREADS set
+    it (a notebook kernel, a batch job's share of a node), more threads than it are not the walk's to take."""
+    counts = {1: 1, max(min(cores // 2, default), 1): max(min(cores // 2, default), 1), default: None}
     return [value for count, value in sorted(counts.items()) if count != now]
 
 
@@ -216,7 +217,7 @@ def thread_candidates(now: int, default: int, cores: int) -> list[int | None]:
 # busy), and every later race and reading would time that noise rather than the item it tries.
 @item("threads", stage="first")
 def threads(walk, current):
-    """torch's intra-op thread counts (num_threads: 1, half the cores, all, torch's default) on the CPU. Threads change
+    """torch's intra-op thread counts (num_threads: 1, half the cores, torch's default) on the CPU. Threads change
     no math beyond the order of float sums (a reduction split across threads adds in another order)."""
     if current.device_type != "cpu":
         return f"torch's CPU threads pace a run on the CPU; this run is on {current.device_type}"
@@ -224,7 +225,7 @@ def threads(walk, current):
     now = current.num_threads or default
     values = thread_candidates(now, default, walk.here.cores)
     if not values:
-        return f"one core: no other thread count than {now} to try"
+        return f"no other thread count to try: one thread, half the cores and torch's default ({default}) are {now}"
     return [(f"num_threads={v if v is not None else f'None ({default})'} (was {now}; same math, float sums "
              "reordered)", current.replace(num_threads=v)) for v in values]
 
