@@ -36,6 +36,14 @@ class ABResult(PrintsAsTable):
     loads_b: list = field(default_factory=list)
     live: TrainConfig | None = None  # the live config a and b were resolved from, when they were
     inherited: dict = field(default_factory=dict)  # options b gives at the live value that a left to it
+    learned: object = None  # measure/learned.Quality where B changes what is learned: held-out loss at equal time
+
+    def learning(self) -> str:
+        """'batch_size=128: learns worse in the same time (held-out 3.0 vs 2.8; ...); in samples/s ...' where B
+        changes what is learned: its verdict (rule 11) before its samples/s, which alone would call it a win."""
+        if self.learned is None:
+            return self.verdict.text(self.label)
+        return f"{self.label}: {self.learned.text()}; in samples/s {self.verdict.text()}"
 
     @property
     def label(self) -> str:
@@ -78,7 +86,7 @@ class ABResult(PrintsAsTable):
             + (self.load.beside() if self.load else "") + "]"
         if not self.same:
             sides = self.sides()
-            return self.verdict.text(self.label) + (f" ({sides})" if sides else "") + tail
+            return self.learning() + (f" ({sides})" if sides else "") + tail
         inherits = ", ".join(f"{name}={value}" for name, value in self.inherited.items())
         hint = (f"; a inherits {inherits} from the live config: give it in a to measure another value"
                 if inherits else "")

@@ -25,7 +25,9 @@ from ..measure.steady import block_rates, columns_series, steady_rate
 from ..measure.verdict import UNMEASURED
 from ..metrics import MetricsLog
 from ..records import samples_start
+from ..measure.learned import alters_learning, equal_time_rounds
 from . import trial
+from .equal_time import EqualTimeScorer
 from .tool_options import ToolRefusal, declare, option
 
 _SIZING_STEPS = 20  # the uncounted first block of each config, whose rate sizes the timed blocks
@@ -75,18 +77,27 @@ def diverged_refusal(who: str, why: str) -> ToolRefusal:
              option("precision_target", "number", "the interval's half-width at which pairs stop being added",
                     noun="a fraction", above=0),
              option("budget_s", "number", "seconds the comparison may take", noun="a number of seconds", above=0),
+             option("learn_s", "number", "seconds each side trains from the same weights in the race of what "
+                    "is learned, run where B changes what is learned (default: four blocks)", noun="a number of "
+                    "seconds", above=0, nullable=True, none="four blocks' time"),
              option("clock", "function", "the budget's clock",
                     allowed="a function returning seconds, like time.monotonic")), magic=False)
 def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: dict | TrainConfig | None = None,
        recipe=None, config: TrainConfig | None = None, block_steps: int | None = None, block_s: float = 0.25,
        min_pairs: int = 4, max_pairs: int = 30, precision_target: float = 0.05, budget_s: float = 60.0,
-       clock=time.monotonic, **recipe_parts) -> ABResult:
+       learn_s: float | None = None, clock=time.monotonic, **recipe_parts) -> ABResult:
     """Measure config B against config A on the live model; see the module doc.
 
     Blocks last about `block_s` seconds each (sized from a first, uncounted block of each config), or
     `block_steps` optimizer steps when given. Blocks of a fixed time, not of fixed steps: a block of a
     fast step lasting a few milliseconds sees a passing load on a shared machine all or nothing, and
     a handful of such blocks can agree by chance on a difference that is not there.
+
+    Where B changes what is learned (a batch size, a learning rate or its rule, accumulation, precision, clipping:
+    measure/learned.alters_learning), samples/s alone would call a change that learns worse per second a win (rule
+    11): A and B then also train `learn_s` seconds each from the same weights on the same data, three times in
+    turn, and are scored on held-out data (val_data, else a slice of the training data set aside), the walk's
+    race (walk/quality.py); the verdict is then which learns better in the same time.
     """
     with trial.borrow(model, train_data, recipe=recipe, config=config, **recipe_parts) as lent:
         base = trial.plain_config(lent.engine.config)
@@ -97,7 +108,29 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
                                 block_s=None if block_steps else block_s, min_pairs=min_pairs,
                                 max_pairs=max_pairs, precision_target=precision_target, budget_s=budget_s,
                                 clock=clock)
-        return dataclasses.replace(result, load=load.last, live=base, inherited=inherited_options(base, a, b))
+        result = dataclasses.replace(result, load=load.last, live=base, inherited=inherited_options(base, a, b))
+        if alters_learning(config_b, config_a):
+            seconds = learn_s if learn_s is not None else 4 * (block_s if block_s and not block_steps
+                                                               else _steps_seconds(result))
+            result.learned = learned_in_equal_time(lent, config_a, config_b, seconds)
+        return result
+
+
+def _steps_seconds(result: ABResult) -> float:
+    """Seconds a block of fixed steps lasted, from A's median rate (a quarter second where none was read)."""
+    rates = sorted(r for r in result.rates_a if r > 0 and math.isfinite(r))
+    if not rates:
+        return 0.25
+    a = result.a
+    return result.block_steps[0] * a.batch_size * a.accumulate_grad_batches / rates[len(rates) // 2]
+
+
+def learned_in_equal_time(lent, config_a: TrainConfig, config_b: TrainConfig, seconds: float):
+    """B against A for what each learns in `seconds` of training from the trial's starting weights (measure/learned.py.s
+    race, each side scored by tools/equal_time.py; the trial's engine is put back after each)."""
+    quality = equal_time_rounds(EqualTimeScorer(lent).quality, config_b, config_a, seconds)
+    quality.longer = "learn_s= lengthens it"
+    return quality
 
 
 def compare_on(engine, lent, config_a: TrainConfig, config_b: TrainConfig, *, block_steps=20,

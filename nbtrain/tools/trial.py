@@ -300,6 +300,11 @@ def plain_config(config: TrainConfig) -> TrainConfig:
     return config.replace(**changes)
 
 
+def is_oom(error: BaseException) -> bool:
+    """The error is the device running out of memory (a config that does not fit is a result, not a crash)."""
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
 def failed(error: BaseException) -> str:
     """One line for a candidate a tool chose that raised: the tool shows it as a row and goes on (a config
     the tool chose itself must never lose what the tool measured before it)."""

@@ -22,6 +22,7 @@ import torch
 
 from .. import plotting
 from . import trial
+from .trial import is_oom  # noqa: F401  (callers read it here too)
 from ..config import TrainConfig
 from ..metrics import MetricsLog
 from ..options import Problem
@@ -101,10 +102,6 @@ class BatchSearch:
             ax.set_title(f"largest batch {self.batch_size}", fontsize=9)
             ax.legend(fontsize=7)
         return ax.figure
-
-
-def is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
 def _agree(fits: bool, peak: int, device) -> tuple[bool, int]:

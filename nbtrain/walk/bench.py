@@ -11,14 +11,12 @@ kernels, convolutions, whether DDP can run). `EngineBench` is a trial on the liv
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 from typing import Protocol
 
 from ..config import TrainConfig
 from ..measure.bottleneck import Bottleneck
 from ..measure.race import Block
-from ..engine.data import stop_workers
 from ..measure.steady import NOTHING, block_rates, columns_series
 from ..records import samples_start
 from ..tools import trial
@@ -29,8 +27,7 @@ from .items import Tried, cannot_run_ddp_here
 from .quality import Learned
 from ..measure.noise_scale import NoiseScale
 from ..tools.gradient_noise import read_noise_scale
-
-_SCORED_SLICE = 512  # training samples a race of what is learned scores on where the recipe has no val_data
+from ..tools.equal_time import EqualTimeScorer
 
 _WARM_UP_STEPS = 3  # uncounted steps before a config's first block in a race: its workers' first batches arrive
 
@@ -155,7 +152,7 @@ class EngineBench:
         self._kept = None
         self.warm: set = set()
         self.kept = None  # the config the walk keeps (keep_best), for the live model
-        self._scoring_parts, self._scoring_start = None, None  # races of what is learned (quality, _scoring)
+        self._scorer = None  # races of what is learned (quality)
 
     def _over_memory(self, m) -> str:
         if self.limit is not None and m.config.device_type == "cpu" and m.peak_bytes > self.limit:
@@ -237,42 +234,10 @@ class EngineBench:
             self.lent.reset()
 
     def quality(self, config, seconds: float, current=None) -> Learned:
-        """`config` trained `seconds` from the trial's starting weights (the same data order: the trial's seed and
-        position), its loss on the recipe's val_data, or, where none was given, on a seeded slice of the training
-        data that the races do not train on (held_out), said as such."""
-        if config.world_size > 1:
-            return Learned(float("nan"), note="it runs in processes of its own, which this race cannot alternate")
-        engine, data, scored = self._scoring()
-        if data is None:
-            return Learned(float("nan"), note=scored)
-        try:
-            m = trial.measure(engine, config, seconds=seconds, warmup_steps=0)
-            if m.error or m.diverged:
-                return Learned(float("nan"), scored, note=m.error or "its loss diverged")
-            return Learned(float(engine.evaluate(data)["val_loss"]), scored)
-        except Exception as error:  # noqa: BLE001 - a candidate that cannot train is a row, never the walk's end
-            if is_oom(error):
-                return Learned(float("nan"), scored, note="out of memory")
-            return Learned(float("nan"), scored, note=trial.failed(error))
-        finally:
-            if engine is not self.engine:  # the races' own engine back where it started, its workers stopped
-                self._scoring_start.restore()
-                stop_workers(engine.loader)
-            self.lent.reset()
-            trial.release_memory()
-
-    def _scoring(self) -> tuple:
-        """(the engine a race of what is learned trains, the data it is scored on, how that is said), made once: the
-        trial's engine where val_data was given, else a fork of it over the training data less a slice set aside."""
-        if self._scoring_parts is None:
-            recipe = self.engine.recipe
-            data, scored, rest = held_out(recipe)
-            engine = self.engine
-            if rest is not None:
-                engine = self.engine.fork(dataclasses.replace(recipe, train_data=rest))
-                self._scoring_start = trial.Snapshot(engine)
-            self._scoring_parts = (engine, data, scored)
-        return self._scoring_parts
+        """`config` trained `seconds` from the trial's starting weights, scored on held-out data (tools/equal_time.py)."""
+        if self._scorer is None:
+            self._scorer = EqualTimeScorer(self.lent)
+        return self._scorer.quality(config, seconds, current)
 
     def apart(self, label: str, config, steps: int) -> Tried:
         """`config` run by fit in processes of its own (DDP), `steps` steps."""
@@ -324,26 +289,3 @@ class EngineBench:
         self.lent.reset()
         if config is not None:
             self.kept = config
-
-
-def held_out(recipe) -> tuple:
-    """(the data a race of what is learned scores on, how it is said, the training data it then trains on: None for
-    the recipe's own); (None, why, None) where there is none. Without val_data a seeded slice of the training data
-    (a fifth, at most _SCORED_SLICE samples) is set aside and the races train on the rest; a user's own DataLoader
-    cannot be split, so there it is scored on samples also trained on, and said so."""
-    if recipe.val_data is not None:
-        return recipe.val_data, "held-out (val_data)", None
-    data = recipe.train_data
-    try:
-        n = len(data)
-    except TypeError:
-        return None, "no val_data given, and the training data has no length to set a slice of it aside", None
-    import torch
-    from torch.utils.data import Subset
-    k = max(1, min(n // 5, _SCORED_SLICE))
-    if recipe.fixed_loader is not None or n < 2:
-        return (Subset(data, range(k)), f"training loss on its first {k} samples (no val_data given, and a "
-                                        f"DataLoader of the user's own is not split)", None)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist()
-    return (Subset(data, order[:k]), f"held-out ({k} training samples set aside, no val_data given)",
-            Subset(data, order[k:]))

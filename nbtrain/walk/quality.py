@@ -12,84 +12,12 @@ covers, and a longer walk budget lengthens them.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from ..measure.learned import (QUALITY_ROUNDS, Learned, Quality, alters_learning,  # noqa: F401  (read here too)
+                               equal_time_rounds)
 
-import numpy as np
-
-from ..measure.verdict import UNMEASURED, Verdict, paired
-
-QUALITY_ROUNDS = 3  # pairs of equal-time trainings behind a verdict: the fewest a paired interval comes from
-_OPTIONS = ("batch_size", "accumulate_grad_batches", "lr", "scale_lr", "base_batch_size", "warmup_steps",
-            "precision", "gradient_clip_val")  # each changes the updates a step makes, or how many steps
 _HORIZON_BLOCKS = 1  # each side trains for one race block's time, a sixth of a trial (a 60 s walk races 0.5 s
 # horizons; a longer budget, longer blocks and horizons): what the budget allows beside the items' own races
 _ALTERNATES = 2  # other candidates faster than the current config raced for quality once the leader learned worse
-
-
-def alters_learning(config, current) -> list:
-    """The options of `config` that change what is learned from `current`'s (devices and nodes count where they
-    change the global batch: more ranks at the same per-rank batch average more samples per step)."""
-    changed = [name for name in config.changed_from(current) if name in _OPTIONS]
-    if config.global_batch_size != current.global_batch_size and "batch_size" not in changed:
-        changed.append("global batch")
-    return changed
-
-
-@dataclass
-class Learned:
-    """One side of one equal-time training: its score on held-out data, and what that data was."""
-    loss: float
-    held_out: str = "held-out"  # e.g. "held-out (val_data)" or what the bench scored on instead
-    note: str = ""              # why no loss (it did not run)
-
-
-@dataclass
-class Quality:
-    """A candidate's losses against the current config's, each trained `seconds` from the same weights."""
-    current: list = field(default_factory=list)
-    candidate: list = field(default_factory=list)
-    seconds: float = 0.0
-    held_out: str = "held-out"
-    note: str = ""  # why it was not measured
-
-    @property
-    def verdict(self) -> Verdict:
-        """The current config's loss over the candidate's, paired by round (> 1: the candidate learns better)."""
-        return paired(self.candidate, self.current) if self.current else UNMEASURED
-
-    @property
-    def measured(self) -> bool:
-        return math.isfinite(self.verdict.low)
-
-    @property
-    def worse(self) -> bool:
-        """The candidate learns measurably worse in the same time, or diverged where the current did not."""
-        if any(not math.isfinite(x) for x in self.candidate) and all(math.isfinite(x) for x in self.current):
-            return True
-        v = self.verdict
-        return v.measurable and v.ratio < 1
-
-    def horizon(self) -> str:
-        n = len(self.current)
-        return (f"{self.seconds:.2g} s of training each from the same weights, {n} time{'s' if n != 1 else ''}; "
-                f"a longer budget races a longer horizon")
-
-    def losses(self) -> str:
-        cand, cur = np.median(self.candidate), np.median(self.current)
-        return f"{self.held_out} {cand:.3g} vs {cur:.3g}"
-
-    def text(self) -> str:
-        if not self.measured:
-            return f"what it learns was not measured: {self.note or 'too few equal-time races'}"
-        v = self.verdict
-        if self.worse:
-            head = "learns worse in the same time"
-        elif v.measurable:
-            head = "learns better in the same time"
-        else:
-            head = "learns as well in the same time (no measurable difference in loss)"
-        return f"{head} ({self.losses()}; {self.horizon()})"
 
 
 def quality_cost(walk) -> float:
@@ -105,15 +33,7 @@ def race_quality(walk, config, current, reserved: bool = False) -> Quality:
     if walk.left() < cost and not reserved:
         return Quality(seconds=seconds, note=f"no time left for {QUALITY_ROUNDS} equal-time races "
                                              f"(about {cost:.0f} s, {max(walk.left(), 0):.0f} s left)")
-    out = Quality(seconds=seconds)
-    for round_ in range(QUALITY_ROUNDS):
-        sides = [(current, out.current), (config, out.candidate)]
-        for which, losses in sides[::-1] if round_ % 2 else sides:
-            learned = walk.bench.quality(which, seconds, current)
-            losses.append(learned.loss if not learned.note else float("nan"))
-            out.held_out = learned.held_out
-            out.note = learned.note or out.note
-    return out
+    return equal_time_rounds(walk.bench.quality, config, current, seconds)
 
 
 def judged_by_learning(walk, tried: list, result, chosen, current, checked):
