@@ -58,7 +58,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     set from any thread (every DDP rank at the same step), keeping what it trained.
     """
     called = time.perf_counter()  # the call's wall time, all of it, is split in the summary
-    imports.settle()  # before the first optimizer is built: an interrupt cannot land inside torch's lazy imports
+    imported_s = imports.settle()  # before the first optimizer is built (an interrupt cannot cut those imports)
     parts = {"model": model, "train_data": train_data, "loss_fn": loss_fn, "training_step": training_step,
              "optimizer": optimizer, "val_data": val_data, "collate_fn": collate_fn, "scheduler": scheduler,
              "scheduler_interval": scheduler_interval, "metrics": metrics, "validation_step": validation_step}
@@ -100,9 +100,13 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
             before = began - called - result.summary.time_split.get("start-up", 0.0)
     else:
         engine = engine_for(recipe, config)
-        engine.check_schedule()
-        before = time.perf_counter() - called
-        result = engine.run(log=log, stop=stop)
+        engine.note("start-up", imports.first_call_note(imported_s))  # this call's summary only
+        try:
+            engine.check_schedule()
+            before = time.perf_counter() - called
+            result = engine.run(log=log, stop=stop)
+        finally:
+            engine.note("start-up", None)
     result.name = name
     if result.summary.time_split is not None:
         call_s = time.perf_counter() - called

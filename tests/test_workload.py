@@ -94,6 +94,14 @@ def test_anything_that_changes_a_step_changes_the_digest(change):
     assert None not in (digest(base), digest(other)) and digest(base) != digest(other)
 
 
+def test_a_model_trained_again_with_the_same_settings_keeps_its_digest():
+    # nbtrain keeps its live engine on the user's module (a Slot): the engine's steps, log and notes are
+    # nbtrain's state, not the user's work, and must not make a later call's digest another one
+    recipe = _recipe()
+    first, later = _fit(recipe, 4, "first"), _fit(recipe, 4, "later")
+    assert first.summary.workload == later.summary.workload is not None
+
+
 def test_a_part_it_cannot_read_gives_no_digest():
     class Opaque:  # neither a dataset nor anything with items: nbtrain cannot tell what it holds
         pass

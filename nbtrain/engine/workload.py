@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from ..slots import Slot
 from ..version import __version__ as nbtrain_version  # the engine's own code: its version's
 
 _OURS = ("torch", "builtins", "nbtrain", "functools", "lightning", "pytorch_lightning", "torchvision")
@@ -176,6 +177,8 @@ class _Reader:
             self.klass(value)
         elif isinstance(value, nn.Module):
             self.module(value)
+        elif isinstance(value, Slot):  # nbtrain's own state kept on a user's module (its live engine): not theirs
+            self.add("nbtrain's slot")
         elif (plain := _plain_repr(value)) is not None:  # a list of paths or labels: one repr, not an object each
             self.add(plain)
         elif self.first_time(value):
@@ -415,9 +418,11 @@ def _names(code: types.CodeType) -> tuple[frozenset, frozenset]:
     return frozenset(globals_), frozenset(attributes)
 
 
+@functools.lru_cache(maxsize=4096)
 def _code(code: types.CodeType):
     """A code object's instructions, names and constants, nested functions' too (no line numbers: a
-    comment added above does not change what runs)."""
+    comment added above does not change what runs). Kept per code object: a code object never changes, and
+    two that compare equal have the same instructions, names and constants, so the same reading."""
     return (code.co_code, code.co_names, code.co_varnames, tuple(_const(c) for c in code.co_consts))
 
 
