@@ -1,5 +1,5 @@
 """Runs side by side: loss against wall time (held-out points too), time to a loss, throughput, peak
-memory and the last held-out numbers.
+memory, the last held-out numbers and which run reaches a held-out loss sooner in wall time (held_out_time.py).
 
 Plain matplotlib (an Agg figure, no pyplot state), so it works in a script as well as in
 a notebook, where the returned Comparison displays itself (table and figure).
@@ -19,6 +19,8 @@ from ..plotting import figure_class, held_out_series
 from ..format import PrintsAsTable, number, rate_with_interval
 from ..records import Summary
 from . import repeats
+from ..measure.learned import alters_learning
+from .held_out_time import learned_in_time
 from .apart import footnotes, versus, vs_first  # versus: the verdict of two runs, a public name of this module
 from .result import RunResult, peak_memory, peak_memory_text
 from .table import not_applied
@@ -134,7 +136,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     times = [time_to_loss(r, target) for r in results]
     base = results[0]
     seen = repeats_seen(results, store)
-    rows, noisy = [], []
+    rows, noisy, learns = [], [], []
     for label, run, t in zip(labels, results, times):
         s, steady = run.summary, run.steady()
         inert = not_applied(run.summary, base.summary)
@@ -148,14 +150,21 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
                      "vs first": "-" if run is base else vs_first((labels[0], base), (label, run), seen),
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
                      "peak memory": peak_memory_text(s), "last loss": number(s.last_loss),
-                     "held-out": held_out_text(s), "changed from first": changes or "-"})
-    if all(row["held-out"] == "-" for row in rows):  # no run validated: no column of dashes
-        for row in rows:
-            del row["held-out"]
+                     "held-out": held_out_text(s),
+                     "held-out in time": "-" if run is base else learned_in_time(base, run, labels[0]),
+                     "changed from first": changes or "-"})
+        if run is not base and (altered := alters_learning(run.config, base.config)):
+            seen = "'held-out in time' does" if s.val_loss is not None else "give val_data to both runs to see that"
+            learns.append(f"{label} changes what is learned ({', '.join(altered)}): its samples/s says nothing of "
+                          f"how soon it learns; {seen}")
+    for column in ("held-out", "held-out in time"):
+        if all(row[column] == "-" for row in rows):  # no run validated: no column of dashes
+            for row in rows:
+                del row[column]
     figure = _draw(results, labels, target, times, [row["vs first"] for row in rows])
     notes = [f"{NOISY_MARK} too noisy to trust: the spread between timed blocks ({', '.join(noisy)}) is over "
              f"{100 * WIDE_SPREAD:.0f}%; samples/s with the 95% interval"] if noisy else []
-    notes += footnotes([row["vs first"] for row in rows])
+    notes += footnotes([row["vs first"] for row in rows]) + learns
     result = Comparison(results, labels, target, rows, figure, notes)
     if path is not None:
         result.save(path)
