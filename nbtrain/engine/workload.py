@@ -160,13 +160,21 @@ class _Reader:
         return True
 
     def value(self, value) -> None:
-        if isinstance(value, _ATOMS):
+        kind = type(value)
+        # The kinds a data set's rows are made of first, by exact type (the same reading as below): a list of
+        # 50,000 dict rows is read once per call, so each row must not try every kind in turn (~6 us a row)
+        if kind in _ATOM_TYPES:
+            self.add(value)
+        elif kind is torch.Tensor or kind is nn.Parameter:
+            self._tensor(value)
+        elif kind is dict:
+            self._follow(value)
+        elif isinstance(value, _ATOMS):
             self.add(value)
         elif isinstance(value, enum.Enum) or isinstance(value, _NAMED):
             self.add(repr(value))
         elif isinstance(value, torch.Tensor):
-            self.add(("tensor", tuple(value.shape), str(value.dtype), str(value.device), str(value.layout),
-                      value.is_contiguous(), value.requires_grad))
+            self._tensor(value)
         elif isinstance(value, np.ndarray):
             self.add(("ndarray", value.shape, str(value.dtype), value.flags.c_contiguous))
         elif isinstance(value, np.generic):
@@ -181,7 +189,16 @@ class _Reader:
             self.add("nbtrain's slot")
         elif (plain := _plain_repr(value)) is not None:  # a list of paths or labels: one repr, not an object each
             self.add(plain)
-        elif self.first_time(value):
+        else:
+            self._follow(value)
+
+    def _tensor(self, value: torch.Tensor) -> None:
+        self.add(("tensor", tuple(value.shape), str(value.dtype), str(value.device), str(value.layout),
+                  value.is_contiguous(), value.requires_grad))
+
+    def _follow(self, value) -> None:
+        """An object read into its parts, once (a reference where it was met before)."""
+        if self.first_time(value):
             self.depth += 1
             try:
                 if self.depth > MAX_DEPTH:
