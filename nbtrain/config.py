@@ -30,6 +30,7 @@ STRATEGIES = ("auto", "ddp", "dp", "fsdp")
 LAUNCHERS = ("local", "torchrun", "slurm", "ray")  # where ranks run: nbtrain/launchers/<name>.py
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 LR_RULES = ("none", "linear", "sqrt")
+SCHEDULE_COUNTS = ("steps", "samples")  # what a schedule stepped every step counts under a changed global batch
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
@@ -110,6 +111,11 @@ class TrainConfig:
     warmup_steps: int = setting(0, "whole", "linear warm-up over W steps (this value): step s (from 0) trains at (s+1)/W "
                                 "of its rate (the scaled rate, or the schedule's), from 1/W at the first step to all "
                                 "of it at step W", low=0)
+    schedule_counts: str = setting("steps", "choice", "what a schedule stepped every step and warmup_steps count "
+                                   "when the global batch differs from base_batch_size: steps, as written; or "
+                                   "samples, laid over the samples base_batch_size's steps held (after step k the "
+                                   "schedule has taken floor(k x global batch / base_batch_size) steps)",
+                                   choices=SCHEDULE_COUNTS)
     gradient_clip_val: float | None = setting(None, "number", "clip the gradient norm to this value", above=0,
                                               nullable=True)
     seed: int | None = setting(0, "whole", "random seed (None: not seeded)", low=0, cap=2**63 - 1, nullable=True)
@@ -377,6 +383,9 @@ def _combination_problems(c: TrainConfig) -> list[Problem]:
     if c.scale_lr != "none" and c.base_batch_size is None:
         out.append(Problem("scale_lr", c.scale_lr,
                            "needs base_batch_size (the global batch the learning rate was tuned for)"))
+    if c.schedule_counts == "samples" and c.base_batch_size is None:
+        out.append(Problem("schedule_counts", c.schedule_counts,
+                           "needs base_batch_size (the global batch the schedule's steps were written for)"))
     if (c.patience is not None or c.restore_best) and c.monitor is None:
         out.append(Problem("patience" if c.patience is not None else "restore_best",
                            c.patience if c.patience is not None else True,

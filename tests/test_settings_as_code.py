@@ -21,7 +21,7 @@ CHANGED = dict(
     rdzv_host="10.0.0.1", find_unused_parameters=True, timeout=30, precision="bf16", batch_size=256,
     accumulate_grad_batches=4, max_epochs=3, max_steps=10, max_time=7.5, num_workers=2, pin_memory=False,
     persistent_workers=True, prefetch_factor=4, shuffle=False, drop_last=True, preload_data=True, lr=3e-4,
-    scale_lr="sqrt", base_batch_size=64, warmup_steps=20, gradient_clip_val=1.5, seed=None, compile="true",
+    scale_lr="sqrt", base_batch_size=64, warmup_steps=20, schedule_counts="samples", gradient_clip_val=1.5, seed=None, compile="true",
     channels_last=True, matmul_precision="high", cudnn_benchmark=False, optimizer_impl="foreach",
     activation_checkpointing="layers.0,head", checkpoint_every="90s", checkpoint_dir="/tmp/a b",
     resume="-it's last.pt", on_nonfinite_loss="continue", val_every_n_steps=50, monitor="val_acc", mode="max",

@@ -80,7 +80,8 @@ def test_a_batch_change_says_what_it_does_to_a_schedule_counted_in_steps_and_res
     assert factor > 1, walk.table()
     assert (f"your schedule (LambdaLR every step (as given)) counts optimizer steps: at global batch "
             f"{walk.best_config.global_batch_size} instead of 32 each of its steps is {factor:.3g}x the samples") in walk.lr_note
-    assert walk.lr_note.endswith("kept in steps, as written: nbtrain does not rescale a schedule unasked")
+    assert walk.lr_note.endswith("kept in steps, as written: nbtrain does not rescale a schedule unasked "
+                                 "(schedule_counts='samples' lays it over samples)")
     assert "learning rate: " in walk.table()
     # a schedule stepped every epoch, and no warm-up: nothing counted in steps, nothing said
     quiet = run_walk(m := SimulatedMachine(H200, seed=0, stepping=("epoch", "StepLR every epoch")), budget_s=60,
@@ -90,7 +91,11 @@ def test_a_batch_change_says_what_it_does_to_a_schedule_counted_in_steps_and_res
     start = H200.start.replace(warmup_steps=5)
     assert steps_note(start, start.replace(batch_size=512), None) == (
         "warmup_steps=5 becomes 2,560 samples' worth (was 160); kept in steps, as written: nbtrain does not rescale "
-        "a schedule unasked")
+        "a schedule unasked (schedule_counts='samples' lays it over samples)")
+    asked = start.replace(base_batch_size=32, schedule_counts="samples")  # the user's choice, said as such
+    assert steps_note(asked, asked.replace(batch_size=512), "step") == (
+        "your schedule and warm-up are laid over samples, as asked (schedule_counts='samples': 16 of its steps per "
+        "step)")
 
 
 def test_a_peak_ratio_is_never_presented_as_the_expected_gain():

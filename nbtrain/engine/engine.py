@@ -266,7 +266,11 @@ class Engine:
 
     def set_lr(self, step: int) -> None:
         targets = self.schedule.lrs() if self.schedule is not None else self.target_lrs()
-        rates.set_lr(self.optimizer, targets, self.config.warmup_steps, step)
+        rates.set_lr(self.optimizer, targets, self.config.warmup_steps, self.schedule_position(step))
+
+    def schedule_position(self, step: int) -> int:
+        """The steps a step-counted schedule and the warm-up have taken after `step` (config.schedule_counts)."""
+        return rates.schedule_position(self.config, step)
 
     def lr_note(self, config: TrainConfig | None = None) -> str:
         """The learning rate this run uses (or `config` would use), and why."""

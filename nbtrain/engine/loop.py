@@ -184,6 +184,7 @@ class Run:
         clip, warm_until, log_every = c.gradient_clip_val, c.warmup_steps, c.log_every_n_steps
         schedule = engine.schedule
         step_schedule = schedule.step if schedule is not None and schedule.interval == "step" else None
+        position = engine.schedule_position  # the schedule's steps after a step (config.schedule_counts)
         rows, losses, group = self._rows, self._losses, optimizer.param_groups[0]
         stop, caller_stop, step_loss = self._stop, self._caller_stop, recipe.step_loss
         val_every = c.val_every_n_steps if self.val_data is not None else None
@@ -247,9 +248,10 @@ class Run:
             losses.append(loss_sum)
             if len(losses) >= log_every:
                 self._flush()
-            if step_schedule is not None:
-                step_schedule(optimizer)
-            if engine.step <= warm_until:
+            if step_schedule is not None:  # once a step; laid over samples, as many as the step's samples hold
+                for _ in range(position(engine.step) - position(engine.step - 1)):
+                    step_schedule(optimizer)
+            if position(engine.step - 1) < warm_until:
                 engine.set_lr(engine.step)
             if (save_steps and engine.step % save_steps == 0) or \
                     (save_seconds and t5 - engine.saved_at >= save_seconds):

@@ -81,6 +81,15 @@ def build_schedule(recipe, optimizer, config: TrainConfig, base_lrs: list[float]
     return schedule
 
 
+def schedule_position(config: TrainConfig, step: int) -> int:
+    """Steps a schedule counted in steps has taken after `step` optimizer steps: `step` as written
+    (schedule_counts='steps'); laid over samples, the steps of base_batch_size that as many samples hold,
+    floor(step x global batch / base_batch_size), so a warm-up or decay covers the samples it was written for."""
+    if config.schedule_counts != "samples" or config.base_batch_size is None:
+        return step
+    return step * config.global_batch_size // config.base_batch_size
+
+
 def set_lr(optimizer, targets: list[float], warmup_steps: int, step: int) -> None:
     """Each group at its target rate, times the warm-up ramp (step + 1) / warmup_steps while step < warmup_steps."""
     ramp = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0

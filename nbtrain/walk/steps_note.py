@@ -3,7 +3,8 @@
 A warm-up or decay written in steps (the user's LambdaLR stepped every step, OneCycleLR, nbtrain's own
 warmup_steps) covers as many samples as its steps hold: at a global batch 16x larger each step is 16x the samples,
 so a warm-up of 5 steps becomes 16x the samples' worth and an epoch holds 16x fewer steps of the decay. nbtrain
-keeps the schedule in steps, as the user wrote it, and says so; rescaling it is the user's choice to make.
+keeps the schedule in steps, as the user wrote it, and says so; laying it over samples is the user's choice
+(schedule_counts='samples', engine/rates.schedule_position).
 """
 from __future__ import annotations
 
@@ -27,4 +28,8 @@ def steps_note(start, chosen, interval: str | None, stepping: str = "") -> str:
                     f"(was {chosen.warmup_steps * before:,})")
     if not said:
         return ""
-    return "; ".join(said) + "; kept in steps, as written: nbtrain does not rescale a schedule unasked"
+    if chosen.schedule_counts == "samples" and chosen.base_batch_size:
+        return (f"your schedule and warm-up are laid over samples, as asked (schedule_counts='samples': "
+                f"{chosen.global_batch_size / chosen.base_batch_size:.3g} of its steps per step)")
+    return "; ".join(said) + ("; kept in steps, as written: nbtrain does not rescale a schedule unasked "
+                              "(schedule_counts='samples' lays it over samples)")
