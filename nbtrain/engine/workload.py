@@ -193,7 +193,7 @@ class _Reader:
             self._follow(value)
 
     def _tensor(self, value: torch.Tensor) -> None:
-        self.add(("tensor", tuple(value.shape), str(value.dtype), str(value.device), str(value.layout),
+        self.add(("tensor", tuple(value.shape), *_kind_text(value.dtype, value.device, value.layout),
                   value.is_contiguous(), value.requires_grad))
 
     def _follow(self, value) -> None:
@@ -361,6 +361,12 @@ class _Reader:
                 raise Unreadable(type(data).__name__)
             self.add(len(data) if hasattr(data, "__len__") else None)
         self.value(data)
+
+
+@functools.lru_cache(maxsize=256)
+def _kind_text(dtype: torch.dtype, device: torch.device, layout: torch.layout) -> tuple[str, str, str]:
+    """A tensor's dtype, device and layout as text, once per kind (a data set's rows share a few)."""
+    return str(dtype), str(device), str(layout)
 
 
 def _attributes(obj) -> list[tuple[str, object]] | None:
