@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import TrainConfig
 from ..format import PrintsAsTable
@@ -84,6 +84,7 @@ class Ceilings(PrintsAsTable):
     loader_load: Load | None = None  # ... while the loader alone was read
     threads_race: ThreadRace | None = None  # fewer threads raced, where the model's threads waited for a CPU
     noise_scale: NoiseScale | None = None  # the gradient noise scale at this batch: the critical batch size
+    raced: dict = field(default_factory=dict)  # remedy item -> its short A/B race on the live model (ABResult)
 
     @property
     def device_type(self) -> str:
@@ -225,10 +226,20 @@ class Ceilings(PrintsAsTable):
     def remedy_lines(self, count: int = 4) -> list[str]:
         fewer = [f"  try: {self.threads_race.remedy} [threads]"] if self.threads_race and self.threads_race.remedy \
             else []
-        # Only a remedy raced on the live model here (fewer threads) is a "try" with its measured ratio; every other is
-        # an idea with its reason, not raced: its figures (a peak's ratio, a fit's prediction) are not the step's gain
-        return fewer + [f"  idea, not raced: {r.text} [{r.ceiling}]"
-                        for r in self.bottleneck().remedies[:count - len(fewer)]]
+        # Only a remedy raced on the live model here (fewer threads; a cheap toggle: tools/ceilings.race_remedies) is
+        # a "try", with its measured ratio; every other is an idea with its reason, not raced: its figures (a peak's
+        # ratio, a fit's prediction) are not the step's gain
+        return fewer + [self._remedy_line(r) for r in self.bottleneck().remedies[:count - len(fewer)]]
+
+    def _remedy_line(self, remedy) -> str:
+        race = self.raced.get(remedy.item)
+        if race is None:
+            return f"  idea, not raced: {remedy.text} [{remedy.ceiling}]"
+        v = race.verdict
+        measured = f"{race.label}: raced on this model: {v.text()} [{v.pairs} pairs of blocks]"
+        if v.faster:
+            return f"  try: {measured}; why: {remedy.text} [{remedy.ceiling}]"
+        return f"  raced, not faster here: {measured}; the idea was: {remedy.text} [{remedy.ceiling}]"
 
     def oversubscribed(self) -> str:
         """Where the model's threads waited for a free CPU while it was read: how long, and what fewer threads did

@@ -34,12 +34,17 @@ from ..measure.steady import block_rates, steady_rate, warmup_length
 from ..measure.verdict import paired, unpaired
 from . import trial
 from .gradient_noise import read_noise_scale
-from .ab import diverged_refusal
+from .ab import compare_on, diverged_refusal
 from .step_timing import batch_samples, loader_alone, model_alone, small_batch, train_step
 from .tool_options import declare, option
 
 
 _NOISE_SCALE_S = 2.0  # at most this long for the critical batch size (at least 5 repeats: gradient_noise.py)
+# Remedies that are one cheap setting: raced on the live model (ab's alternating blocks) instead of only said. Others
+# (compile: minutes of compiling; a batch or workers: another loader; preload, cache) stay ideas with their reason.
+CHEAP = {"precision": {"precision": "bf16-mixed"}, "channels_last": {"channels_last": True},
+         "matmul_precision": {"matmul_precision": "high"}}
+_RACE_BLOCK_S = 0.1  # each block of a remedy's race: short, as every ceiling's reading is
 
 
 @declare("ceilings", "nbtrain.ceilings", "the step's four ceilings (data, host, compute, memory), each measured "
@@ -47,19 +52,27 @@ _NOISE_SCALE_S = 2.0  # at most this long for the critical batch size (at least 
              option("steps", "whole", "batches and steps measured per ceiling",
                     note="batches and steps measured per ceiling", low=10),
              option("seconds", "number", "longest time per ceiling", noun="a number of seconds",
-                    note="longest time per ceiling", above=0)),
+                    note="longest time per ceiling", above=0),
+             option("race_s", "number", "seconds each cheap remedy (bf16, channels_last, TF32) is raced on the live "
+                    "model against the config; 0: none raced, each said as an idea", noun="a number of seconds",
+                    note="seconds per raced remedy", low=0)),
          label="Ceilings", figsize=(7, 2.6))
 def ceilings(model=None, train_data=None, *, recipe=None, config: TrainConfig | None = None, steps: int = 30,
-             seconds: float = 5.0, **parts) -> Ceilings:
+             seconds: float = 5.0, race_s: float = 2.0, **parts) -> Ceilings:
     """Measure the four ceilings of the current config (see the module doc), in a trial: the live engine is
     never reached and the model is given back bit for bit.
 
     Each ceiling reads at least `steps` batches (or steps) and at least half a second of them, at
     most `seconds`: a tiny model's step lasts less than one time slice of a busy machine, and a
     rate from a few of them would be one preemption's guess.
+
+    A remedy that is one cheap setting (CHEAP) is then raced on the live model against the config for about
+    `race_s` seconds (ab's alternating blocks): its line says the measured ratio, never a peak's.
     """
     with trial.borrow(model, train_data, recipe=recipe, config=config, **parts) as lent:
         reading = measure_ceilings(lent.engine, steps=steps, seconds=seconds)
+        if race_s:
+            reading.raced = race_remedies(lent, reading.bottleneck().remedies[:4], race_s)
         try:  # the critical batch size beside the ceilings (gradient_noise.py), in the same trial
             reading.noise_scale = read_noise_scale(lent.engine, seconds=min(seconds, _NOISE_SCALE_S))
         finally:
@@ -157,3 +170,22 @@ def race_fewer_threads(engine, batch, seconds: float) -> ThreadRace | None:
                     done += 1
                 rates[count].append(done * n * engine.config.accumulate_grad_batches / (time.perf_counter() - t0))
     return ThreadRace(now, fewer, paired(rates[now], rates[fewer]), float(statistics.median(rates[fewer])))
+
+
+def race_remedies(lent, remedies, seconds: float) -> dict:
+    """{item: ABResult} of each cheap remedy among `remedies` (CHEAP) against the trial's config, each in ab's
+    alternating blocks for about `seconds`; one that cannot run here (bf16 on a device without it) is left an idea."""
+    base = trial.plain_config(lent.engine.config)
+    out = {}
+    for item in dict.fromkeys(r.item for r in remedies if r.item in CHEAP):
+        changed = base.replace(**CHEAP[item])
+        if not changed.changed_from(base):
+            continue
+        try:
+            out[item] = compare_on(lent.engine, lent, base, changed, block_steps=6, block_s=_RACE_BLOCK_S,
+                                   min_pairs=4, max_pairs=12, budget_s=seconds)
+        except Exception:  # noqa: BLE001 - a remedy that cannot run here stays an idea, said with its reason
+            pass
+        finally:
+            lent.reset()
+    return out
