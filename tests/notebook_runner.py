@@ -90,6 +90,9 @@ _MEASURED = [
     (re.compile(r"^within the machine's own spread: .*$", re.M), ""),
     (re.compile(r"(?<=\))†"), ""),
     (re.compile(r"^† no run of either's settings.*$", re.M), ""),
+    # Which way nbtrain.ab's race of what is learned in equal time went (measure/learned.py), or that it was not run
+    (re.compile(r"learns (worse|better|as well) in the same time( \(no measurable difference in loss\))?"
+                r"|what it learns was not measured: [^(;]*"), "LEARNED"),
     # Which way a verdict went, with its interval in the words that way gives it ("(95% interval 1.2-1.4)" or "(0.9-1.1)")
     (re.compile(r"([\d.]+x (faster|slower)|[\d.]+x(?= \([\d.]+-)|no measurable difference|not measurably"
                 r"|too (noisy|few \w+) to tell)( \((95% interval )?[\d.]+-[\d.]+\))?"), "VERDICT (N-N)"),
