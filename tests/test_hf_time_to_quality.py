@@ -45,4 +45,4 @@ def test_the_walk_on_a_tiny_gpt2_keeps_nothing_that_learns_worse_in_the_same_tim
         assert "your schedule (LambdaLR every step (as given)) counts optimizer steps" in walk.lr_note, table
     for item in walk.items:  # each kept change that alters what is learned says what it learned, and over what time
         if item.kept and item.name in ("batch_size", "precision"):
-            assert " in the same time (held-out (val_data) " in item.note, table
+            assert " in the same time (" in item.note and "(held-out (val_data) " in item.note, table
