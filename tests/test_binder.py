@@ -47,7 +47,7 @@ def test_binder_requirements_install_this_package_and_a_cpu_torch():
 def _readme_install_lines() -> list[str]:
     """The README's first code block: the lines a newcomer pastes into a terminal."""
     text = (ROOT / "README.md").read_text()
-    return text.split("```\n", 2)[1].splitlines()
+    return text.split("```\n", 2)[1].replace("\\\n", " ").splitlines()  # a continued line is one command
 
 
 def test_the_readmes_cpu_line_installs_torch_and_torchvision_together_before_the_package():
@@ -57,8 +57,11 @@ def test_the_readmes_cpu_line_installs_torch_and_torchvision_together_before_the
     cpu = [i for i, line in enumerate(lines) if "download.pytorch.org/whl/cpu" in line]
     assert len(cpu) == 1, lines
     words = shlex.split(lines[cpu[0]], comments=True)  # a commented-out line is not run by the block
+    words = words[:next((i for i, w in enumerate(words) if w in ("&&", "||", ";")), len(words))]  # pip's own
     assert words[:2] == ["pip", "install"] and "--index-url" in words, lines[cpu[0]]
-    packages = [w for w in words[2:] if not w.startswith("-") and "://" not in w]
+    options_with_values = {"--index-url", "--retries", "--timeout"}
+    packages = [w for i, w in enumerate(words[2:], 2)
+                if not w.startswith("-") and words[i - 1] not in options_with_values]
     assert sorted(re.split(r"[=<>!~]", p)[0] for p in packages) == ["torch", "torchvision"], lines[cpu[0]]
     package = lines.index("pip install -e .")
     assert cpu[0] < package, "the CPU builds go in first, so that `pip install -e .` keeps them"
