@@ -66,7 +66,13 @@ def test_print_and_the_notebooks_display_show_the_results_table(kind, shell, cap
     assert shown["text/plain"] == table
     assert "\n" not in repr(result) and repr(result).startswith(kind + "(")
     if kind == "Ceilings":  # the README shows it beside profile, with the output it printed: the same lines
-        assert _first_words(_readme_ceilings()) == _first_words(table)
+        # Every table has the readings' lines; which remedy lines follow (raced and faster, raced and not, an
+        # idea not raced, the critical batch where the noise scale resolved) is what this run measured.
+        readings = {"nbtrain", "host", "data", "compute", "memory", "model", "verdict:"}
+        remedies = {"try:", "raced,", "idea,", "batch:"}
+        readme, printed = set(_first_words(_readme_ceilings())), set(_first_words(table))
+        assert readings <= readme and readings <= printed, (readme, printed)
+        assert readme - readings <= remedies and printed - readings <= remedies, (readme, printed)
     if kind == "RunResult":  # its table as HTML too, row by row
         assert all(html.escape(label) in shown["text/html"] for label, _ in result.rows()) and "<table>" in shown["text/html"]
 
