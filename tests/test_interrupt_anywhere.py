@@ -70,11 +70,14 @@ import torch
 from torch import nn
 import nbtrain
 from nbtrain.engine import imports
-threading.Timer(float(sys.argv[1]), os.kill, (os.getpid(), signal.SIGINT)).start()
+timer = threading.Timer(float(sys.argv[1]), os.kill, (os.getpid(), signal.SIGINT))
+timer.start()
 try:
     torch.optim.AdamW(nn.Linear(3, 3).parameters())  # the user's own first optimizer, before %load_ext nbtrain
 except KeyboardInterrupt:
     pass
+finally:
+    timer.cancel()  # a fast machine finished the imports first: this run is one an interrupt did not cut short
 half = imports.half_imported()
 data = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))
 try:
@@ -90,7 +93,7 @@ print(json.dumps({"half": half, "said": said}))
 def test_an_import_an_interrupt_cut_short_in_the_users_code_is_one_clear_refusal():
     # Outside nbtrain nothing holds the interrupt: torch is left unable to train in that process (a repair in
     # place is not sound), and fit says so in one line instead of an AttributeError from inside sympy or dynamo.
-    delays = [0.3, 1.2, 2.2]
+    delays = [0.3, 0.8, 1.5]  # inside torch._dynamo's import (seconds) on a quiet machine and a loaded one
     runs = [subprocess.Popen([sys.executable, "-c", _HALF, str(d)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for d in delays]
     found = []
@@ -100,12 +103,13 @@ def test_an_import_an_interrupt_cut_short_in_the_users_code_is_one_clear_refusal
         found.append(json.loads(out.strip().splitlines()[-1]))
     assert any(f["half"] for f in found), found  # some interrupt did cut an import short
     for f in found:
-        if f["half"]:
-            assert f["said"].startswith("HalfImported: an interrupt earlier in this process cut short Python's "
-                                        "import of ") and "restart the kernel" in f["said"], f
+        # A later import of the same package may finish what the interrupt cut short (the code that runs between
+        # the interrupt and fit can import it again), and then torch trains: completed. What never happens is an
+        # error from deep inside sympy or dynamo.
+        if f["said"] != "completed":
+            assert f["half"] and f["said"].startswith("HalfImported: an interrupt earlier in this process cut short "
+                                                      "Python's import of ") and "restart the kernel" in f["said"], f
             assert any(f"import of {package}" in f["said"] for package in f["half"]), f
-        else:
-            assert f["said"] == "completed", f
 
 
 def test_an_interrupt_held_over_an_import_arrives_when_it_ends():
