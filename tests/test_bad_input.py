@@ -28,6 +28,7 @@ from nbtrain import TrainConfig
 from nbtrain.config import ConfigError, check_runnable
 from nbtrain.demo import digits_recipe
 from nbtrain.distributed.launch import ZYGOTE, WorkerError, fit_distributed, launch
+from nbtrain.notebook.views import FRAMES
 from nbtrain.recipe import Recipe
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -45,6 +46,7 @@ def _temp_entries() -> set:
 
 def _children() -> set:
     idle = set(ZYGOTE.pids())  # the warm worker starter lives as long as the kernel, by design
+    idle.add(FRAMES.pid)  # and so does the live plot's drawing process, once a run has drawn a frame
     alive = set()
     for child in psutil.Process().children(recursive=True):
         try:

@@ -55,6 +55,7 @@ class LivePlot:
         self.drawn_s = 0.0  # the latest frame's CPU time in the drawing process
         self._log = None
         self._stale = threading.Event()
+        self._begun = threading.Event()  # the run's first event arrived: it passed its checks and trains
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -64,6 +65,7 @@ class LivePlot:
         self._log = log
         self.title = title if title is not None else self.title
         self._done.clear()
+        self._begun.clear()
         log.subscribe(self)
         self._thread = threading.Thread(target=self._loop, name="nbtrain-live-plot", daemon=True)
         self._thread.start()
@@ -72,11 +74,17 @@ class LivePlot:
     def update(self, event, log) -> None:
         """The training thread's part: mark the plot stale (drawing happens on the plot's own thread)."""
         started = time.perf_counter()
+        self._begun.set()
         if event["type"] in ("steps", "change", "end"):
             self._stale.set()
         self.cost_s += time.perf_counter() - started
 
     def _loop(self) -> None:
+        # Nothing starts before the run's first event: a cell refused by its checks (bad input) starts no
+        # drawing process and leaves no process behind.
+        while not self._begun.wait(0.05):
+            if self._done.is_set():
+                return
         started = time.monotonic()
         try:  # the drawing process started and matplotlib loaded while the run's first second passes
             FRAMES.warm(self.figsize, self.dpi)
