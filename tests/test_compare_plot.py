@@ -65,6 +65,9 @@ def test_a_results_plot_is_shown_once_in_a_notebook_and_never_as_its_repr(noisy_
     shell = InteractiveShell.instance()
     shell.enable_gui = lambda gui=None: None  # (a bare shell: no GUI event loop to start)
     shell.enable_matplotlib("inline")  # as in JupyterLab: pyplot shows the figures it holds when a cell ends
+    import matplotlib.pyplot as plt
+    plt.close("all")  # figures earlier tests in this process left in pyplot (a kernel's inline backend shows and
+    # closes them at the end of the cell that made them, so a notebook never holds them for a later cell)
     shell.user_ns.update(run=noisy_pair[0], path=str(tmp_path / "run.png"), runs=noisy_pair)
     for code, words in (("run.plot(path)", f"figure saved to {tmp_path / 'run.png'}"),
                         ("run.plot()", "a figure of"), ("fig = run.plot()", "a figure of"),
