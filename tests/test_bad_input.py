@@ -27,9 +27,10 @@ import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.config import ConfigError, check_runnable
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import ZYGOTE, WorkerError, fit_distributed, launch
-from nbtrain.notebook.views import FRAMES
+from nbtrain.distributed.launch import WorkerError, fit_distributed, launch
 from nbtrain.recipe import Recipe
+
+from helpers import kernel_helpers
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -45,8 +46,7 @@ def _temp_entries() -> set:
 
 
 def _children() -> set:
-    idle = set(ZYGOTE.pids())  # the warm worker starter lives as long as the kernel, by design
-    idle.add(FRAMES.pid)  # and so does the live plot's drawing process, once a run has drawn a frame
+    idle = kernel_helpers()  # the warm worker starter and the drawing process live as long as the kernel
     alive = set()
     for child in psutil.Process().children(recursive=True):
         try:

@@ -18,7 +18,9 @@ import pytest
 
 from nbtrain import MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import ZYGOTE, WorkerError, fit_distributed, launch
+from nbtrain.distributed.launch import WorkerError, fit_distributed, launch
+
+from helpers import kernel_helpers
 
 from test_launch_faults import KERNEL, _rank_one_hangs, _rank_one_killed, _rank_one_raises, _running, _wait_gone
 
@@ -28,7 +30,7 @@ HUNG_AFTER_S = 90.0  # far above any fault's own time (the slowest, a 2 s collec
 
 def _strays(load=()) -> list[int]:
     """Children of this process other than the warm worker starter and the `load` processes, still running."""
-    idle = set(ZYGOTE.pids()) | set(load)
+    idle = kernel_helpers() | set(load)
     return _running([p.pid for p in psutil.Process().children(recursive=True) if p.pid not in idle])
 
 
@@ -86,7 +88,7 @@ def test_interrupting_a_ddp_run_repeatedly_leaves_no_process_and_never_hangs(cap
 
         def interrupt_once_training_shows(event, _log):
             if event["type"] == "steps" and not pids:
-                idle = set(ZYGOTE.pids()) | set(cpu_load)
+                idle = kernel_helpers() | set(cpu_load)
                 pids.extend(p.pid for p in psutil.Process().children(recursive=True) if p.pid not in idle)
                 threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()  # as the kernel's interrupt
 

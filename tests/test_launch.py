@@ -13,7 +13,7 @@ from nbtrain import Engine, MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
 from nbtrain.distributed.launch import ZYGOTE, fit_distributed, launch
 
-from helpers import fit_on_two_local_nodes, same_weights, weights
+from helpers import fit_on_two_local_nodes, kernel_helpers, same_weights, weights
 
 # Workers cannot import this test module: ship its functions by value, as a notebook's are.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -21,7 +21,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def _running_children():
     """This process's descendants that are not idle warm-pool workers."""
-    idle = set(ZYGOTE.pids())
+    idle = kernel_helpers()
     return [p for p in psutil.Process().children(recursive=True) if p.pid not in idle and p.is_running()
             and p.status() != psutil.STATUS_ZOMBIE]
 

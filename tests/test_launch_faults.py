@@ -12,9 +12,9 @@ import pytest
 
 from nbtrain import MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import ZYGOTE, WorkerError, fit_distributed, launch
+from nbtrain.distributed.launch import WorkerError, fit_distributed, launch
 
-from helpers import same_weights, weights
+from helpers import kernel_helpers, same_weights, weights
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -40,7 +40,7 @@ def _wait_gone(pids, within_s=10.0):
 
 def _assert_all_gone(pids, within_s=10.0):
     assert _wait_gone(pids, within_s) == [], "workers still running"
-    idle = set(ZYGOTE.pids())
+    idle = kernel_helpers()
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in idle
             and p.status() != psutil.STATUS_ZOMBIE]
     assert left == [], f"children left behind: {left}"
@@ -118,7 +118,7 @@ def test_interrupting_the_cell_stops_every_worker_and_keeps_the_partial_history(
 
     def interrupt_once_training_shows(event, _log):
         if event["type"] == "steps" and not pids:
-            idle = set(ZYGOTE.pids())
+            idle = kernel_helpers()
             pids.extend(p.pid for p in psutil.Process().children(recursive=True) if p.pid not in idle)
             threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()  # as the kernel's interrupt
 

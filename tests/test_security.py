@@ -21,9 +21,11 @@ from IPython.utils.capture import capture_output
 from nbtrain import MetricsLog, TrainConfig
 from nbtrain.api import engine_for
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import ZYGOTE, fit_distributed, launch
+from nbtrain.distributed.launch import fit_distributed, launch
 from nbtrain.distributed.rundir import RunDir
 from nbtrain.runs.store import RunStore
+
+from helpers import kernel_helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = [ROOT / "nbtrain", ROOT / "scripts", ROOT / "benchmarks"]
@@ -156,7 +158,7 @@ def test_the_magic_refuses_hostile_names_and_uses_hostile_store_paths_literally(
 # --- what listens, and where run directories live ------------------------------------------------
 
 def _ours():
-    idle = set(ZYGOTE.pids())
+    idle = kernel_helpers()
     return [psutil.Process()] + [p for p in psutil.Process().children(recursive=True) if p.pid not in idle]
 
 
