@@ -114,7 +114,7 @@ def test_checklist_walk_button_passes_its_budget_and_draws_the_waterfall(make_pa
     panel = make_panel()
     before = weights(panel.recipe.model)
     panel.tools.fields["budget_s"].value = 4
-    panel.controls.processes.value = 2  # the tools measure in this kernel; the walk tries DDP itself
+    panel.controls.devices.value = 2  # the tools measure in this kernel; the walk tries DDP itself
     click_and_wait(panel, "checklist")
     walk = panel.tools.results["checklist"]
     # The walk stopping by its budget is tested on a fake clock (test_checklist.py); here, that it gets it.

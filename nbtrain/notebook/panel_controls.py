@@ -161,11 +161,6 @@ class Controls:
         ])
         self.refresh_choices()
 
-    @property
-    def processes(self) -> widgets.IntSlider:
-        """The devices slider under its former name (older notebooks and tests use it)."""
-        return self.devices
-
     def changes(self) -> dict:
         """The config options as the widgets state them, unread and unchecked."""
         return {"accelerator": self.device.value, "precision": self.precision.value,
