@@ -3,24 +3,15 @@ notebook cell defined (whose file is a kernel's temporary file, meaningless to i
 
 The engine and tools know nothing of notebooks and import no IPython: where IPython runs this
 process, its running shell says which execution defined a file, and the place is named as
-IPython's own tracebacks name it. A front-end may register more namers; every report names
-places through here.
+IPython's own tracebacks name it. Every report names places through here.
 """
 from __future__ import annotations
 
 import re
 import sys
-from typing import Callable
 
-_NAMERS: list[Callable[[str, int], str | None]] = []
 # ipykernel compiles each cell from a file of its own: <temp folder>/ipykernel_<pid>/<hash>.py
 _KERNEL_CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
-
-
-def register(namer: Callable[[str, int], str | None]) -> None:
-    """`namer(file, line)` names places it knows and returns None for the rest."""
-    if namer not in _NAMERS:
-        _NAMERS.append(namer)
 
 
 def ipython_cell(file: str, line: int) -> str | None:
@@ -36,8 +27,4 @@ def ipython_cell(file: str, line: int) -> str | None:
 
 
 def place(file: str, line: int) -> str:
-    for namer in [*_NAMERS, ipython_cell]:
-        named = namer(file, line)
-        if named:
-            return named
-    return f"{file}:{line}"
+    return ipython_cell(file, line) or f"{file}:{line}"

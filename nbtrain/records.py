@@ -147,7 +147,7 @@ class Summary(EngineInfo):
     notes: tuple[str, ...] = ()
     logged: dict[str, float] = field(default_factory=dict)  # the user's self.log values at the end
     device_done_s: float | None = None  # CUDA: when the device finished the run's last step, on the run's clock
-    time_split: dict[str, float] | None = None  # seconds by part (engine.report.TIME_PARTS); nbtrain.fit adds "other"
+    time_split: dict[str, float] | None = None  # seconds by part (engine.report.time_split); nbtrain.fit adds "other"
     call_s: float | None = None        # nbtrain.fit's wall time, which the time split's parts sum to
     load: Load | None = None           # other processes' share of the machine meanwhile
     compile_s: float | None = None     # a compiled run's compile time, apart from its steps (engine/report.py)

@@ -86,10 +86,6 @@ def strategy(engine) -> str:
     return "ddp" if engine.world.distributed else "single process"
 
 
-# The parts of a call's wall time, in the order the summary says them; "other" is what none of them holds.
-TIME_PARTS = ("start-up", "warm-up", "training", "validation", "checkpointing", "other")
-
-
 def time_split(started: float, clock, warmup_s: float, train_s: float, closing_validation_s: float) -> dict:
     """Where a run's time went, in seconds: start-up (from the run's start until its clock started: a
     resume's checkpoint, the loader's set-up), warm-up and training (the clock's time, split where its
