@@ -199,10 +199,11 @@ def reaches_into_engine(path: Path, engine_names: set[str], package: str = "nbtr
     return sorted(found, key=lambda where: int(where.split()[1].rstrip(":")))
 
 
-def sets_engine_fields(path: Path) -> list[str]:
+def sets_engine_fields(path: Path, owner: str = "engine") -> list[str]:
     """Where the module at `path` assigns an Engine's field: `engine.x = ...`, `self.engine.x += ...`,
     `panel.engine.x[...] = ...` (an attribute of an engine, assigned or changed in place by subscript; a part's
-    own attributes, `engine.optimizer.param_groups`, are the part's): only the Engine sets its own fields."""
+    own attributes, `engine.optimizer.param_groups`, are the part's): only the Engine sets its own fields.
+    `owner`: the word that names the object whose fields are looked for (a walk's: "walk")."""
     tree = ast.parse(path.read_text(), str(path))
     found = []
     for node in ast.walk(tree):
@@ -211,9 +212,9 @@ def sets_engine_fields(path: Path) -> list[str]:
         for target in targets:
             while isinstance(target, ast.Subscript):
                 target = target.value
-            owner = target.value if isinstance(target, ast.Attribute) else None
-            if isinstance(owner, ast.Name) and "engine" in owner.id.lower() or \
-                    isinstance(owner, ast.Attribute) and "engine" in owner.attr.lower():
+            target_owner = target.value if isinstance(target, ast.Attribute) else None
+            if isinstance(target_owner, ast.Name) and owner in target_owner.id.lower() or \
+                    isinstance(target_owner, ast.Attribute) and owner in target_owner.attr.lower():
                 found.append(f"line {node.lineno}: {ast.unparse(target)}")
     return found
 

@@ -146,6 +146,14 @@ def test_only_the_engine_sets_its_own_fields():
     assert found == {}, "call an Engine method (request, reconfigure, fork, trial, ...) instead of setting its fields"
 
 
+def test_only_the_walker_sets_a_walks_fields():
+    """The walk's parts (its headline, its quality races, its items) return what they compute; run_walk and the
+    Walk's own methods (walker.py) set the walk's fields from it."""
+    found = {str(path.relative_to(PACKAGE.parent)): where for path in sorted((PACKAGE / "walk").glob("*.py"))
+             if path.name != "walker.py" and (where := sets_engine_fields(path, owner="walk"))}
+    assert found == {}, "return what the part computes and let walker.py set the walk's fields"
+
+
 def test_the_field_check_sees_each_way_of_setting_a_field(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f(engine, panel, self):\n    engine.recipe = 1\n    panel.engine.step += 1\n"

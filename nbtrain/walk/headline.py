@@ -13,17 +13,20 @@ from .quality import alters_learning, quality_cost, race_quality
 FINAL_ROUNDS = 3  # rounds the budget keeps for the final head-to-head: the fewest a race keeps a config on
 
 
+def overrun_s(walk) -> float:
+    """How far the items overran into the closing race's reserve, in seconds (negative; 0.0 where they left it
+    whole), read with the walk back at its start. An item that overran (a block or a reading longer than its
+    estimate) does not cost the headline its measurement: held back as this negative, the walk's time left is
+    the race's reserve still, and the walk ends that much later."""
+    return min(walk.left() - head_to_head_reserve(walk), 0.0)
+
+
 def head_to_head(walk, start, chosen) -> tuple:
     """(the chosen config as raced against the start: a Tried with its verdict, the start's samples/s beside it,
-    why it was not measured): a race from the start config on the walk's bench and clock."""
+    why it was not measured): a race on the walk's bench and clock from its current config, which its caller
+    has set back to the start (with overrun_s held back)."""
     if chosen == start:
         return None, float("nan"), ""
-    walk.current = start
-    # An item that overran into the reserve (a block or a reading longer than its estimate) does not cost the
-    # headline its measurement: the final race still gets the reserve, and the walk ends that much later.
-    short = walk.left() - head_to_head_reserve(walk)
-    if short < 0:
-        walk.held_back = lambda: short
     tried = walk.race([("the walk's choice", chosen)], judged=False)  # what it learns: run_walk, after this race
     if not tried or tried[0].samples_per_s is None:
         why = tried[0].note if tried else f"no time left ({max(walk.left(), 0):.1f} s)"

@@ -36,7 +36,7 @@ from ..tools import trial
 from ..tools.failure_causes import none_ran
 from ..tools.tool_options import ToolRefusal
 from .bench import Bench
-from .headline import backing, head_to_head, head_to_head_reserve
+from .headline import backing, head_to_head, head_to_head_reserve, overrun_s
 from .items import ITEMS, REGISTRY, Tried
 from .quality import alters_learning, judged_by_learning, quality_cost
 from .result import ChecklistResult, ItemResult
@@ -361,6 +361,10 @@ def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min
         path = walk_items(walk, [REGISTRY[name] for name in ITEMS if name in items], skipped, lr_checks)
         walk.held_back = lambda: 0.0
         current = walk.current
+        if current != start:  # the closing race runs from the start, on the reserve the items left it
+            walk.current = start
+            overrun = overrun_s(walk)
+            walk.held_back = lambda: overrun
         final, final_start, final_note = head_to_head(walk, start, current)
         claims = any(r.kept and not REGISTRY[r.name].keep_regardless for r in walk.results)  # the walk's own keeps
         withdrawn, learned = backing(walk, start, current, final, final_note) if claims else ("", None)
