@@ -1,0 +1,104 @@
+"""The workload digest of a data set of rows (engine/workload.py), read at every call (issue 51): rows that read
+alike are kept as one reading and a count, a tensor met twice in one walk is read once, and a dict's keys are put
+in order once per set of keys. None of it may hide a change: a row changed in place, in the middle of a run of
+alike rows or at its end, a tensor reshaped in place between two calls, a hook set on one module or parameter."""
+import pytest
+import torch
+from torch import nn
+
+from nbtrain import Recipe
+from nbtrain.engine.workload import _Reader, digest
+
+
+def _rows(n=12, width=8):
+    ids = torch.zeros(n, width, dtype=torch.long)
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+def _digest(rows, model=None):
+    return digest(Recipe(model=model or nn.Linear(8, 1), train_data=rows))
+
+
+def test_rows_that_read_alike_are_one_reading_and_a_count():
+    reader = _Reader()
+    reader.data(_rows(10_000))
+    assert len(reader.parts) < 20, len(reader.parts)  # 10,000 rows, 5 parts each, before runs were counted
+
+
+def _in_place(change, rows):
+    if change == "a row's tensor replaced by one of another shape":
+        rows[5]["labels"] = torch.zeros(9, dtype=torch.long)
+    elif change == "the last row's tensor replaced":
+        rows[-1]["labels"] = torch.zeros(9, dtype=torch.long)
+    elif change == "a row's tensor reshaped in place":
+        rows[5]["labels"].unsqueeze_(0)
+    elif change == "a tensor's data swapped (no version moves)":
+        rows[5]["labels"].data = torch.zeros(9, dtype=torch.long)
+    elif change == "a row's number changed":
+        for row in rows:
+            row["weight"] = 1
+        rows[7]["weight"] = 2
+    elif change == "a row's key renamed":
+        rows[3]["targets"] = rows[3].pop("labels")
+    elif change == "a row gained a key":
+        rows[3]["mask"] = torch.ones(8)
+    elif change == "a row's tensor needs gradients":
+        rows[4]["input_ids"] = rows[4]["input_ids"].float().requires_grad_()
+    elif change == "two rows swapped places":
+        rows[2] = {"input_ids": torch.zeros(4, dtype=torch.long), "labels": torch.zeros(4, dtype=torch.long)}
+        rows[2], rows[9] = rows[9], rows[2]
+    elif change == "a row appended":
+        rows.append(dict(rows[0]))
+
+
+CHANGES = ["a row's tensor replaced by one of another shape", "the last row's tensor replaced",
+           "a row's tensor reshaped in place", "a tensor's data swapped (no version moves)", "a row's number changed",
+           "a row's key renamed", "a row gained a key", "a row's tensor needs gradients", "a row appended"]
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_row_changed_in_place_changes_the_digest(change):
+    rows = _rows()
+    before = _digest(rows)
+    assert before is not None and _digest(rows) == before  # the same rows, read again: the same digest
+    _in_place(change, rows)
+    assert _digest(rows) not in (before, None)
+
+
+def test_where_a_different_row_stands_in_a_run_of_alike_rows_is_read():
+    def rows(odd_at):
+        out = _rows(6)
+        out[odd_at] = {"input_ids": torch.zeros(3, dtype=torch.long), "labels": torch.zeros(3, dtype=torch.long)}
+        return out
+    digests = {_digest(rows(i)) for i in range(6)}
+    assert len(digests) == 6 and None not in digests
+    # three of one then one of another is not two and two
+    a, b = _rows(1)[0], {"input_ids": torch.zeros(3, dtype=torch.long)}
+    assert _digest([a, a, a, b]) != _digest([a, a, b, b])
+    assert _digest([dict(a) for _ in range(4)]) == _digest(_rows(4))  # rows built afresh read alike
+
+
+@pytest.mark.parametrize("where", ["a submodule's forward hook", "a parameter's gradient hook",
+                                   "a parameter's post-accumulate hook"])
+def test_a_hook_on_one_module_or_parameter_changes_the_digest(where):
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    rows, plain = _rows(), model()
+    hooked = model()
+    if where == "a submodule's forward hook":
+        hooked[2].register_forward_hook(lambda module, args, out: out * 2)
+    elif where == "a parameter's gradient hook":
+        hooked[0].weight.register_hook(lambda grad: grad * 2)
+    else:
+        hooked[0].bias.register_post_accumulate_grad_hook(lambda p: None)
+    assert _digest(rows, plain) == _digest(rows, model()) is not None
+    assert _digest(rows, hooked) not in (_digest(rows, plain), None)
+
+
+def test_string_keys_are_put_in_order_by_their_text_as_any_dict_is():
+    # the order kept once per set of keys is the one every other dict gets: by repr, whatever order they were written in
+    quoted = {'a"b': torch.zeros(2), "a'b": 1, "ab": 2.0, "a\nb": None}
+    reversed_order = dict(reversed(list(quoted.items())))
+    assert _digest([quoted]) == _digest([reversed_order]) is not None
+    assert _digest([quoted]) != _digest([{**quoted, "ab": 3.0}])
