@@ -20,7 +20,7 @@ import torch
 from nbtrain import TrainConfig
 from nbtrain.walk.tool import checklist
 from nbtrain.demo import digits_recipe
-from nbtrain.tools.tune import find_workers
+from nbtrain.tools.tune_workers import find_workers
 
 from .common import machine, spread
 

@@ -1,7 +1,8 @@
 """nbtrain: try the PyTorch training-speed checklist on your own live model, and see the effect."""
 from .api import fit
 from .runs.compare import compare
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
+from .options import ConfigError
 from .engine.engine import Engine
 from .metrics import MetricsLog
 from .recipe import Recipe, RecipeError

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
+from .options import ConfigError
 from .flags import add_config_flags, config_from_flags, flag_name
 
 

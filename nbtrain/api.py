@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 
-from .config import ConfigError, Problem, TrainConfig, check_runnable
+from .config import TrainConfig, check_runnable
+from .options import ConfigError, Problem
 from .engine import imports
 from .engine.engine import Engine
 from .engine.report import with_call
@@ -11,7 +12,8 @@ from .engine.loggers import check_folder
 from .engine.monitor import check_monitor
 from .metrics import MetricsLog
 from .adapters import recipe_for
-from .recipe import Recipe, RecipeError, fixed_reason
+from .recipe import Recipe, RecipeError
+from .user_loader import fixed_reason
 from .runs.result import RunResult
 from .slots import Slot
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import hardware
 from .monitored import AUTO_NOTE
-from .options import ConfigError, Option, Problem, Reject, setting  # noqa: F401  (ConfigError, Problem: config's errors)
+from .options import ConfigError, Option, Problem, Reject, setting
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 _PRECISION_ALIASES = {

@@ -1,6 +1,7 @@
 """Read the package's source as syntax trees (never a text search) for the architecture rules that
 test_boundaries.py holds: the import graph, module lengths, private names of the engine used elsewhere."""
 import ast
+import re
 from pathlib import Path
 
 # About 500 lines: past that a module says in its first line why it is one idea (split along a seam, never to
@@ -245,3 +246,58 @@ def upward_imports(graph: dict[str, set[str]], floors, package: str = "nbtrain")
             if above is not None and above > floor:
                 found.append(f"{module} -> {target} ({floors[floor][0]} imports {floors[above][0]})")
     return found
+
+
+def _top_level_names(tree) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it imports) at its top level, inside `if` and `try` blocks too."""
+    defined, imported = set(), set()
+    body = list(tree.body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, (ast.If, ast.Try)):
+            body += node.body + node.orelse + getattr(node, "finalbody", []) + \
+                [n for handler in getattr(node, "handlers", []) for n in handler.body]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+    return defined, imported
+
+
+def relayed_imports(root: Path, paths: list[Path], faces: tuple[str, ...] = ()) -> list[str]:
+    """Each `from <module of root's package> import name` in `paths` that takes a name the module only imported
+    from elsewhere (a relay: the reader is sent to a second home): 'tests/t.py:3: ConfigError from pkg.config'.
+    A package's own __init__ is its face and may be read from; so may the modules under the prefixes `faces`."""
+    known = modules(root)
+    names = {module: _top_level_names(ast.parse(path.read_text(), str(path))) for module, path in known.items()}
+    found = []
+    for path in paths:
+        inside = root in path.parents
+        module = next((m for m, p in known.items() if p == path), path.stem) if inside else path.stem
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                source = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            if source not in known or known[source].name == "__init__.py" or source.startswith(faces):
+                continue
+            defined, imported = names[source]
+            for alias in node.names:
+                if alias.name in imported and alias.name not in defined and f"{source}.{alias.name}" not in known:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {alias.name} from {source}")
+    return found
+
+
+def unused_import_waivers(repo: Path, paths: list[Path]) -> list[tuple[str, str]]:
+    """(file from `repo`, the statement) for each line that waives the unused-import check (`noqa: F401`)."""
+    return [(str(path.relative_to(repo)), line.split("#")[0].strip())
+            for path in paths for line in path.read_text().splitlines() if _WAIVED_IMPORT.match(line)]
+
+
+_WAIVED_IMPORT = re.compile(r"\s*(from\s+\S+\s+)?import\b[^#]*#\s*noqa:[^#]*\bF401")

@@ -37,7 +37,7 @@ from nbtrain.measure.race import Block
 from nbtrain.measure.steady import SteadyRate
 from nbtrain.measure.verdict import Verdict
 from nbtrain.walk.items import Tried
-from nbtrain.walk.quality import Learned
+from nbtrain.measure.learned import Learned
 
 _LOW = ("bf16-mixed", "16-mixed", "bf16-true", "16-true")
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain
 from nbtrain.api import live_engine
-from nbtrain.config import ConfigError
+from nbtrain.options import ConfigError
 from nbtrain.engine.monitor import Monitor
 from nbtrain.recipe import RecipeError
 

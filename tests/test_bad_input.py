@@ -25,7 +25,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 import nbtrain
 from nbtrain import TrainConfig
-from nbtrain.config import ConfigError, check_runnable
+from nbtrain.config import check_runnable
+from nbtrain.options import ConfigError
 from nbtrain.demo import digits_recipe
 from nbtrain.distributed.launch import WorkerError, fit_distributed, launch
 from nbtrain.recipe import Recipe

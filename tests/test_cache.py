@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from nbtrain.tools.cache import CachedDataset, cache
-from nbtrain.tools.registry import ToolOptionError
+from nbtrain.tools.tool_options import ToolOptionError
 
 from checklist_recipes import HeavyTransformData
 

@@ -13,7 +13,7 @@ from nbtrain.walk import items as walk_items
 from nbtrain.walk.items import ITEMS, REGISTRY, batch_candidates, ddp_candidate
 from nbtrain.walk.tool import checklist
 from nbtrain.demo import digits_recipe
-from nbtrain.tools.registry import ToolOptionError, ToolRefusal
+from nbtrain.tools.tool_options import ToolOptionError, ToolRefusal
 
 from checklist_recipes import same_state, state
 

@@ -4,7 +4,7 @@ import pytest
 
 from nbtrain import TrainConfig
 from nbtrain.tools.diagnose import diagnose, profile, verdict_for
-from nbtrain.tools.registry import ToolOptionError
+from nbtrain.tools.tool_options import ToolOptionError
 
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, same_state, state, tiny_ops_recipe
 

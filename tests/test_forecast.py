@@ -15,7 +15,7 @@ from nbtrain.measure.forecast import (MIB, Quantity, fit_link, gradient_buckets,
                                       scaling_point)
 from nbtrain.measure.forecast_result import Check, Forecast
 from nbtrain.measure.steady import NOTHING, SteadyRate
-from nbtrain.tools.registry import ToolOptionError
+from nbtrain.tools.tool_options import ToolOptionError
 from simulated_machine import Fabric, Landscape
 
 # Published shapes. PyTorch DDP (Li et al., VLDB 2020): ResNet-50 on V100s, 8 per server with NVLink, servers

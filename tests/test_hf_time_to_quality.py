@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
                                                           "pip install transformers)")
 
 import nbtrain  # noqa: E402
-from nbtrain.walk.quality import alters_learning  # noqa: E402
+from nbtrain.measure.learned import alters_learning  # noqa: E402
 
 
 def rows(n: int, seed: int) -> list:

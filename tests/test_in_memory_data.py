@@ -260,10 +260,10 @@ class CountedReads(DictSamples):
 
 
 def test_a_tool_alternating_held_and_loader_configs_reads_the_data_set_once_while_its_snapshot_lives():
-    from nbtrain.tools import trial
+    from nbtrain.engine.state import Snapshot
     engine = Engine(Recipe(model=nn.Linear(5, 1), train_data=CountedReads(), training_step=_scripted(nn.MSELoss(), {})),
                     TrainConfig(batch_size=4))  # auto: a custom Dataset stays on the DataLoader
-    snapshot = trial.Snapshot(engine)
+    snapshot = Snapshot(engine)
     reads = []
     for _ in range(3):  # A B A B ...: what a head-to-head comparison does
         before = CountedReads.reads

@@ -214,7 +214,7 @@ def test_the_owner_is_known_by_its_start_since_boot_so_a_clock_step_cannot_end_a
 
 def test_the_plan_names_its_launcher_local_for_one_node_torchrun_for_several_or_the_one_asked_for():
     import argparse
-    from nbtrain.config import ConfigError
+    from nbtrain.options import ConfigError
     from nbtrain.flags import add_config_flags, config_from_flags
     assert for_fit(TrainConfig(devices=2, accelerator="cpu")).launcher == "local"
     several = TrainConfig(num_nodes=2, accelerator="cpu", rdzv_endpoint="127.0.0.1:29400", node_rank=1)

@@ -5,7 +5,7 @@ from torch import nn
 from nbtrain import Recipe, TrainConfig
 from nbtrain.demo import DigitsDataset, DigitsMLP
 from nbtrain.tools.leaks import find_graph_leaks, find_sync_points
-from nbtrain.tools.registry import ToolOptionError
+from nbtrain.tools.tool_options import ToolOptionError
 
 from checklist_recipes import same_state, state
 

@@ -11,7 +11,9 @@ from nbtrain.walk.items import ITEMS as CHECKLIST_ITEMS
 from nbtrain.walk.result import ChecklistResult
 from nbtrain.tools.diagnose import Diagnosis
 from nbtrain.notebook.tools import ToolView
-from nbtrain.tools.tune import BatchSearch, LRFind, WorkerSearch
+from nbtrain.tools.lr_finder import LRFind
+from nbtrain.tools.tune import BatchSearch
+from nbtrain.tools.tune_workers import WorkerSearch
 
 DIGITS = """
 from nbtrain.demo import DigitsDataset, DigitsMLP

@@ -153,7 +153,7 @@ def test_the_interval_holds_the_rate_when_a_slow_step_ends_the_series():
 
 
 def test_ab_stops_and_says_so_when_a_timed_block_diverges_instead_of_timing_nan_arithmetic():
-    from nbtrain.tools.registry import ToolRefusal
+    from nbtrain.tools.tool_options import ToolRefusal
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 1))
     before = weights(model)

@@ -7,8 +7,8 @@ import pytest
 
 import nbtrain
 from nbtrain import TrainConfig
-from nbtrain.config import ConfigError, options
-from nbtrain.options import KINDS, Reject, allowed_text
+from nbtrain.config import options
+from nbtrain.options import KINDS, ConfigError, Reject, allowed_text
 from nbtrain.tools.registry import TOOLS
 
 PACKAGE = Path(nbtrain.__file__).resolve().parent

@@ -13,7 +13,8 @@ from nbtrain.demo import digits_recipe
 from nbtrain.tools.diagnose import Diagnosis
 from nbtrain.notebook.panel import panel as make_panel_with_store
 from nbtrain.runs.store import RunStore
-from nbtrain.tools.tune import BatchSearch, WorkerSearch
+from nbtrain.tools.tune import BatchSearch
+from nbtrain.tools.tune_workers import WorkerSearch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

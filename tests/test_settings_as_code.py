@@ -9,7 +9,8 @@ import shlex
 import pytest
 
 from nbtrain import TrainConfig
-from nbtrain.config import ConfigError, option_names, options
+from nbtrain.config import option_names, options
+from nbtrain.options import ConfigError
 from nbtrain.flags import config_from_flags
 from nbtrain.notebook import arguments
 from nbtrain.notebook.magic import build_parser

@@ -5,7 +5,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 import nbtrain
-from nbtrain.config import ConfigError
+from nbtrain.options import ConfigError
 
 from helpers import same_weights, weights
 

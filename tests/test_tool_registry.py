@@ -11,7 +11,8 @@ from nbtrain.demo import digits_recipe
 from nbtrain.notebook import panel_tools
 from nbtrain.notebook.magic import build_parser
 from nbtrain.options import ConfigError
-from nbtrain.tools.registry import TOOLS, ToolOptionError, ToolRefusal
+from nbtrain.tools.registry import TOOLS
+from nbtrain.tools.tool_options import ToolOptionError, ToolRefusal
 from test_magic_tools import DIGITS  # the magic's demo cell
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 
 import nbtrain
 from nbtrain.engine.checkpoint import CheckpointError
-from nbtrain.config import ConfigError
+from nbtrain.options import ConfigError
 
 from helpers import regression_data, same_weights, weights
 

@@ -166,7 +166,7 @@ def _use(tool: str, model, data, tmp_path):
         if isinstance(data, DataLoader) else ""
     kind = {"SubsetRandomSampler": "own_sampler", "WeightedRandomSampler": "weighted"}.get(kind, kind)
     if (tool, kind) in refused:  # one clear refusal, and nothing reached
-        with pytest.raises(nbtrain.tools.registry.ToolRefusal, match=refused[tool, kind]):
+        with pytest.raises(nbtrain.tools.tool_options.ToolRefusal, match=refused[tool, kind]):
             TOOLS[tool].function(model, **TINY[tool])
         return None
     return TOOLS[tool].function(model, **TINY[tool])
@@ -257,7 +257,7 @@ def test_ceilings_on_a_loss_that_is_not_finite_stop_as_ab_does():
     for measure in (lambda: nbtrain.ceilings(_model(), data, loss_fn=nn.MSELoss(), steps=10, seconds=0.05),
                     lambda: nbtrain.ab(_model(), data, loss_fn=nn.MSELoss(), b={"gradient_clip_val": 1.0},
                                        block_steps=2, min_pairs=2, max_pairs=2)):
-        with pytest.raises(nbtrain.tools.registry.ToolRefusal, match=r"the loss became nan.* so no speed is compared"):
+        with pytest.raises(nbtrain.tools.tool_options.ToolRefusal, match=r"the loss became nan.* so no speed is compared"):
             measure()
 
 
@@ -268,7 +268,7 @@ def test_tools_take_training_options_as_fit_does_and_name_an_unknown_one():
     config = engine.config
     profiled = nbtrain.profile(model, steps=2, warmup_steps=0, ceilings=False, batch_size=16, shuffle=False)
     assert profiled.config.batch_size == 16 and not profiled.config.shuffle and live_engine(model).config is config
-    with pytest.raises(nbtrain.tools.registry.ToolOptionError,
+    with pytest.raises(nbtrain.tools.tool_options.ToolOptionError,
                        match=r"nbtrain.profile: batchsize=64: allowed: .* a training option as nbtrain.fit takes it "
                              r".*did you mean 'batch_size'"):
         nbtrain.profile(model, steps=2, batchsize=64)

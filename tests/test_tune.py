@@ -6,8 +6,10 @@ import torch
 from nbtrain.demo import digits_recipe
 from nbtrain import TrainConfig
 from nbtrain.engine.memory import current_rss
-from nbtrain.tools.tune import find_batch_size, find_lr, find_workers
-from nbtrain.tools.registry import ToolOptionError
+from nbtrain.tools.lr_finder import find_lr
+from nbtrain.tools.tune import find_batch_size
+from nbtrain.tools.tune_workers import find_workers
+from nbtrain.tools.tool_options import ToolOptionError
 
 from checklist_recipes import compute_bound_recipe, data_bound_recipe, memory_heavy_recipe, same_state, state
 

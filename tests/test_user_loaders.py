@@ -13,7 +13,7 @@ from torch.utils.data import (BatchSampler, DataLoader, RandomSampler, Sequentia
 
 import nbtrain
 from nbtrain import TrainConfig
-from nbtrain.config import ConfigError
+from nbtrain.options import ConfigError
 from nbtrain.engine import data
 
 from helpers import same_weights, weights

@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import nbtrain
-from nbtrain.config import ConfigError
+from nbtrain.options import ConfigError
 from nbtrain.recipe import RecipeError
 
 from helpers import same_weights, weights

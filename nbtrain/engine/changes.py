@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from . import fsdp, toggles
-from ..config import ConfigError, Problem, TrainConfig, check_runnable
-from ..recipe import FIXED_OPTIONS, fixed_reason
+from ..config import TrainConfig, check_runnable
+from ..options import ConfigError, Problem
+from ..user_loader import FIXED_OPTIONS, fixed_reason
 from ..records import ChangeEvent
 from .split import device_map
 from .support import plain

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config import ConfigError, Problem
+from ..options import ConfigError, Problem
 from .split import device_map
 
 

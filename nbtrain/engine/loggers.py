@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from ..config import ConfigError, Problem
+from ..options import ConfigError, Problem
 from ..measure.steady import WindowRate
 
 DEFAULT_DIR = Path(".nbtrain") / "logs"

@@ -30,7 +30,7 @@ import time
 import torch
 
 from . import checkpoint, data, epoch_order, fsdp, loggers, report, time_limit, workload
-from ..config import ConfigError, Problem
+from ..options import ConfigError, Problem
 from ..measure import load
 from .changes import check_batches
 from .evaluation import batch_size

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 
-from ..config import ConfigError, Problem
+from ..options import ConfigError, Problem
 from ..monitored import AUTO_WORDS, direction
 
 

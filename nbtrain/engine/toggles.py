@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import Problem, ConfigError
+from ..options import ConfigError, Problem
 
 # --- channels_last -----------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import torch
 from IPython.core.error import UsageError
 
 
-from ..config import ConfigError
+from ..options import ConfigError
 
 _NBTRAIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # nbtrain/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep

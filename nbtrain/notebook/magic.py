@@ -23,7 +23,8 @@ from IPython.core.magic_arguments import MagicArgumentParser, argument, magic_ar
 from IPython.display import display
 
 from ..runs.compare import compare, resolve as compare_resolve
-from ..config import ConfigError, TrainConfig, options
+from ..config import TrainConfig, options
+from ..options import ConfigError
 from ..flags import add_config_flags
 from ..metrics import MetricsLog
 from ..adapters import recipe_from_namespace

@@ -30,9 +30,11 @@ except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency, but
     raise ImportError("nbtrain.panel needs ipywidgets: pip install ipywidgets") from exc
 
 from .. import api
-from ..config import ConfigError, TrainConfig, check_runnable
+from ..config import TrainConfig, check_runnable
+from ..options import ConfigError
 from ..adapters import recipe_from_namespace
-from ..recipe import FIXED_OPTIONS, Recipe, fixed_reason
+from ..recipe import Recipe
+from ..user_loader import FIXED_OPTIONS, fixed_reason
 from ..session import Session, namespace_lr
 from .panel_controls import Controls
 from .panel_help import BUTTONS

@@ -15,7 +15,8 @@ import ipywidgets as widgets
 
 from .. import hardware
 from ..config import (ACCELERATORS, COMPILE_MODES, LR_RULES, MATMUL_PRECISIONS, OPTIMIZER_IMPLS, PRECISIONS,
-                      ConfigError, TrainConfig, check_runnable)
+                      TrainConfig, check_runnable)
+from ..options import ConfigError
 from .panel_help import choice_tooltip, option_tooltip
 
 CSS_CLASSES = {"accumulate_grad_batches": "nbtrain-accumulate", "num_workers": "nbtrain-workers",

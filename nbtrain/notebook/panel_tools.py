@@ -21,7 +21,8 @@ import ipywidgets as widgets
 from .. import api
 from ..config import TrainConfig
 from ..tools import trial
-from ..tools.registry import NO_VALUE, TOOLS, Tool, ToolOptionError, ToolRefusal
+from ..tools.registry import TOOLS
+from ..tools.tool_options import NO_VALUE, Tool, ToolOptionError, ToolRefusal
 from .tools import figure_png
 
 PANEL_TOOLS = {name: tool for name, tool in TOOLS.items() if tool.label}

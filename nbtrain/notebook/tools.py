@@ -22,8 +22,10 @@ import io
 from IPython.core.error import UsageError
 from IPython.display import display
 
-from ..config import ConfigError, TrainConfig
-from ..tools.registry import TOOLS, Tool, ToolOptionError, ToolRefusal
+from ..config import TrainConfig
+from ..options import ConfigError
+from ..tools.registry import TOOLS
+from ..tools.tool_options import Tool, ToolOptionError, ToolRefusal
 from . import errors
 
 PANEL_HELP = "show the control panel for this cell's recipe instead of training"

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from ..config import TrainConfig
 from ..engine import threads
 from ..engine.data import refusal, to_device
+from ..engine.state import Snapshot
 from ..engine.toggles import to_channels_last
 from ..measure import device_rates
 from ..measure.ceilings import Ceilings, ThreadRace
@@ -89,7 +90,7 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
     the steps would time NaN arithmetic, not the config."""
     known = {} if known is None else known
     config = trial.plain_config(engine.config)
-    snapshot = trial.Snapshot(engine)
+    snapshot = Snapshot(engine)
     device, busy, low_peak, peak_readings = engine.device, None, None, ()
     stack = contextlib.ExitStack()
     try:

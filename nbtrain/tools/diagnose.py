@@ -26,7 +26,7 @@ from .. import plotting
 from . import trial
 from ..config import TrainConfig
 from ..format import PrintsAsTable
-from ..hardware import usable_cores  # noqa: F401  (tune_workers and the walk import it from here)
+from ..hardware import usable_cores
 from ..measure.ceilings import Ceilings
 from ..measure.device_rates import union_length
 from ..measure.steady import NOTHING, SteadyRate, of_columns

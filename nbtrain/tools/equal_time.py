@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..engine.data import stop_workers
+from ..engine.state import Snapshot
 from ..measure.learned import Learned
 from . import trial
 
@@ -57,7 +58,7 @@ class EqualTimeScorer:
             engine = self.engine
             if rest is not None:
                 engine = self.engine.fork(dataclasses.replace(recipe, train_data=rest))
-                self._start = trial.Snapshot(engine)
+                self._start = Snapshot(engine)
             self._parts = (engine, data, scored)
         return self._parts
 

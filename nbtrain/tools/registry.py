@@ -16,8 +16,10 @@ from ..walk.tool import checklist
 from .diagnose import diagnose
 from .forecast import forecast
 from .leaks import find_graph_leaks, find_sync_points
-from .tool_options import NO_VALUE, Tool, ToolOption, ToolOptionError, ToolRefusal  # noqa: F401  (the registry's types)
-from .tune import find_batch_size, find_lr, find_workers
+from .tool_options import Tool
+from .lr_finder import find_lr
+from .tune import find_batch_size
+from .tune_workers import find_workers
 
 TOOLS: dict[str, Tool] = {function.tool.name: function.tool for function in (
     diagnose, ceilings, forecast, find_batch_size, find_workers, find_lr, find_graph_leaks, find_sync_points, checklist, ab, cache)}

@@ -23,7 +23,6 @@ import torch
 from ..config import TrainConfig, option_names
 from ..engine import imports
 from ..engine.borrow import Trial, own_parts
-from ..engine.state import Snapshot  # noqa: F401  (a tool's own engine's reset points)
 from ..adapters.lightning import is_lightning_module
 from ..options import Problem
 from ..recipe import Recipe

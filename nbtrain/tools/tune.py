@@ -22,15 +22,21 @@ import torch
 
 from .. import plotting
 from . import trial
-from .trial import is_oom  # noqa: F401  (callers read it here too)
+from .trial import is_oom
 from ..config import TrainConfig
+from ..engine.state import Snapshot
 from ..metrics import MetricsLog
 from ..options import Problem
-from ..recipe import fixed_reason
+from ..user_loader import fixed_reason
 from .tool_options import ToolOptionError, ToolRefusal, declare, option
-from .lr_finder import LRFind, find_lr  # noqa: F401  (the LR finder is part of this toolbox)
+from .lr_finder import find_lr
+from .tune_workers import find_workers
 from ..measure.ab import ABResult
 from .ab import compare_on
+
+# The toolbox as users call it, nbtrain.tune.X (README): the LR finder and the worker search live in modules of
+# their own; nbtrain's own code imports each from there.
+__all__ = ["find_batch_size", "find_lr", "find_workers", "BatchSearch", "memory_limit"]
 
 
 # --- largest batch --------------------------------------------------------------------------
@@ -322,7 +328,7 @@ def _diverges(engine, config: TrainConfig, steps: int = 30) -> str | None:
     """'loss a -> b' when `steps` steps of `config` (in a trial: the model is put back) end with a
     non-finite loss or one well above where they started; None when the loss holds or falls."""
     log = MetricsLog()
-    snapshot = trial.Snapshot(engine)  # a trial's engine (the walk's, the batch search's): its state back after
+    snapshot = Snapshot(engine)  # a trial's engine (the walk's, the batch search's): its state back after
     try:
         trial.measure(engine, config.replace(log_every_n_steps=1), steps=steps, log=log)
     finally:
@@ -340,5 +346,3 @@ def worse(losses: list[float]) -> str | None:
         return f"loss {first:.3g} -> {last:.3g}"
     return None
 
-
-from .tune_workers import WorkerSearch, find_workers  # noqa: E402,F401  (the worker search is part of this toolbox)

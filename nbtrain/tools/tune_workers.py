@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from .. import plotting
 from . import trial
 from ..config import TrainConfig
-from .diagnose import usable_cores
+from ..hardware import usable_cores
 from ..measure.ab import ABResult, steps_lasting
 from ..measure.steady import NOTHING
 from ..measure.verdict import UNMEASURED, unpaired

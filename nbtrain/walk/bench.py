@@ -22,9 +22,10 @@ from ..records import samples_start
 from ..tools import trial
 from ..tools.ab import diverged_refusal, trial_rate
 from ..tools.ceilings import measure_ceilings
-from ..tools.tune import is_oom, memory_limit
+from ..tools.trial import is_oom
+from ..tools.tune import memory_limit
 from .items import Tried, cannot_run_ddp_here
-from .quality import Learned
+from ..measure.learned import Learned
 from ..measure.noise_scale import NoiseScale
 from ..tools.gradient_noise import read_noise_scale
 from ..tools.equal_time import EqualTimeScorer
@@ -99,7 +100,7 @@ class EngineFacts:
     def __init__(self, engine):
         import torch
         from ..engine.toggles import has_conv2d
-        from ..tools.diagnose import usable_cores
+        from ..hardware import usable_cores
         self.engine = engine
         self.samples = len(engine.recipe.train_data) // engine.world.size
         self.cuda = torch.cuda.is_available()

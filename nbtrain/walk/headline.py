@@ -8,7 +8,8 @@ walk's headline (ChecklistResult.headline, the table's last row, the waterfall's
 """
 from __future__ import annotations
 
-from .quality import alters_learning, quality_cost, race_quality
+from ..measure.learned import alters_learning
+from .quality import quality_cost, race_quality
 
 FINAL_ROUNDS = 3  # rounds the budget keeps for the final head-to-head: the fewest a race keeps a config on
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import hardware
-from ..config import ConfigError, TrainConfig, runnable_problems
-from ..tools.diagnose import usable_cores
+from ..config import TrainConfig, runnable_problems
+from ..options import ConfigError
+from ..hardware import usable_cores
 from ..measure.steady import NOTHING, SteadyRate
 from ..measure.verdict import UNMEASURED, Verdict, unpaired
 

@@ -12,8 +12,7 @@ covers, and a longer walk budget lengthens them.
 """
 from __future__ import annotations
 
-from ..measure.learned import (QUALITY_ROUNDS, Learned, Quality, alters_learning,  # noqa: F401  (read here too)
-                               equal_time_rounds)
+from ..measure.learned import QUALITY_ROUNDS, Quality, alters_learning, equal_time_rounds
 
 _HORIZON_BLOCKS = 1  # each side trains for one race block's time, a sixth of a trial (a 60 s walk races 0.5 s
 # horizons; a longer budget, longer blocks and horizons): what the budget allows beside the items' own races

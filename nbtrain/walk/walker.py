@@ -38,7 +38,8 @@ from ..tools.tool_options import ToolRefusal
 from .bench import Bench
 from .headline import backing, head_to_head, head_to_head_reserve, overrun_s
 from .items import ITEMS, REGISTRY, Tried
-from .quality import alters_learning, judged_by_learning, quality_cost
+from ..measure.learned import alters_learning
+from .quality import judged_by_learning, quality_cost
 from .result import ChecklistResult, ItemResult
 from .steps_note import steps_note
 
