@@ -140,5 +140,7 @@ def test_without_val_data_a_race_of_what_is_learned_holds_a_slice_out_of_trainin
     assert all(l.held_out == "held-out (128 training samples set aside, no val_data given)" for l in losses), losses
     assert all(math.isfinite(l.loss) and not l.note for l in losses), losses
     held = set(torch.randperm(640, generator=torch.Generator().manual_seed(0))[:128].tolist())  # the seeded slice
-    assert all(data.reads[i] == 2 for i in held), data.reads  # read once by each race's scoring, never trained on
+    # read once to score the starting weights and once by each race's scoring, never trained on
+    assert all(data.reads[i] == 3 for i in held), data.reads
+    assert all(l.start == losses[0].start and l.start > l.loss for l in losses), losses  # both left the start
     assert sum(n for i, n in enumerate(data.reads) if i not in held) > 2 * 512, data.reads  # the rest trained on

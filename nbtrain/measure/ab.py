@@ -43,7 +43,9 @@ class ABResult(PrintsAsTable):
         changes what is learned: its verdict (rule 11) before its samples/s, which alone would call it a win."""
         if self.learned is None:
             return self.verdict.text(self.label)
-        return f"{self.label}: {self.learned.text()}; in samples/s {self.verdict.text()}"
+        reaching = self.learned.reaching() if self.learned.measured else None
+        soon = f"; {reaching.text()}" if reaching is not None else ""  # the time each took to the worse final loss
+        return f"{self.label}: {self.learned.text()}{soon}; in samples/s {self.verdict.text()}"
 
     @property
     def label(self) -> str:

@@ -136,8 +136,10 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     times = [time_to_loss(r, target) for r in results]
     base = results[0]
     seen = repeats_seen(results, store)
+    # the compared runs of each run's settings (itself first): where a side has repeats, 'held-out in time' spans them
+    alike = [[run] + [r for r in results if r is not run and repeats.same_settings(run, r)] for run in results]
     rows, noisy, learns = [], [], []
-    for label, run, t in zip(labels, results, times):
+    for label, run, t, kin in zip(labels, results, times, alike):
         s, steady = run.summary, run.steady()
         inert = not_applied(run.summary, base.summary)
         changes = ", ".join(f"{k}={new}" for k, (_, new) in run.config.changed_from(base.config).items()
@@ -151,7 +153,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
                      "peak memory": peak_memory_text(s), "last loss": number(s.last_loss),
                      "held-out": held_out_text(s),
-                     "held-out in time": "-" if run is base else learned_in_time(base, run, labels[0]),
+                     "held-out in time": "-" if run is base else held_out_in_time(base, run, labels[0], alike[0], kin),
                      "changed from first": changes or "-"})
         if run is not base and (altered := alters_learning(run.config, base.config)):
             seen = "'held-out in time' does" if s.val_loss is not None else "give val_data to both runs to see that"
@@ -169,6 +171,14 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     if path is not None:
         result.save(path)
     return result
+
+
+def held_out_in_time(base: RunResult, run: RunResult, base_label: str, base_kin: list, kin: list) -> str:
+    """The 'held-out in time' cell: over the repeats of each side's settings among the runs compared; a repeat of the
+    first run's own settings is read against it alone as an A/A (what sets them apart is the machine: no verdict)."""
+    if any(r is run for r in base_kin):
+        return learned_in_time(base, run, base_label, repeat=True)
+    return learned_in_time(base, run, base_label, base_kin, kin)
 
 
 def repeats_seen(results: list[RunResult], store) -> list:

@@ -25,12 +25,14 @@ from ..measure.steady import block_rates, columns_series, steady_rate
 from ..measure.verdict import UNMEASURED
 from ..metrics import MetricsLog
 from ..records import samples_start
-from ..measure.learned import alters_learning, equal_time_rounds
+from ..measure.learned import Quality, alters_learning, equal_time_rounds
 from . import trial
 from .equal_time import EqualTimeScorer
 from .tool_options import ToolRefusal, declare, option
 
 _SIZING_STEPS = 20  # the uncounted first block of each config, whose rate sizes the timed blocks
+_EVALUATIONS = 8  # held-out scores along each side's equal-time training: the time to a loss is known to an eighth
+_PART_S = 0.1  # ... of parts no shorter than this (a part must hold optimizer steps on a busy machine)
 
 
 def trial_rate(engine, config: TrainConfig, *, steps: int | None = None, seconds: float | None = None,
@@ -78,8 +80,8 @@ def diverged_refusal(who: str, why: str) -> ToolRefusal:
                     noun="a fraction", above=0),
              option("budget_s", "number", "seconds the comparison may take", noun="a number of seconds", above=0),
              option("learn_s", "number", "seconds each side trains from the same weights in the race of what "
-                    "is learned, run where B changes what is learned (default: four blocks)", noun="a number of "
-                    "seconds", above=0, nullable=True, none="four blocks' time"),
+                    "is learned, run where B changes what is learned (default: four blocks; 0: not raced, and the "
+                    "verdict says so)", noun="a number of seconds", low=0, nullable=True, none="four blocks' time"),
              option("clock", "function", "the budget's clock",
                     allowed="a function returning seconds, like time.monotonic")), magic=False)
 def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: dict | TrainConfig | None = None,
@@ -97,7 +99,9 @@ def ab(model=None, train_data=None, *, a: dict | TrainConfig | None = None, b: d
     measure/learned.alters_learning), samples/s alone would call a change that learns worse per second a win (rule
     11): A and B then also train `learn_s` seconds each from the same weights on the same data, three times in
     turn, and are scored on held-out data (val_data, else a slice of the training data set aside), the walk's
-    race (walk/quality.py); the verdict is then which learns better in the same time.
+    race (walk/quality.py); the verdict is then which learns better in the same time. Each side is also scored
+    _EVALUATIONS times along the way, so the verdict gives the time each took to reach the worse side's final loss
+    (measure/learned.Reaching). `learn_s=0` races nothing, and the verdict says what it learns was not measured.
     """
     with trial.borrow(model, train_data, recipe=recipe, config=config, **recipe_parts) as lent:
         base = trial.plain_config(lent.engine.config)
@@ -125,10 +129,15 @@ def _steps_seconds(result: ABResult) -> float:
     return result.block_steps[0] * a.batch_size * a.accumulate_grad_batches / rates[len(rates) // 2]
 
 
-def learned_in_equal_time(lent, config_a: TrainConfig, config_b: TrainConfig, seconds: float):
-    """B against A for what each learns in `seconds` of training from the trial's starting weights (measure/learned.py.s
-    race, each side scored by tools/equal_time.py; the trial's engine is put back after each)."""
-    quality = equal_time_rounds(EqualTimeScorer(lent).quality, config_b, config_a, seconds)
+def learned_in_equal_time(lent, config_a: TrainConfig, config_b: TrainConfig, seconds: float) -> Quality:
+    """B against A for what each learns in `seconds` of training from the trial's starting weights (measure/learned.py's
+    race, each side scored by tools/equal_time.py _EVALUATIONS times along the way; the trial's engine is put back
+    after each); `seconds` 0: not raced."""
+    if seconds <= 0:
+        return Quality(note="not raced (learn_s=0)", longer="learn_s= lengthens it")
+    scorer, parts = EqualTimeScorer(lent), max(1, min(_EVALUATIONS, int(seconds / _PART_S)))
+    quality = equal_time_rounds(lambda config, s, current: scorer.quality(config, s, current, parts),
+                                config_b, config_a, seconds)
     quality.longer = "learn_s= lengthens it"
     return quality
 

@@ -24,30 +24,49 @@ class EqualTimeScorer:
     def __init__(self, lent):
         self.lent = lent
         self.engine = lent.engine
-        self._parts, self._start = None, None
+        self._parts, self._start, self._start_score = None, None, None
 
-    def quality(self, config, seconds: float, current=None) -> Learned:
-        """`config` trained `seconds` from the trial's starting weights, its loss on held-out data."""
+    def quality(self, config, seconds: float, current=None, evaluations: int = 1) -> Learned:
+        """`config` trained `seconds` from the trial's starting weights, its loss on held-out data, with the starting
+        weights' loss. `evaluations` > 1: scored after each of that many equal parts of the time too (Learned.curve;
+        the seconds are those its training took, the scoring set apart)."""
         if config.world_size > 1:
             return Learned(float("nan"), note="it runs in processes of its own, which this race cannot alternate")
         engine, data, scored = self._scoring()
         if data is None:
             return Learned(float("nan"), note=scored)
+        start, curve, trained = float("nan"), [], 0.0
         try:
-            m = trial.measure(engine, config, seconds=seconds, warmup_steps=0)
-            if m.error or m.diverged:
-                return Learned(float("nan"), scored, note=m.error or "its loss diverged")
-            return Learned(float(engine.evaluate(data)["val_loss"]), scored)
+            start = self._start_loss(engine, data)
+            with engine.keeping_workers():  # DataLoader workers kept from one part to the next, as in one run
+                for part in range(evaluations):
+                    m = trial.measure(engine, config, seconds=seconds / evaluations, warmup_steps=0)
+                    # a later part that a busy machine left no step: no progress in its time, not a failure
+                    stalled = part and m.steps == 0 and not m.diverged
+                    if (m.error or m.diverged) and not stalled:
+                        return Learned(float("nan"), scored, note=m.error or "its loss diverged", start=start)
+                    trained += m.seconds
+                    curve.append((trained, float(engine.evaluate(data)["val_loss"])))
+            return Learned(curve[-1][1], scored, start=start, curve=tuple(curve) if evaluations > 1 else ())
         except Exception as error:  # noqa: BLE001 - a candidate that cannot train is a row, never the walk's end
             if trial.is_oom(error):
-                return Learned(float("nan"), scored, note="out of memory")
-            return Learned(float("nan"), scored, note=trial.failed(error))
+                return Learned(float("nan"), scored, note="out of memory", start=start)
+            return Learned(float("nan"), scored, note=trial.failed(error), start=start)
         finally:
             if engine is not self.engine:  # the races' own engine back where it started, its workers stopped
                 self._start.restore()
                 stop_workers(engine.loader)
             self.lent.reset()
             trial.release_memory()
+
+    def _start_loss(self, engine, data) -> float:
+        """The held-out loss of the weights every race starts from, read once (every call starts from them)."""
+        if self._start_score is None:
+            self._start_score = float(engine.evaluate(data)["val_loss"])
+            self.lent.reset()  # whatever scoring touched (the RNG, modes) put back before the first race trains
+            if self._start is not None:
+                self._start.restore()
+        return self._start_score
 
     def _scoring(self) -> tuple:
         """(the engine a race of what is learned trains, the data it is scored on, how that is said), made once: the

@@ -8,31 +8,52 @@ order) for the same wall time, `QUALITY_ROUNDS` times, in turn, and each is scor
 (the user's val_data; where none was given, the bench says what it scored on). The candidate is kept unless its
 losses are measurably worse (a paired verdict over the rounds, as a race's rates are judged). A race this short
 speaks for its horizon only (a higher rate can lose early and win later): every verdict says the seconds it
-covers, and a longer walk budget lengthens them.
+covers, and a longer walk budget lengthens them (`horizon_s`). A race in which neither side's held-out loss left the
+starting weights' cannot tell a config that learns nothing from one that has not learned yet: it is raced again at
+twice the horizon while the budget allows, and where neither learns even then, it says so and nothing that changes
+the math is kept on it.
 """
 from __future__ import annotations
 
-from ..measure.learned import QUALITY_ROUNDS, Quality, alters_learning, equal_time_rounds
+from ..measure.learned import (QUALITY_ROUNDS, Learned, Quality, alters_learning,  # noqa: F401  (read here too)
+                               equal_time_rounds)
 
-_HORIZON_BLOCKS = 1  # each side trains for one race block's time, a sixth of a trial (a 60 s walk races 0.5 s
-# horizons; a longer budget, longer blocks and horizons): what the budget allows beside the items' own races
+_HORIZON_BLOCKS = 1  # each side trains for at least one race block's time, a sixth of a trial (0.5 s at most) ...
+_HORIZON_SHARE = 120  # ... or this share of the walk's budget, if longer (1 s at 120 s, 5 s at 600 s): the race
+# blocks stop growing at 3 s trials, and a longer budget must still race a longer horizon
+_LENGTHENINGS = 3  # times a race in which neither side learned is raced again at twice the horizon (8x at most)
 _ALTERNATES = 2  # other candidates faster than the current config raced for quality once the leader learned worse
 
 
-def quality_cost(walk) -> float:
-    """Seconds one race of what is learned takes, at the block and start-up costs the walk has seen."""
-    return QUALITY_ROUNDS * 2 * (_HORIZON_BLOCKS * walk.block_s + walk.block_overhead_s) + walk.start_up_s
+def horizon_s(walk) -> float:
+    """Seconds each side of a race of what is learned trains: longer with the walk's budget."""
+    return max(_HORIZON_BLOCKS * walk.block_s, walk.budget_s / _HORIZON_SHARE)
+
+
+def quality_cost(walk, seconds: float | None = None) -> float:
+    """Seconds one race of what is learned takes (at `seconds` a side, default horizon_s), at the block and start-up
+    costs the walk has seen."""
+    seconds = horizon_s(walk) if seconds is None else seconds
+    return QUALITY_ROUNDS * 2 * (seconds + walk.block_overhead_s) + walk.start_up_s
 
 
 def race_quality(walk, config, current, reserved: bool = False) -> Quality:
-    """`config` against `current`, each trained _HORIZON_BLOCKS race blocks from the same weights for QUALITY_ROUNDS rounds (order
+    """`config` against `current`, each trained horizon_s from the same weights for QUALITY_ROUNDS rounds (order
     turning), scored on held-out data; an empty Quality with its note where the budget has no room (`reserved`: the
-    walk's closing race, whose time was kept back: one that an item overran still runs, and the walk ends later)."""
-    seconds, cost = _HORIZON_BLOCKS * walk.block_s, quality_cost(walk)
+    walk's closing race, whose time was kept back: one that an item overran still runs, and the walk ends later).
+    A first round in which neither side learned is raced again at twice the horizon while the budget has room."""
+    seconds, cost = horizon_s(walk), quality_cost(walk)
     if walk.left() < cost and not reserved:
         return Quality(seconds=seconds, note=f"no time left for {QUALITY_ROUNDS} equal-time races "
                                              f"(about {cost:.0f} s, {max(walk.left(), 0):.0f} s left)")
-    return equal_time_rounds(walk.bench.quality, config, current, seconds)
+    quality = equal_time_rounds(walk.bench.quality, config, current, seconds)
+    for _ in range(_LENGTHENINGS):
+        if not quality.unlearned or walk.left() < quality_cost(walk, 2 * quality.seconds):
+            break
+        quality = equal_time_rounds(walk.bench.quality, config, current, 2 * quality.seconds)
+    if quality.seconds > seconds:
+        quality.longer = f"raced from {seconds:.2g} s, doubled while neither side learned; {quality.longer}"
+    return quality
 
 
 def judged_by_learning(walk, tried: list, result, chosen, current, checked):
