@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from .config import TrainConfig
-from .options import ConfigError
-from .flags import add_config_flags, config_from_flags, flag_name
+from .options import ConfigError, flag_name, option_name
+from .flags import add_config_flags, config_from_flags
 
 
 def _demo(args) -> int:
@@ -66,7 +66,7 @@ def _export(args) -> int:
     options = {}
     for item in args.sbatch:
         name, has_value, value = item.partition("=")
-        options[name.lstrip("-").replace("-", "_")] = value if has_value else True
+        options[option_name(name)] = value if has_value else True
     batch = export(factory(), config_from_flags(args), args.folder, job_name=args.job_name, **options)
     print(f"wrote {batch.parent / 'train.py'} (python train.py trains here) and {batch}\n"
           f"submit with: sbatch {shlex.quote(str(batch))}")

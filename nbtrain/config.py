@@ -17,7 +17,7 @@ from typing import Any
 
 from . import hardware
 from .monitored import AUTO_NOTE
-from .options import ConfigError, Option, Problem, Reject, setting
+from .options import ConfigError, Option, Problem, Reject, flag_name, setting
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 _PRECISION_ALIASES = {
@@ -279,7 +279,7 @@ class TrainConfig:
         """The `%%nbtrain` line that gives these settings (`stated`: options neither given nor changed left out)."""
         words = ["%%nbtrain"]
         for name, value in self.stated().items():
-            flag, text = "--" + name.replace("_", "-"), _flag_text(name, value)
+            flag, text = flag_name(name), _flag_text(name, value)
             # A value that starts with '-' would read as a flag: it goes after '='.
             words += [f"{flag}={shlex.quote(text)}"] if text.startswith("-") else [flag, shlex.quote(text)]
         return " ".join(words)

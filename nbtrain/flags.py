@@ -8,15 +8,12 @@ from __future__ import annotations
 import argparse
 
 from .config import TrainConfig, options
-
-
-def flag_name(option: str) -> str:
-    return "--" + option.replace("_", "-")
+from .options import flag_name
 
 
 def negated_flag_name(option: str) -> str:
     """`--no-shuffle` for a switch: false."""
-    return "--no-" + option.replace("_", "-")
+    return flag_name(option).replace("--", "--no-", 1)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:

@@ -55,6 +55,18 @@ class ConfigError(ValueError):
         return [f"{type(self).__name__}: {self}"]
 
 
+# --- how an option is spelled on a command line: the one place that says it -------------------
+
+def flag_name(option: str) -> str:
+    """The option as a flag: batch_size is --batch-size (%%nbtrain, python -m nbtrain, a config's as_flags)."""
+    return "--" + option.replace("_", "-")
+
+
+def option_name(flag: str) -> str:
+    """The option a flag names: --batch-size, batch-size and batch_size all name batch_size."""
+    return flag.strip().lstrip("-").replace("-", "_")
+
+
 # --- how to read one value ----------------------------------------------------------
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -268,7 +280,7 @@ def reader(kind: str, *, low=None, high=None, above=None, below=None, choices=()
             return key
     elif kind == "names":
         def read(value):  # a-b reads as a_b
-            names = tuple(str(part).strip().replace("-", "_") for part in _parts(value))
+            names = tuple(option_name(str(part)) for part in _parts(value))
             if not names or any(name not in choices for name in names):
                 raise Reject
             return names

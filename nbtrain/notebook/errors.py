@@ -17,19 +17,15 @@ import torch
 from IPython.core.error import UsageError
 
 
-from ..options import ConfigError
+from ..options import ConfigError, flag_name
 
 _NBTRAIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # nbtrain/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _LIBRARY_DIRS = (_NBTRAIN_DIR, _TORCH_DIR, os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)
 
 
-def flag(option: str) -> str:
-    return "--" + option.replace("_", "-")
-
-
 def config_usage_error(error: ConfigError, prefix: str = "%%nbtrain") -> UsageError:
-    return UsageError(f"{prefix}: {error.render(flag, quote=False)}")
+    return UsageError(f"{prefix}: {error.render(flag_name, quote=False)}")
 
 
 def _file(tb) -> str:

@@ -24,7 +24,7 @@ from IPython.display import display
 
 from ..runs.compare import compare, resolve as compare_resolve
 from ..config import TrainConfig, options
-from ..options import ConfigError
+from ..options import ConfigError, flag_name, option_name
 from ..flags import add_config_flags
 from ..metrics import MetricsLog
 from ..adapters import recipe_from_namespace
@@ -61,7 +61,7 @@ class _FlagParser(MagicArgumentParser):
     def error(self, message):
         # argparse's own messages ("argument --batch-size: expected one argument") gain what is allowed.
         for name, (option, _) in options().items():
-            if f"argument {errors.flag(name)}:" in message:
+            if f"argument {flag_name(name)}:" in message:
                 message += f"; allowed: {option.allowed}"
         raise UsageError(f"%%nbtrain: {message}")
 
@@ -144,7 +144,7 @@ class NbtrainMagics(Magics):
         if not isinstance(value, dict):
             raise UsageError(f"%%nbtrain: --config {var}: got a {type(value).__name__}; allowed: a dict of options "
                              "(e.g. dict(batch_size=64, precision='bf16-mixed')) or a TrainConfig")
-        return {str(k).lstrip("-").replace("-", "_"): v for k, v in value.items()}
+        return {option_name(str(k)): v for k, v in value.items()}
 
     def _config(self, args, given: dict) -> TrainConfig:
         values = dict(self.defaults)
@@ -232,7 +232,7 @@ class NbtrainMagics(Magics):
         for key in ("store", "no_plot", "no_progress"):
             if getattr(args, key):
                 self.run_defaults[key] = getattr(args, key)
-        shown = ", ".join(f"{errors.flag(k)} {v}" for k, v in {**self.defaults, **self.run_defaults}.items())
+        shown = ", ".join(f"{flag_name(k)} {v}" for k, v in {**self.defaults, **self.run_defaults}.items())
         print(f"nbtrain defaults for later cells: {shown or 'none (TrainConfig defaults)'}")
 
     def _run_body(self, cell: str) -> tuple[str, str]:

@@ -16,6 +16,7 @@ import html
 from IPython.core.error import UsageError
 from IPython.display import display
 
+from ..options import flag_name, option_name
 from . import errors
 
 OPTIONS = {
@@ -33,7 +34,7 @@ def add_slurm_flags(parser) -> None:
                                                             "interrupting the kernel cancels it")
     group.add_argument("--slurm-dry-run", action="store_true", help="show the batch script; submit nothing")
     for dest, (metavar, text) in OPTIONS.items():
-        group.add_argument(errors.flag(dest), dest=dest, metavar=metavar, default=None,
+        group.add_argument(flag_name(dest), dest=dest, metavar=metavar, default=None,
                            action="append" if dest == "sbatch" else "store", help=text)
 
 
@@ -42,10 +43,10 @@ def wanted(args, tool: str | None) -> bool:
     asked = args.slurm or args.slurm_dry_run
     given = [d for d in OPTIONS if getattr(args, d) is not None]
     if given and not asked:
-        raise UsageError(f"%%nbtrain: {errors.flag(given[0])} applies to --slurm or --slurm-dry-run; "
+        raise UsageError(f"%%nbtrain: {flag_name(given[0])} applies to --slurm or --slurm-dry-run; "
                          "allowed: add one of those flags")
     if asked and tool is not None:
-        raise UsageError(f"%%nbtrain: {'--slurm' if args.slurm else '--slurm-dry-run'} with {errors.flag(tool)}: "
+        raise UsageError(f"%%nbtrain: {'--slurm' if args.slurm else '--slurm-dry-run'} with {flag_name(tool)}: "
                          "allowed: one of them (the checklist tools measure in this kernel)")
     if asked:
         sbatch_options(args)  # checked now, before the cell body runs
@@ -58,9 +59,9 @@ def sbatch_options(args) -> dict:
     options = {d: getattr(args, d) for d in ("partition", "time") if getattr(args, d) is not None}
     for item in args.sbatch or []:
         name, has_value, value = item.partition("=")
-        key = name.strip().lstrip("-").replace("-", "_")
+        key = option_name(name)
         if key in ("partition", "time"):
-            raise UsageError(f"%%nbtrain: --sbatch {item}: allowed: --{key} {value or 'VALUE'} (its own flag)")
+            raise UsageError(f"%%nbtrain: --sbatch {item}: allowed: {flag_name(key)} {value or 'VALUE'} (its own flag)")
         options[key] = value if has_value else True
     try:
         check(options)

@@ -23,16 +23,12 @@ from IPython.core.error import UsageError
 from IPython.display import display
 
 from ..config import TrainConfig
-from ..options import ConfigError
+from ..options import ConfigError, flag_name
 from ..tools.registry import TOOLS
 from ..tools.tool_options import Tool, ToolOptionError, ToolRefusal
 from . import errors
 
 PANEL_HELP = "show the control panel for this cell's recipe instead of training"
-
-
-def flag(dest: str) -> str:
-    return errors.flag(dest)
 
 
 def magic_tools() -> dict[str, Tool]:
@@ -59,7 +55,7 @@ DESTS = switches() + tuple(tool_flags())
 
 def flag_spelling(tool: Tool):
     """How the magic names `tool`'s options in its messages: as flags, with the value as typed."""
-    return tool.spelling(lambda option: option.flag and flag(option.flag))
+    return tool.spelling(lambda option: option.flag and flag_name(option.flag))
 
 
 def _flag_help(owners) -> str:
@@ -68,7 +64,7 @@ def _flag_help(owners) -> str:
     for tool, option in owners:
         default = tool.defaults[option.keyword]
         shown = f" (default {default})" if isinstance(default, (int, float, str)) and option.kind != "switch" else ""
-        said.setdefault(option.help + shown, []).append(flag(tool.name))
+        said.setdefault(option.help + shown, []).append(flag_name(tool.name))
     return "; ".join(f"{', '.join(tools)}: {text}" for text, tools in said.items()).replace("%", "%%")
 
 
@@ -76,15 +72,15 @@ def add_tool_flags(parser) -> None:
     group = parser.add_argument_group("checklist tools (one per cell; they measure the live model, then restore "
                                       "it; as a line magic, on the recipe already in the namespace)")
     for name, tool in magic_tools().items():
-        group.add_argument(flag(name), dest=name, action="store_true", help=tool.help.replace("%", "%%"))
-    group.add_argument(flag("panel"), dest="panel", action="store_true", help=PANEL_HELP)
+        group.add_argument(flag_name(name), dest=name, action="store_true", help=tool.help.replace("%", "%%"))
+    group.add_argument(flag_name("panel"), dest="panel", action="store_true", help=PANEL_HELP)
     group = parser.add_argument_group("tool options")
     for dest, owners in tool_flags().items():
         first = owners[0][1]
         if first.kind == "switch":
-            group.add_argument(flag(dest), dest=dest, action="store_true", help=_flag_help(owners))
+            group.add_argument(flag_name(dest), dest=dest, action="store_true", help=_flag_help(owners))
         else:
-            group.add_argument(flag(dest), dest=dest, metavar=first.metavar, default=None, help=_flag_help(owners))
+            group.add_argument(flag_name(dest), dest=dest, metavar=first.metavar, default=None, help=_flag_help(owners))
 
 
 def chosen_tool(args) -> str | None:
@@ -94,15 +90,15 @@ def chosen_tool(args) -> str | None:
     """
     tools = [t for t in switches() if getattr(args, t, False)]
     if len(tools) > 1:
-        raise UsageError(f"%%nbtrain: {' and '.join(flag(t) for t in tools)}: one tool per cell; allowed: one of "
-                         f"{', '.join(flag(t) for t in switches())}")
+        raise UsageError(f"%%nbtrain: {' and '.join(flag_name(t) for t in tools)}: one tool per cell; allowed: one of "
+                         f"{', '.join(flag_name(t) for t in switches())}")
     tool = tools[0] if tools else None
     for dest, owners in tool_flags().items():
         value = getattr(args, dest, None)
         if value not in (None, False) and tool not in [t.name for t, _ in owners]:
             shown = "" if value is True else f" {value}"
-            raise UsageError(f"%%nbtrain: {flag(dest)}{shown} applies to "
-                             f"{' or '.join(flag(t.name) for t, _ in owners)}; allowed: add one of those flags")
+            raise UsageError(f"%%nbtrain: {flag_name(dest)}{shown} applies to "
+                             f"{' or '.join(flag_name(t.name) for t, _ in owners)}; allowed: add one of those flags")
     return tool
 
 
@@ -122,19 +118,19 @@ def run_tool(shell, tool: str, recipe, config: TrainConfig, kwargs: dict, taken:
     (`taken`: the recipe parts from earlier cells, said beside an error raised in one, as for a run; `cell`:
     the cell's lines that set the parts, shown first where an error has no frame of the cell, as for a run)."""
     if config.world_size > 1:
-        raise UsageError(f"%%nbtrain: {flag(tool)} with --devices {config.devices} --num-nodes {config.num_nodes}: "
+        raise UsageError(f"%%nbtrain: {flag_name(tool)} with --devices {config.devices} --num-nodes {config.num_nodes}: "
                          "the tools measure in this kernel, one process; allowed: --devices 1 --num-nodes 1 "
                          "(the checklist walk tries 2 processes itself)")
     entry = TOOLS[tool]
     try:
         return entry.function(recipe=recipe, config=config, **kwargs)
     except KeyboardInterrupt:
-        print(f"nbtrain: {flag(tool)} interrupted; the model and its optimizer are restored as they were.")
+        print(f"nbtrain: {flag_name(tool)} interrupted; the model and its optimizer are restored as they were.")
         return None
     except ToolOptionError as error:  # a value only the recipe could judge (before ConfigError: it is one)
         raise UsageError(f"%%nbtrain: {error.text(flag_spelling(entry))}") from None
     except ToolRefusal as error:  # the tool's own verdict (e.g. no batch fits the budget)
-        raise UsageError(f"%%nbtrain: {flag(tool)}: {error.text(flag_spelling(entry))}") from None
+        raise UsageError(f"%%nbtrain: {flag_name(tool)}: {error.text(flag_spelling(entry))}") from None
     except ConfigError as error:
         raise errors.config_usage_error(error) from None
     except Exception as error:
@@ -183,7 +179,7 @@ def show_result(magics, tool: str, result, args) -> None:
         changes = result.changes()
         magics.defaults.update(changes)
         notes.append("later %%nbtrain cells start from it: " +
-                     (", ".join(f"{flag(k)} {v}" for k, v in changes.items()) or "no change") +
+                     (", ".join(f"{flag_name(k)} {v}" for k, v in changes.items()) or "no change") +
                      " (%nbtrain --reset forgets)")
     namespace["_nbtrain"] = result
     if args.name:
