@@ -48,7 +48,7 @@ def test_ab_of_two_configs_names_each_side_as_changes_from_the_live_config():
     data = regression_data()
     nbtrain.fit(model, data, loss_fn=nn.MSELoss(), max_steps=2, batch_size=32)
     result = nbtrain.ab(model, data, loss_fn=nn.MSELoss(), a={"batch_size": 16}, b={"batch_size": 64},
-                        block_steps=3, min_pairs=2, max_pairs=2)
+                        block_steps=3, min_pairs=2, max_pairs=2, learn_s=0)  # the sides' names, not what they learn
     assert not result.same and not result.verdict.one_config
     assert ("A: the live config with batch_size=16; B: the live config with batch_size=64") in result.text()
 

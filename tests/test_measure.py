@@ -106,7 +106,7 @@ def test_ab_stops_when_its_own_clock_says_the_budget_is_spent():
     model = nn.Sequential(nn.Linear(8, 1))
     ticks = iter(range(0, 10**6, 100))  # each reading 100 s later: the budget ends after the first pairs
     result = nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), b={"batch_size": 16}, block_steps=3,
-                        min_pairs=10, max_pairs=30, budget_s=50, clock=lambda: float(next(ticks)))
+                        min_pairs=10, max_pairs=30, budget_s=50, clock=lambda: float(next(ticks)), learn_s=0)
     assert result.stopped_by == "budget" and len(result.rates_a) == 2
     assert result.label == "batch_size=16"
 
@@ -124,13 +124,14 @@ def test_an_interval_too_wide_to_rule_anything_out_says_too_noisy_not_no_differe
 def test_ab_blocks_last_a_time_not_a_count_of_steps_unless_asked():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 1))
+    # learn_s=0: the blocks' length is the point here, not what each batch learns (test_ab_time_to_quality.py)
     fixed = nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), b={"batch_size": 16}, block_steps=7,
-                       min_pairs=2, max_pairs=2)
+                       min_pairs=2, max_pairs=2, learn_s=0)
     assert fixed.block_steps == (7, 7)
     # A step of this model takes well under a millisecond: a 0.1 s block holds a hundred steps or more,
     # where a fixed 20-step block would last a few milliseconds (all or nothing of a passing load).
     timed = nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), b={"batch_size": 16}, block_s=0.1,
-                       min_pairs=2, max_pairs=2)
+                       min_pairs=2, max_pairs=2, learn_s=0)
     assert min(timed.block_steps) >= 40, timed.block_steps
     with pytest.raises(ValueError, match=r"nbtrain.ab: block_s=0: allowed: a number of seconds > 0"):
         nbtrain.ab(model, regression_data(), loss_fn=nn.MSELoss(), block_s=0)
