@@ -39,6 +39,39 @@ def test_the_first_call_of_a_process_says_its_start_up_was_torchs_first_imports(
     assert second["notes"] == []  # made once per process: the next call pays nothing and says nothing
 
 
+_TOOL_FIRST = r'''
+import json, sys, warnings
+import torch
+from torch import nn
+import nbtrain
+from nbtrain.engine.imports import StartUpNote
+from nbtrain.tools import trial
+
+data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+model = nn.Linear(4, 2)
+said = []
+for _ in range(2):  # a tool's trial, as every checklist tool opens one, is the process's first call
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with trial.borrow(model, data, loss_fn=nn.CrossEntropyLoss(), batch_size=8) as lent:
+            trial.measure(lent.engine, lent.engine.config, steps=2)
+    said.append([str(w.message) for w in caught if issubclass(w.category, StartUpNote)])
+result = nbtrain.fit(model, data, loss_fn=nn.CrossEntropyLoss(), max_steps=2, batch_size=8, accelerator="cpu")
+said.append([n for n in result.summary.notes if n.startswith("start-up")])
+print(json.dumps(said))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_tool_that_is_the_first_call_of_a_process_says_its_start_up():
+    run = subprocess.run([sys.executable, "-c", _TOOL_FIRST], capture_output=True, text=True, timeout=110)
+    assert run.returncode == 0, run.stderr[-3000:]
+    tool, tool_again, fit_after = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(tool) == 1 and "torch._dynamo" in tool[0] and tool[0].startswith("nbtrain: start-up "), tool
+    assert tool_again == [] and fit_after == []  # once per process, wherever the first call was
+
+
 def test_a_package_dropped_after_a_clean_look_is_still_found():
     import xml.dom.minidom  # noqa: F401  (a package with a finished submodule)
     assert imports.half_imported() == []  # the clean names are kept for the next look

@@ -15,11 +15,17 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 HEAVY = ("torch._dynamo",)  # what the first optimizer built imports lazily (sympy, mpmath come with it)
 _settled = False
 _NO_SOURCE: set = set()  # names without a package to import (see half_imported)
 _CLEAN: set = set()  # sys.modules' names when half_imported last found nothing: the same names, the same answer
+
+
+class StartUpNote(UserWarning):
+    """What a process's first call spent on torch's imports, said where the call keeps no summary of its own to
+    say it in (a checklist tool's trial: its results are tables of measurements, its runs' summaries shown to no one)."""
 
 
 class HalfImported(RuntimeError):
@@ -98,6 +104,14 @@ def settle() -> float | None:
             importlib.import_module(name)
     _settled = True
     return time.perf_counter() - started if needed else None
+
+
+def say_first_call(seconds: float | None, stacklevel: int = 3) -> None:
+    """Say a first call's start-up (settle's seconds) as a StartUpNote, once: where the first call of a process is
+    a tool rather than nbtrain.fit, whose summary says it (a later call made no imports, and says nothing)."""
+    note = first_call_note(seconds)
+    if note is not None:
+        warnings.warn(f"nbtrain: {note}", StartUpNote, stacklevel=stacklevel)
 
 
 def first_call_note(seconds: float | None) -> str | None:

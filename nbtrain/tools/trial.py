@@ -47,7 +47,9 @@ def borrow(model=None, train_data=None, *, recipe: Recipe | None = None, config:
     """
     from ..adapters import recipe_for
     from ..engine.engine import Engine
-    imports.settle()  # before anything is built: an interrupt cannot land inside torch's lazy imports
+    # Before anything is built: an interrupt cannot land inside torch's lazy imports. A tool that is the process's
+    # first call says what they cost (its tables have no summary to say it in, as nbtrain.fit's has).
+    imports.say_first_call(imports.settle(), stacklevel=4)  # at the tool's caller: tool -> borrow -> say
     options = {name: value for name, value in parts.items() if name not in RECIPE_PARTS}
     parts = {name: value for name, value in parts.items() if name in RECIPE_PARTS}
     check_option_names(options)
