@@ -27,12 +27,17 @@ print(json.dumps(said))
 '''
 
 
+def _said_in_a_fresh_process(script: str) -> list:
+    """What `script` printed last, as JSON, run in a process of its own (torch's heavy imports not yet made)."""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=110)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_first_call_of_a_process_says_its_start_up_was_torchs_first_imports():
-    run = subprocess.run([sys.executable, "-c", _TWO_CALLS], capture_output=True, text=True, timeout=110)
-    assert run.returncode == 0, run.stderr[-3000:]
-    first, second = json.loads(run.stdout.strip().splitlines()[-1])
+    first, second = _said_in_a_fresh_process(_TWO_CALLS)
     assert len(first["notes"]) == 1 and "torch._dynamo" in first["notes"][0], first
     said_s = float(first["notes"][0].split()[1])
     assert 0 < said_s <= first["start_up_s"] + 0.05  # a part of the call's start-up, as measured
@@ -65,9 +70,7 @@ print(json.dumps(said))
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_tool_that_is_the_first_call_of_a_process_says_its_start_up():
-    run = subprocess.run([sys.executable, "-c", _TOOL_FIRST], capture_output=True, text=True, timeout=110)
-    assert run.returncode == 0, run.stderr[-3000:]
-    tool, tool_again, fit_after = json.loads(run.stdout.strip().splitlines()[-1])
+    tool, tool_again, fit_after = _said_in_a_fresh_process(_TOOL_FIRST)
     assert len(tool) == 1 and "torch._dynamo" in tool[0] and tool[0].startswith("nbtrain: start-up "), tool
     assert tool_again == [] and fit_after == []  # once per process, wherever the first call was
 
