@@ -41,6 +41,14 @@ def ratio(value: float, digits: int = 2) -> str:
     return f"{value:.{digits}f}x"
 
 
+def si(value: float) -> str:
+    """1.2e9 -> '1.2 G' (the unit follows)."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}"
+    return f"{value:.3g} "
+
+
 def duration(seconds) -> str:
     """A duration as people read it: 58.5 ms, 4.2 s, 3 min 20 s."""
     if seconds is None or not math.isfinite(seconds):

@@ -14,8 +14,8 @@ import nbtrain
 from nbtrain import Recipe, TrainConfig
 from nbtrain.measure.load import Load
 from nbtrain.metrics import MetricsLog
-from nbtrain.runs.apart import UNREAD
-from nbtrain.runs.repeats import BEYOND_LOADED, evidence, same_settings, spread
+from nbtrain.measure.withheld import BEYOND_LOADED, UNREAD
+from nbtrain.runs.repeats import evidence, same_settings, spread
 from nbtrain.runs.result import RunResult, summarize
 from nbtrain.runs.store import RunStore
 

@@ -18,7 +18,8 @@ from torch import nn
 
 import nbtrain
 from nbtrain.demo import DigitsDataset, digits_recipe
-from nbtrain.measure.load import Load, Meter, descendants, explains, explains_by_windows, windows
+from nbtrain.measure.load import Load, Meter, descendants, windows
+from nbtrain.measure.withheld import explains, explains_by_windows
 from nbtrain.runs.store import RunStore
 from nbtrain import plotting
 from nbtrain.plotting import draw, history_axes

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import nbtrain
 from nbtrain import Recipe
 from nbtrain.engine.workload import digest
-from nbtrain.runs.apart import SAME_SETTINGS
+from nbtrain.measure.withheld import SAME_SETTINGS
 from nbtrain.runs.repeats import same_settings
 
 

@@ -6,6 +6,7 @@ it (config, format) (test_boundaries.py).
 
 - `steady`: a run's rate after its warm-up, with a 95% interval and the spread of its blocks;
 - `verdict`: the ratio of two rates with its interval, in words ("no measurable difference");
+- `withheld`: when a verdict is withheld, and why: one frozen record (kind, numbers, words) every reader reads;
 - `ab`: the result of two configs measured in alternation (tools/ab.py measures them), in words;
 - `ceilings`: a step's four ceilings (data, host, compute, memory), each with its interval (tools/ceilings.py
   reads them);

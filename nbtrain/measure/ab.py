@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from ..config import TrainConfig
 from ..format import PrintsAsTable
 from ..metrics import MetricsLog
-from .load import Load, comparable_pairs
+from .load import Load
 from .verdict import Verdict, paired
+from .withheld import comparable_pairs, set_aside
 
 
 @dataclass
@@ -57,7 +58,7 @@ class ABResult(PrintsAsTable):
         return not self.b.changed_from(self.a)
 
     def comparable(self) -> list[bool]:
-        """Per pair: whether its two blocks ran under loads alike enough to compare (load.comparable_pairs)."""
+        """Per pair: whether its two blocks ran under loads alike enough to compare (withheld.comparable_pairs)."""
         return comparable_pairs(self.rates_a, self.rates_b, self.loads_a, self.loads_b) if self.loads_a \
             else [True] * min(len(self.rates_a), len(self.rates_b))
 
@@ -66,12 +67,6 @@ class ABResult(PrintsAsTable):
         keep = self.comparable()
         rates = [[r for r, k in zip(side, keep) if k] for side in (self.rates_a, self.rates_b)]
         return dataclasses.replace(paired(*rates), one_config=self.same)
-
-    def set_aside(self) -> str:
-        """'; 2 of 9 pairs set aside: other processes took more of the machine during one of their blocks'."""
-        apart = self.comparable().count(False)
-        return (f"; {apart} of {len(self.comparable())} pairs set aside: other processes took more of the machine "
-                f"during one of their blocks" if apart else "")
 
     def sides(self) -> str:
         """What each side is, as changes from the live config ('A: the live config with batch_size=128')."""
@@ -84,7 +79,8 @@ class ABResult(PrintsAsTable):
     def table(self) -> str:
         """One line: B against A, its verdict and how it was measured (a head to head's whole table)."""
         allowed = ": all the budget allowed" if self.stopped_by == "budget" and self.verdict.too_few_pairs else ""
-        tail = f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s{allowed}" + self.set_aside() \
+        aside = f"; {held.words}" if (held := set_aside(self.comparable())) else ""  # pairs left out of the verdict
+        tail = f" [{self.verdict.pairs} pairs of blocks, {self.seconds:.0f} s{allowed}" + aside \
             + (self.load.beside() if self.load else "") + "]"
         if not self.same:
             sides = self.sides()

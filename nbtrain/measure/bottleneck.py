@@ -22,7 +22,7 @@ Whether it binds (`state`): a ceiling is named binding only where it explains th
 model alone reaches at least EXPLAINS of it within the 95% interval (its limit alone accounts for at
 least half the step's time). Where the nearest does not, none of the four is named ("the step reaches
 37% of the compute ceiling"): a ceiling 4x above the rate explains nothing about it. Readings the
-machine's load moved say "too noisy" instead, by the rule `ab` uses (verdict.TOO_WIDE): the model's
+machine's load moved say "too noisy" instead, by the rule `ab` uses (withheld.of_ceilings): the model's
 own interval wider than that, the deciding ratio's interval wider than that and holding 1, or the
 device's peak read before and after the model apart by more than that.
 Remedies come by ceiling, the nearest one first, then the others from the lowest rate up; within a
@@ -37,7 +37,8 @@ import torch
 
 from ..format import ratio as ratio_text
 from ..hardware import usable_cores
-from .verdict import MIN_EFFECT, TOO_WIDE, Verdict
+from .verdict import MIN_EFFECT, Verdict
+from .withheld import Withheld, of_ceilings
 
 CEILINGS = ("data", "host", "compute", "memory")
 EXPLAINS = 0.5  # a ceiling that allows at most twice the measured rate accounts for at least half the step
@@ -63,7 +64,7 @@ class Bottleneck:
     method: str                  # how host and device were told apart
     state: str = "binds"         # binds | none (the nearest explains too little of the rate) | noisy
     share: Verdict | None = None  # the model alone's rate over the named ceiling, with its 95% interval
-    noise: str = ""              # why the readings are too noisy to tell, where they are
+    withheld: Withheld | None = None  # why the readings are too noisy to tell, where they are (withheld.py)
 
     @property
     def binds(self) -> bool:
@@ -119,22 +120,16 @@ def memory_undercuts(c) -> bool:
             and not share_of(c, "memory").low > 1 + MIN_EFFECT)
 
 
-def judged(c, binding: str, margin: Verdict) -> tuple[str, str, Verdict, str]:
-    """(state, ceiling, share, noise): whether `binding` explains the rate, else the nearest ceiling."""
+def judged(c, binding: str, margin: Verdict) -> tuple[str, str, Verdict, Withheld | None]:
+    """(state, ceiling, share, withheld): whether `binding` explains the rate, else the nearest ceiling."""
     share = share_of(c, binding) if binding != "data" else Verdict(1.0, 1.0, 1.0, 0, paired=False)
-    undecided = math.isfinite(margin.low) and margin.low <= 1 <= margin.high and margin.high > TOO_WIDE * margin.low
-    # The loader slower than the model beyond doubt binds whatever the model's own spread (their ratio's interval
-    # holds both spreads); every other verdict also needs readings the load did not move.
-    loader_binds = binding == "data" and margin.low > 1 + MIN_EFFECT
-    noise = ("" if loader_binds else c.noise(binding)) or (f"the ratio that chose the {binding} ceiling reads {margin.low:.2f}-{margin.high:.2f} "
-                          f"(95% interval)" if undecided else "")  # Verdict.too_noisy's rule, an unbounded top too
-    if noise:
-        return "noisy", binding, share, noise
+    if held := of_ceilings(c, binding, margin, loader_binds=binding == "data" and margin.low > 1 + MIN_EFFECT):
+        return "noisy", binding, share, held
     if binding == "data" or share.high >= EXPLAINS:  # the loader slower than the model: the rate is the loader's
-        return "binds", binding, share, ""
+        return "binds", binding, share, None
     eligible = ["host", "compute"] + (["memory"] if memory_undercuts(c) else [])
     nearest = max(eligible, key=lambda k: share_of(c, k).ratio if math.isfinite(share_of(c, k).ratio) else -1)
-    return "none", nearest, share_of(c, nearest), ""
+    return "none", nearest, share_of(c, nearest), None
 
 
 def bottleneck(c) -> Bottleneck:
@@ -148,7 +143,7 @@ def bottleneck(c) -> Bottleneck:
     else:
         binding = "memory" if memory_undercuts(c) else "compute"
         margin = c.compute_over_memory() if binding == "compute" else _inverse(c.compute_over_memory())
-    state, binding, share, noise = judged(c, binding, margin)
+    state, binding, share, held = judged(c, binding, margin)
     rest = sorted((k for k in CEILINGS if k != binding), key=lambda k: rates[k])
     order = (binding, *rest)
     base = rates[binding]
@@ -159,7 +154,7 @@ def bottleneck(c) -> Bottleneck:
             if remedy.item not in seen:
                 seen.add(remedy.item)
                 remedies.append(remedy)
-    return Bottleneck(binding, margin, rates, ratios, order, tuple(remedies), method, state, share, noise)
+    return Bottleneck(binding, margin, rates, ratios, order, tuple(remedies), method, state, share, held)
 
 
 def precision_baseline(device_type: str) -> str:

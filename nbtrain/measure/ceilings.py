@@ -24,13 +24,13 @@ import textwrap
 from dataclasses import dataclass, field
 
 from ..config import TrainConfig
-from ..format import PrintsAsTable
+from ..format import PrintsAsTable, si
 from .bottleneck import CEILINGS, LOOK_AT, Bottleneck, bottleneck
 from .device_rates import Busy, HostSplit, Rate, StepCount
-from .load import Load, could_move
+from .load import Load
 from .noise_scale import NoiseScale
 from .steady import SteadyRate
-from .verdict import TOO_WIDE, Verdict
+from .verdict import Verdict
 
 COLORS = {"data": "tab:red", "host": "tab:orange", "compute": "tab:blue", "memory": "tab:green"}
 
@@ -138,25 +138,6 @@ class Ceilings(PrintsAsTable):
     def kind(self) -> str:
         return self.bottleneck().kind
 
-    def noise(self, binding: str = "") -> str:
-        """Why these readings are too noisy to name a ceiling ('' where they are not), by ab's rule: an
-        interval wider than verdict.TOO_WIDE, one machine rate read twice apart by more than that, or the
-        reading that decides read while other processes' load could have moved it that much (its interval is
-        narrow when all its steps ran slow). Where the loader is the nearest ceiling, that is the loader's
-        reading: a model read slower than it is only makes the loader bind less."""
-        m = self.model
-        name, load = ("loader", self.loader_load) if binding == "data" else ("model", self.model_load)
-        if load is not None and could_move(load, TOO_WIDE):
-            return f"while the {name} alone was read, {load.text()}"
-        if m.low > 0 and m.high / m.low > TOO_WIDE:
-            return f"the model alone read {m.low:,.0f}-{m.high:,.0f} samples/s (95% interval)"
-        if len(self.peak_readings) == 2 and min(p.value for p in self.peak_readings) > 0:
-            before, after = (p.value for p in self.peak_readings)
-            if max(before, after) / min(before, after) > TOO_WIDE:
-                return (f"the matmul peak read {si(before)}FLOP/s before the model and {si(after)}FLOP/s after "
-                        f"it: the machine's load changed while it was read")
-        return ""
-
     def utilisation(self, samples_per_s: float | None = None) -> float:
         """Model FLOPs utilisation at `samples_per_s` (default: the model-alone rate), between 0 and 1."""
         rate = self.model.rate if samples_per_s is None else samples_per_s
@@ -196,7 +177,7 @@ class Ceilings(PrintsAsTable):
         b = self.bottleneck()
         if b.state == "noisy":
             fewer = self.threads_race.remedy.split(":")[0] if self.threads_race and self.threads_race.remedy else ""
-            return (f"too noisy to tell: {b.noise}; read the ceilings again on a quieter machine"
+            return (f"too noisy to tell: {b.withheld.words}; read the ceilings again on a quieter machine"
                     + (f", or with {fewer} (measured faster here: see the model alone)" if fewer else ""))
         if b.state == "none":
             return (f"the step reaches {_percent(b.share)} of the {b.binding} ceiling, the nearest: none of the four "
@@ -346,11 +327,3 @@ def _rate_text(r: Rate) -> str:
     high = "unbounded" if math.isinf(r.high) else f"{r.high:,.0f}"
     interval = f" (95% interval {r.low:,.0f}-{high})" if math.isfinite(r.low) else ""
     return f"{r.value:>12,.0f} samples/s{interval}"
-
-
-def si(value: float) -> str:
-    """1.2e9 -> '1.2 G' (the unit follows)."""
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}"
-    return f"{value:.3g} "

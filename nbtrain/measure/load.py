@@ -5,7 +5,8 @@ A reading's interval is narrow when all its blocks ran under the same load, so a
 say that a browser or an indexer slowed the whole run down. What can: the CPU time the whole system spent
 during the reading, minus this process tree's own (the kernel, its DataLoader workers, its drawing
 process), per second of wall time: "other processes took 0.9 of 2 cores". Numbers only: no text beyond
-the phrase a front-end shows beside a rate.
+the phrase a front-end shows beside a rate. Whether a load could explain a difference, and so withholds a
+verdict, is withheld.py's to say.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from dataclasses import asdict, dataclass
 import psutil
 
 SMALL = 0.15      # other processes' cores below this (or this share of the machine) are not worth a word
-EXPLAINS = 0.05   # a load that explains all but this share of a slowdown (on a log scale) can explain it
 
 
 @dataclass(frozen=True)
@@ -254,92 +254,3 @@ def gpu_others(index: int | None, since_us: int, ours: set[int]) -> float | None
     except Exception:  # no pynvml, no driver, or no samples kept: unknown, not zero
         return None
     return float(max((s.smUtil for s in samples if s.pid not in ours), default=0))
-
-
-def waits_explain(wall_s: float, waited_s: float, slowdown: float) -> bool:
-    """Whether a run whose threads waited `waited_s` seconds for a CPU over `wall_s` could owe a `slowdown`
-    to that: each second a thread waited delays the step by at most that second (threads that wait on
-    each other wait in the run queue too), so the run could have trained up to wall / (wall - waited)
-    faster; waits of a second a second or more (several threads) may explain any slowdown."""
-    if not (math.isfinite(waited_s) and wall_s > 0):
-        return False
-    return waited_s >= wall_s or covers(wall_s / (wall_s - waited_s), slowdown)
-
-
-def covers(bound: float, slowdown: float) -> bool:
-    """A load that could slow a run by up to `bound` explains `slowdown`: all of it, within EXPLAINS."""
-    return bound > 1 and math.log(bound) >= (1 - EXPLAINS) * math.log(slowdown)
-
-
-def explains(busier: Load, quieter: Load, slowdown: float) -> bool:
-    """Whether the busier reading's load could explain it being `slowdown` times slower (>= 1) than the
-    quieter one. Its threads' wait for a CPU bounds what the machine took from it (`waits_explain`: on a
-    full machine, where they waited a second a second, any slowdown). Otherwise a run gets, of the cores it
-    wants, those other processes leave it, so it can slow by up to the ratio of those (0.9 of 2 cores
-    taken from a run wanting 2: 1.1 left against 2, up to 1.8x). What a run wants is the most either
-    reading used: a run that sleeps on its data wants a fraction of a core, and another process's load
-    explains none of its difference."""
-    if waits_explain(busier.wall_s, busier.waited_cores * busier.wall_s, slowdown):
-        return True
-    return cores_explain(busier, quieter, slowdown)
-
-
-def cores_explain(busier: Load, quieter: Load, slowdown: float) -> bool:
-    """Whether the cores other processes took during the busier reading, beyond the quieter one's, could
-    explain `slowdown` (the free-core ratio of `explains`; a GPU others kept busier explains any)."""
-    if busier.small and quieter.small or not busier.other_cores > quieter.other_cores:
-        return False
-    gpu = busier.gpu_other is not None and busier.gpu_other - (quieter.gpu_other or 0) >= 100 * SMALL
-    wants = demand(busier, quieter)
-    return gpu or covers(quieter.free_cores(wants) / busier.free_cores(wants), slowdown)
-
-
-def could_move(reading: Load, factor: float) -> bool:
-    """Whether the load during `reading` could have slowed it by `factor` against the same reading on a quiet
-    machine: its threads' waits for a CPU, or the cores other processes left of those it used."""
-    quiet = Load(0.0, reading.cores, reading.wall_s, own_cores=reading.own_cores)
-    return (waits_explain(reading.wall_s, reading.waited_cores * reading.wall_s, factor)
-            or cores_explain(reading, quiet, factor))
-
-
-def comparable_pairs(rates_a, rates_b, loads_a, loads_b) -> list[bool]:
-    """Per pair of blocks measured in alternation: whether the two blocks ran under loads alike enough to
-    compare, i.e. the cores other processes took during the slower block, beyond the faster one's, cannot
-    explain the pair's ratio (a burst that hit one block of a pair). Their waits for a CPU do not count
-    here: the two blocks ran side by side, and a config that runs more threads waits more on its own."""
-    out = []
-    for a, b, load_a, load_b in zip(rates_a, rates_b, loads_a, loads_b):
-        if not (a > 0 and b > 0) or load_a is None or load_b is None:
-            out.append(True)
-            continue
-        slower, faster = (load_a, load_b) if b > a else (load_b, load_a)
-        out.append(not cores_explain(slower, faster, max(a, b) / min(a, b)))
-    return out
-
-
-def demand(*readings: Load) -> float:
-    """The cores a run wants: the most any of its readings used (all of the machine where none says)."""
-    return max((x.own_cores for x in readings if math.isfinite(x.own_cores)), default=readings[0].cores)
-
-
-def explains_by_windows(slower: list[Load], faster: list[Load], slowdown: float, wants: float) -> bool:
-    """Whether the loads of the slower run's blocks (its steady windows) could explain it being `slowdown`
-    times slower than the faster run, whose blocks are `faster`; `wants`: the cores the runs want (`demand`
-    of the two whole runs). What a whole run's mean load misses when a burst hit a few of its blocks.
-
-    Its threads' waits, summed over its blocks, bound what the machine took from it (`waits_explain`).
-    And its busiest block set against the faster run's quietest by the cores each left of those wanted
-    (a burst that took a core from a run wanting two: up to 2x while it lasted), where a block lacked at
-    least SMALL of a core: a reading over a fifth of a second counts in 10 ms ticks, and a run that wants
-    a tenth of a core reads anything from none to a fifth in one."""
-    known = [w for w in slower if math.isfinite(w.waited_cores)]
-    if known and waits_explain(sum(w.wall_s for w in known), sum(w.waited_cores * w.wall_s for w in known),
-                               slowdown):
-        return True
-    if not slower or not faster:
-        return False
-
-    def left(window: Load) -> float:  # the cores of those wanted that others left it (all: a lack within the ticks)
-        free = window.cores - window.other_cores
-        return wants if free > wants - SMALL else max(free, 0.1)
-    return covers(max(left(w) for w in faster) / min(left(w) for w in slower), slowdown)

@@ -16,14 +16,11 @@ from scipy import stats
 
 from ..format import ratio as ratio_text
 from .steady import resampled_rates, steady_rate, steady_steps
+from .withheld import Withheld, of_verdict
 
 # A ratio within 2% of 1 is not called a difference even when its interval excludes 1: below
 # that, a shared machine's systematic wobble (cache state, frequency) is as large as the effect.
 MIN_EFFECT = 0.02
-TOO_WIDE = 1.5  # an interval wider than this factor (e.g. 0.82-1.25) that holds 1 is "too noisy to tell"
-# Fewer paired blocks than this give no interval worth printing: t's 97.5% point is 12.7 at 2 pairs and 4.3 at 3,
-# so a busy machine's pairs printed "0.00-46666641476640.16" (ab's own fewest pairs is 4 too).
-FEWEST_PAIRS = 4
 
 
 @dataclass(frozen=True)
@@ -52,24 +49,18 @@ class Verdict:
         return not self.one_config and math.isfinite(self.low) and self.low > 1.0 + threshold
 
     @property
+    def withheld(self) -> Withheld | None:
+        """Why this verdict says neither faster, slower nor "no measurable difference" (withheld.of_verdict
+        decides: not measured, an A/A check, too few measurements or pairs, too noisy); None where it says one."""
+        return of_verdict(self)
+
+    @property
     def too_noisy(self) -> bool:
-        """An interval holding 1 but so wide (high/low > TOO_WIDE) that it rules out nothing a user cares
-        about: "no measurable difference" would read as "the same", which it cannot show."""
-        return (not self.measurable and math.isfinite(self.low) and math.isfinite(self.high)
-                and self.high > TOO_WIDE * self.low)  # a low of 0 (no time seen) is as wide as it gets
+        return (held := self.withheld) is not None and held.kind == "noisy"
 
     @property
     def too_few_pairs(self) -> bool:
-        """Paired blocks too few (2 or 3) for an interval a person can read, and no difference shown by them."""
-        return (self.paired and not self.one_config and 2 <= self.pairs < FEWEST_PAIRS and not self.measurable
-                and math.isfinite(self.low))
-
-    def noise_text(self) -> str:
-        """What an A/A check's blocks show: how far apart one config's paired blocks read on this machine."""
-        if not math.isfinite(self.low):
-            return "too few pairs to show the machine's noise"
-        return (f"its paired blocks read {self.low:.2f}-{self.high:.2f} of each other (95% interval), "
-                f"this machine's noise between blocks")
+        return (held := self.withheld) is not None and held.kind == "few_pairs"
 
     def interval_text(self) -> str:
         if self.too_few_pairs:
@@ -78,16 +69,8 @@ class Verdict:
 
     def text(self, name: str = "") -> str:
         head = f"{name}: " if name else ""
-        if not math.isfinite(self.ratio):
-            return head + "not measured"
-        if self.one_config:
-            return head + f"A/A check, one config against itself: no speed verdict; {self.noise_text()}"
-        if not math.isfinite(self.low):
-            return head + f"{ratio_text(self.ratio)}, too few measurements to tell"
-        if self.too_few_pairs:
-            return head + f"too few pairs to tell ({self.pairs} pairs of blocks; an interval needs {FEWEST_PAIRS})"
-        if self.too_noisy:
-            return head + f"too noisy to tell (95% interval {self.interval_text()})"
+        if held := self.withheld:
+            return head + held.words
         if not self.measurable:
             return head + f"no measurable difference ({self.interval_text()})"
         word = "faster" if self.ratio > 1 else "slower"
@@ -97,16 +80,8 @@ class Verdict:
 
     def short(self) -> str:
         """For a table cell: '1.31x (1.24-1.38)' or 'no measurable difference'."""
-        if not math.isfinite(self.ratio):
-            return "-"
-        if self.one_config:
-            return f"A/A check: {self.noise_text()}"
-        if not math.isfinite(self.low):
-            return f"{ratio_text(self.ratio)}, too few steps to tell"
-        if self.too_few_pairs:
-            return f"too few pairs to tell ({self.pairs} of {FEWEST_PAIRS})"
-        if self.too_noisy:
-            return f"too noisy to tell ({self.interval_text()})"
+        if held := self.withheld:
+            return held.short()
         if not self.measurable:
             return f"no measurable difference ({self.interval_text()})"
         return f"{ratio_text(self.ratio)} ({self.interval_text()})"

@@ -17,8 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..runs import table
-from ..runs.apart import footnotes, versus, vs_first, withheld
-from ..runs.repeats import evidence, readable_alike
+from ..runs.apart import against, footnotes
+from ..runs.repeats import evidence
 from ..config import TrainConfig
 from ..measure.ab import describe_change
 from .panel_help import BUTTONS
@@ -182,17 +182,12 @@ def comparison_text(runs: list[RunRecord]) -> str:
     first = runs[0]
     seen = evidence([run.result for run in runs])  # the panel's runs of one settings: A/A evidence
 
-    def against_first(run: RunRecord) -> str:
-        labelled = (f"#{first.number}", first.result), (f"#{run.number}", run.result)
-        if readable_alike(first.result, run.result):  # A/A, or apart beyond the machine: vs_first says which
-            return vs_first(*labelled, seen)
-        change, verdict = describe_change(first.result.config, run.result.config), versus(first.result, run.result)
-        held = withheld(*labelled, seen, verdict=verdict)
-        return f"{change}: {held}" if held else verdict.text(change)
-    cells = [against_first(run) for run in runs[1:]]
-    parts = [f"#{run.number} vs #{first.number}: {cell}" for run, cell in zip(runs[1:], cells)]
-    if parts:
-        parts += footnotes(cells) or ["runs measured at different times; nbtrain.ab(...) measures two configs in "
-                                      "alternation"]
+    # each run against the first: its verdict, or withheld.py's record of why none (the words read, never re-decided)
+    readings = [against((f"#{first.number}", first.result), (f"#{run.number}", run.result), seen) for run in runs[1:]]
+    parts = [f"#{run.number} vs #{first.number}: " + reading.line(describe_change(first.result.config, run.result.config))
+             for run, reading in zip(runs[1:], readings)]
+    if parts:  # the panel's lines carry no mark: no note for one
+        parts += footnotes(readings, marked=False) or ["runs measured at different times; nbtrain.ab(...) measures "
+                                                       "two configs in alternation"]
     return ("<div style='font-size:12px;line-height:1.4;white-space:normal'>"
             + "<br>".join(html.escape(p) for p in parts or [f"#{first.number} alone"]) + "</div>")

@@ -11,44 +11,58 @@ given only where nothing observable says the machine could have made it:
 - a difference within how far runs of the same settings have read apart here (the store's repeats) is
   within the machine's own spread; where no settings of the two was ever repeated, the verdict is marked:
   how far the machine alone moves a run is not known.
-`nbtrain.ab` measures two configs in alternation, which none of this limits.
+`nbtrain.ab` measures two configs in alternation, which none of this limits. Whether a verdict is withheld is
+measure/withheld.py's to decide; this module reads each run's numbers for it and gives its record to the
+comparison table, the panel and the plot.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from ..format import duration
-from ..measure.load import WINDOW_S, Load, demand, explains, explains_by_windows, windows
+from ..measure.load import Load, windows
 from ..measure.steady import columns_series
 from ..measure.verdict import Verdict, steady_ratio
+from ..measure.withheld import RunReading, Withheld, between_runs, same_settings
 from ..records import samples_start
-from .repeats import BEYOND_LOADED, BEYOND_MACHINE, Spread, apart_beyond_machine, readable_alike, spread
+from .repeats import Spread, apart_beyond_machine, readable_alike, spread
 from .result import RunResult
 
 Labelled = tuple[str, RunResult]  # a run and the label its table row shows
 
-APART_MIN_S = 5 * WINDOW_S  # the steady seconds a run needs before its speed is set against another run's
-
-SAME_SETTINGS_CELL = "same settings (A/A)"
-SAME_SETTINGS = (f"{SAME_SETTINGS_CELL}: both runs trained the same code and data with the same config, so how far "
-                 "apart their speeds read is how much the machine moved between them, not a difference of settings")
-UNREAD_CELL = "the same settings as far as nbtrain can read"
-UNREAD = (f"{UNREAD_CELL}, yet apart: the two runs' config, code, data and process settings read the same, but "
-          f"their speeds read more than {BEYOND_MACHINE:g}x apart, further than repeats of one settings read on a "
-          f"quiet machine (on a full one: more than {BEYOND_LOADED:g}x, in the CPU time each sample took too): "
-          "something nbtrain cannot read differs (a file or a library's state read in a step, the machine "
-          "itself). Neither counts as a repeat of the other; run each again to see which one moves")
-TOO_SHORT_CELL = "too short to compare"
-TOO_SHORT = (f"{TOO_SHORT_CELL}: runs taken at different times need {APART_MIN_S:g} s of steady steps each, for the "
-             f"machine's load to be read beside them (every {WINDOW_S:g} s); run more steps, or nbtrain.ab, which "
-             "alternates the two")
-WITHIN_CELL = "within the machine's own spread"
-WITHIN = (f"{WITHIN_CELL}: runs of the same settings have read that far apart on this machine, so the difference "
-          "may be the machine's; nbtrain.ab alternates the two")
 UNREPEATED_MARK = "†"
 UNREPEATED = (f"{UNREPEATED_MARK} no run of either's settings was repeated here, so how far this machine alone moves a "
               "run's speed between runs is not known: run one of them again (an A/A check), or nbtrain.ab, which "
               "alternates the two")
+# The kinds whose note a comparison says once below its table, in this order.
+NOTED = ("short", "same_settings", "apart", "within_spread")
+
+
+@dataclass(frozen=True)
+class Against:
+    """A run against the first: its speed `verdict` (steady rates, unpaired), `held` (why the runs taken apart
+    get no speed verdict: withheld.py's record; None: they get `verdict`'s own words) and `unrepeated` (no
+    settings of the two was repeated here: how far the machine alone moves a run is not known)."""
+    verdict: Verdict
+    held: Withheld | None = None
+    unrepeated: bool = False
+
+    @property
+    def withheld(self) -> Withheld | None:
+        """Why no speed verdict is given: the runs' own reason, else the verdict's (too noisy, ...)."""
+        return self.held or self.verdict.withheld
+
+    @property
+    def cell(self) -> str:
+        """The "vs first" cell: the reason's words, or the verdict's short words, marked where unrepeated."""
+        return self.held.words if self.held else self.verdict.short() + (UNREPEATED_MARK if self.unrepeated else "")
+
+    def line(self, change: str) -> str:
+        """A line naming the run by its `change`: 'batch_size=128: 1.31x faster (...)'; an A/A check, or runs
+        apart beyond the machine, by the cell alone (those say what the two runs share)."""
+        if self.held and self.held.kind in ("same_settings", "apart"):
+            return self.held.words
+        return f"{change}: {self.held.words}" if self.held else self.verdict.text(change)
 
 
 def versus(first: RunResult, other: RunResult) -> Verdict:
@@ -58,32 +72,41 @@ def versus(first: RunResult, other: RunResult) -> Verdict:
                         columns_series(other.history, samples_start(other.log)))
 
 
-def vs_first(first: Labelled, other: Labelled, seen=()) -> str:
-    """The "vs first" cell for two (label, run)s; `seen`: repeats.evidence of the runs and the store (no
-    evidence: every verdict between other settings is marked UNREPEATED_MARK)."""
-    verdict = versus(first[1], other[1])  # a bootstrap of both runs' steps: once per cell
-    if readable_alike(first[1], other[1]):
-        if factor := apart_beyond_machine(first[1], other[1]):  # the observation wins over the digest
-            return f"{UNREAD_CELL}, yet {factor:.1f}x apart: something it cannot read differs"
-        return f"{SAME_SETTINGS_CELL}: {verdict.short()}"
+def against(first: Labelled, other: Labelled, seen=()) -> Against:
+    """`other` against `first` (each a (label, run)); `seen`: repeats.evidence of the runs and the store (no
+    evidence: every verdict between other settings is unrepeated)."""
+    verdict = versus(first[1], other[1])  # a bootstrap of both runs' steps: once per comparison
+    if readable_alike(first[1], other[1]):  # the observation wins over the digest
+        return Against(verdict, apart_beyond_machine(first[1], other[1]) or same_settings(verdict))
     if not verdict.measurable:
-        return verdict.short()
+        return Against(verdict)
     known = spreads(first, other, seen)
-    return _held(first, other, verdict, known) or verdict.short() + ("" if known else UNREPEATED_MARK)
+    held = withheld(first, other, seen, verdict, known)
+    return Against(verdict, held, unrepeated=held is None and not known)
 
 
-def withheld(first: Labelled, other: Labelled, seen=(), verdict: Verdict | None = None) -> str:
-    """Why the two (label, run)s get no speed verdict, or '' where they may (or their verdict is none);
-    `verdict`: their `versus`, where the caller has it already."""
+def vs_first(first: Labelled, other: Labelled, seen=()) -> str:
+    """The "vs first" cell for two (label, run)s (`against`'s cell)."""
+    return against(first, other, seen).cell
+
+
+def withheld(first: Labelled, other: Labelled, seen=(), verdict: Verdict | None = None,
+             known: list[Spread] | None = None) -> Withheld | None:
+    """Why the two (label, run)s get no speed verdict (withheld.between_runs decides), or None where they may
+    (or their verdict is none); `verdict`: their `versus`, and `known`: their `spreads`, where the caller has
+    them already."""
     verdict = verdict or versus(first[1], other[1])
-    return _held(first, other, verdict, spreads(first, other, seen)) if verdict.measurable else ""
+    if not verdict.measurable:
+        return None
+    known = spreads(first, other, seen) if known is None else known
+    return between_runs(reading(*first), reading(*other), verdict, known)
 
 
-def _held(first: Labelled, other: Labelled, verdict: Verdict, known: list[Spread]) -> str:
-    """`withheld`'s reasons for a measurable `verdict`, given the runs' known spreads."""
-    if out := too_short(first, other) or busier_machine(first, other, verdict):
-        return out
-    return within_spread(verdict, max(known, key=lambda s: s.factor)) if known else ""
+def reading(label: str, run: RunResult) -> RunReading:
+    """What a comparison reads of a run: its steady seconds (NaN: no steps), its load, its steady windows'."""
+    steady = run.steady()
+    seconds = steady.total_s - steady.warmup_s if run.summary.steps else math.nan
+    return RunReading(label, seconds, run.load(), tuple(steady_windows(run)))
 
 
 def spreads(first: Labelled, other: Labelled, seen) -> list[Spread]:
@@ -91,57 +114,12 @@ def spreads(first: Labelled, other: Labelled, seen) -> list[Spread]:
     return [s for s in (spread(first[1], seen), spread(other[1], seen)) if s is not None]
 
 
-def within_spread(verdict: Verdict, widest: Spread) -> str:
-    """WITHIN_CELL where the least difference `verdict`'s interval allows is no more than `widest`, the
-    widest spread of the two runs' settings; else ''."""
-    least = verdict.low if verdict.ratio > 1 else 1 / verdict.high
-    if least > widest.factor:
-        return ""
-    return f"{WITHIN_CELL} ({widest.runs} runs of one's settings read up to {widest.factor:.2f}x apart)"
-
-
-def footnotes(cells: list[str]) -> list[str]:
-    """What the words of "vs first" cells mean, once each (a cell says "same settings (A/A)", the note why)."""
-    said = [note for cell, note in ((TOO_SHORT_CELL, TOO_SHORT), (SAME_SETTINGS_CELL, SAME_SETTINGS),
-                                    (UNREAD_CELL, UNREAD), (WITHIN_CELL, WITHIN)) if any(cell in text for text in cells)]
-    return said + ([UNREPEATED] if any(text.endswith(UNREPEATED_MARK) for text in cells) else [])
-
-
-def too_short(*labelled: Labelled) -> str:
-    """"too short to compare (a: 120 ms of steady steps)" where a run's steady steps lasted under APART_MIN_S,
-    else '' (TOO_SHORT says why, once below the table).
-
-    The machine's load is read every WINDOW_S: a run of a few hundredths of a second fits in one burst, or in
-    the lull between two, and no reading says which (identical runs of 30 ms read 1.35x apart with tight
-    intervals)."""
-    for label, run in labelled:
-        steady = run.steady()
-        seconds = steady.total_s - steady.warmup_s
-        if run.summary.steps and math.isfinite(seconds) and seconds < APART_MIN_S:
-            return f"{TOO_SHORT_CELL} ({label}: {duration(seconds)} of steady steps)"
-    return ""
-
-
-def busier_machine(first: Labelled, other: Labelled, verdict: Verdict) -> str:
-    """"the machine was busier during b (other processes took 0.9 of 2 cores): the difference may be the
-    machine's" where the two (label, run)s' speed `verdict` is one the machine's load could explain, else ''.
-
-    The load is read for each run as a whole and for each of its steady blocks: a burst over a few blocks
-    is diluted in a whole run's mean, not in the blocks it hit."""
-    if None in (first[1].load(), other[1].load()):
-        return ""
-    # the slower run, and the least slowdown the interval allows: the load need explain no more than that
-    (label, slower), (_, faster), slowdown = (other, first, 1 / verdict.high) if verdict.ratio < 1 \
-        else (first, other, verdict.low)
-    if explains(slower.load(), faster.load(), slowdown):
-        busier = "busier" if slower.load().other_cores > faster.load().other_cores else "full"
-        return f"the machine was {busier} during {label} ({slower.load().text()}): the difference may be the machine's"
-    blocks = steady_windows(slower)
-    if not explains_by_windows(blocks, steady_windows(faster), slowdown, demand(slower.load(), faster.load())):
-        return ""
-    busiest = max(blocks, key=lambda w: (w.waited_cores if math.isfinite(w.waited_cores) else 0, w.other_cores))
-    return (f"the machine was busier during {label} (in some of its blocks {busiest.text()}): "
-            f"the difference may be the machine's")
+def footnotes(readings: list[Against], marked: bool = True) -> list[str]:
+    """What the reasons of "vs first" cells mean, once each (a cell says "same settings (A/A)", the note why),
+    and, where a cell is `marked`, what the mark means."""
+    held = [r.held for r in readings if r.held is not None]
+    said = [next(h.note for h in held if h.kind == kind) for kind in NOTED if any(h.kind == kind for h in held)]
+    return said + ([UNREPEATED] if marked and any(r.unrepeated for r in readings) else [])
 
 
 def steady_windows(run: RunResult) -> list[Load]:

@@ -21,13 +21,14 @@ from ..records import Summary
 from . import repeats
 from ..measure.learned import alters_learning
 from .held_out_time import learned_in_time
-from .apart import footnotes, versus, vs_first  # versus: the verdict of two runs, a public name of this module
+from .apart import against, footnotes, versus  # versus: the verdict of two runs, a public name of this module
 from .result import RunResult, peak_memory, peak_memory_text
 from .table import not_applied
 
 __all__ = ["Comparison", "compare", "resolve", "smoothed", "time_to_loss", "versus"]
 
 NOISY_MARK = "*"  # a samples/s too noisy to trust, said once in the table's footnote
+WITHHELD_COLOR = "0.45"  # the figure's words under a bar whose verdict is withheld: grey, not a winner's black
 
 
 def smoothed(losses: list[float], window: int) -> list[float]:
@@ -139,7 +140,9 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
     # the compared runs of each run's settings (itself first): where a side has repeats, 'held-out in time' spans them
     alike = [[run] + [r for r in results if r is not run and repeats.same_settings(run, r)] for run in results]
     rows, noisy, learns = [], [], []
-    for label, run, t, kin in zip(labels, results, times, alike):
+    readings = [None if run is base else against((labels[0], base), (label, run), seen) for label, run in
+                zip(labels, results)]  # each run against the first: its verdict, or withheld.py's record of why not
+    for label, run, t, kin, reading in zip(labels, results, times, alike, readings):
         s, steady = run.summary, run.steady()
         inert = not_applied(run.summary, base.summary)
         changes = ", ".join(f"{k}={new}" for k, (_, new) in run.config.changed_from(base.config).items()
@@ -149,7 +152,7 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
             noisy.append(f"{label} {100 * steady.spread:.0f}%")
         rows.append({"run": label, "status": run.status, "steps": s.steps,
                      "samples/s": rate_with_interval(steady.rate, steady.low, steady.high) + (NOISY_MARK if wide else ""),
-                     "vs first": "-" if run is base else vs_first((labels[0], base), (label, run), seen),
+                     "vs first": "-" if reading is None else reading.cell,
                      f"time to loss {target:.3g}": "not reached" if t is None else number(t, " s"),
                      "peak memory": peak_memory_text(s), "last loss": number(s.last_loss),
                      "held-out": held_out_text(s),
@@ -163,10 +166,10 @@ def compare(*runs, loss: float | None = None, store=None, path=None) -> Comparis
         if all(row[column] == "-" for row in rows):  # no run validated: no column of dashes
             for row in rows:
                 del row[column]
-    figure = _draw(results, labels, target, times, [row["vs first"] for row in rows])
+    figure = _draw(results, labels, target, times, readings)
     notes = [f"{NOISY_MARK} too noisy to trust: the spread between timed blocks ({', '.join(noisy)}) is over "
              f"{100 * WIDE_SPREAD:.0f}%; samples/s with the 95% interval"] if noisy else []
-    notes += footnotes([row["vs first"] for row in rows]) + learns
+    notes += footnotes([r for r in readings if r is not None]) + learns
     result = Comparison(results, labels, target, rows, figure, notes)
     if path is not None:
         result.save(path)
@@ -220,7 +223,7 @@ def _wrapped(text: str, width: int = 16) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
-def _draw(results, labels, target, times, verdicts):
+def _draw(results, labels, target, times, readings):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.lines import Line2D
     from matplotlib.ticker import StrMethodFormatter
@@ -270,10 +273,12 @@ def _draw(results, labels, target, times, verdicts):
     bars(rate_ax, [s.rate for s in steady], "throughput", "samples/s (steady, 95% interval)",
          intervals=[(s.low, s.high) for s in steady])
     # The table's verdict under each bar but the first, in its words: bars of different heights whose
-    # intervals overlap are "too noisy to tell", not a winner.
-    rate_ax.set_xticks(list(positions), [label if i == 0 else f"{label}\n" + _wrapped(verdict)
-                                         for i, (label, verdict) in enumerate(zip(labels, verdicts))],
-                       fontsize=7)
+    # intervals overlap are "too noisy to tell", not a winner. A withheld verdict (withheld.py's record) in grey.
+    rate_ax.set_xticks(list(positions), [label if reading is None else f"{label}\n" + _wrapped(reading.cell)
+                                         for label, reading in zip(labels, readings)], fontsize=7)
+    for text, reading in zip(rate_ax.get_xticklabels(), readings):
+        if reading is not None and reading.withheld is not None:
+            text.set_color(WITHHELD_COLOR)
     rate_ax.set_xlabel("under each bar: its verdict against the first", fontsize=7)
     kinds = {r.summary.mem_kind or "memory" for r in results}
     memory = [peak_memory(r.summary) for r in results]

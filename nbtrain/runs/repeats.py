@@ -20,23 +20,13 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..config import GIVEN_KEY
-from ..measure.load import explains
+from ..measure.withheld import BEYOND_MACHINE, Withheld, beyond_machine
 from ..records import Summary
 from .result import RunResult
 
 # What a run ran with beyond its config, as its summary records it: equal in runs of the same settings.
 ENGINE_FIELDS = ("workload", "world_size", "device", "strategy", "global_batch", "lr", "precision")
 
-# How far apart the rates of one settings' quiet repeats may read and still be the machine's: identical runs
-# of a small CNN read up to 1.49x apart (0.81x-1.21x) on a quiet 2-core VM, where a hidden difference of
-# settings (a global read in forward, a hook, a thread count) put them 7x-46x apart. No spread measured
-# between repeats is wider: runs further apart are not repeats (`_clusters`).
-BEYOND_MACHINE = 2.0
-# On a full machine (threads waiting a second a second for a CPU) the load can explain any slowdown of the
-# wall clock, but hardly the CPU time a sample took: identical runs of a small MLP there read up to 2.2x
-# apart in rate and 1.9x in CPU time per sample (11 pairs, a 2-core VM at load 8-16); 30 extra matmuls a
-# step, a difference nbtrain could not read, read 5.5x and 15x in both.
-BEYOND_LOADED = 3.0
 
 
 def settings_key(config: dict, summary: Summary) -> str | None:
@@ -66,26 +56,21 @@ def same_settings(first: RunResult, other: RunResult) -> bool:
     return readable_alike(first, other) and apart_beyond_machine(first, other) is None
 
 
-def apart_beyond_machine(first: RunResult, other: RunResult) -> float | None:
-    """How many times faster the faster of the two runs' steady rates is, where even the least their
-    intervals allow is more than BEYOND_MACHINE and the load beside them cannot explain it (where it could
-    explain the wall clock: that least, and the CPU time a sample took, which the load hardly moves, are
-    more than BEYOND_LOADED apart); else None."""
+def apart_beyond_machine(first: RunResult, other: RunResult) -> Withheld | None:
+    """Why two runs alike as far as nbtrain reads are no A/A check: their steady rates, their intervals, the
+    load beside them and the CPU time a sample took, read here, are further apart than the machine moves a
+    run (withheld.beyond_machine decides); None where they are not."""
     rates = first.steady().rate, other.steady().rate
     if not all(rate > 0 and math.isfinite(rate) for rate in rates):
         return None
     (slower, faster) = (first, other) if rates[0] < rates[1] else (other, first)
-    factor = max(rates) / min(rates)
     high, low = slower.steady().high, faster.steady().low
     # a noisy run's interval (a first run in a process, its blocks 2.3x apart) says how far apart they may be
-    least = low / high if math.isfinite(low) and math.isfinite(high) and low > 0 and high > 0 else factor
-    if least <= BEYOND_MACHINE:
-        return None
-    loads = slower.load(), faster.load()
-    if None in loads or not explains(*loads, least):
-        return factor
-    work = cpu_per_sample(slower.summary) / cpu_per_sample(faster.summary)
-    return factor if least > BEYOND_LOADED and work > BEYOND_LOADED else None
+    least = low / high if math.isfinite(low) and math.isfinite(high) and low > 0 and high > 0 \
+        else max(rates) / min(rates)
+    work = cpu_per_sample(slower.summary), cpu_per_sample(faster.summary)
+    return beyond_machine((slower.steady().rate, faster.steady().rate), least, (slower.load(), faster.load()),
+                          work[0] / work[1] if work[1] > 0 else math.nan)
 
 
 def cpu_per_sample(summary: Summary) -> float:
