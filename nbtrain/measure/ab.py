@@ -40,8 +40,9 @@ class ABResult(PrintsAsTable):
     learned: object = None  # measure/learned.Quality where B changes what is learned: held-out loss at equal time
 
     def learning(self) -> str:
-        """'batch_size=128: learns worse in the same time (held-out 3.0 vs 2.8; ...); in samples/s ...' where B
-        changes what is learned: its verdict (rule 11) before its samples/s, which alone would call it a win."""
+        """'batch_size=128: learns worse in the same time (held-out 3.0 vs 2.8; ...); to the worse side's final
+        held-out 3.0: A 0.4 s, B 1 s (...); B 2.5x later (...); in samples/s ...' where B changes what is learned: its
+        verdict (rule 11) before its samples/s, which alone would call it a win."""
         if self.learned is None:
             return self.verdict.text(self.label)
         reaching = self.learned.reaching() if self.learned.measured else None

@@ -12,6 +12,7 @@ import dataclasses
 from ..engine.data import stop_workers
 from ..engine.state import Snapshot
 from ..measure.learned import Learned
+from ..metrics import MetricsLog
 from . import trial
 
 _SCORED_SLICE = 512  # training samples a race of what is learned scores on where the recipe has no val_data
@@ -29,7 +30,7 @@ class EqualTimeScorer:
     def quality(self, config, seconds: float, current=None, evaluations: int = 1) -> Learned:
         """`config` trained `seconds` from the trial's starting weights, its loss on held-out data, with the starting
         weights' loss. `evaluations` > 1: scored after each of that many equal parts of the time too (Learned.curve;
-        the seconds are those its training took, the scoring set apart)."""
+        the seconds are its runs' training clocks, each part's start-up and the scoring set apart)."""
         if config.world_size > 1:
             return Learned(float("nan"), note="it runs in processes of its own, which this race cannot alternate")
         engine, data, scored = self._scoring()
@@ -40,12 +41,14 @@ class EqualTimeScorer:
             start = self._start_loss(engine, data)
             with engine.keeping_workers():  # DataLoader workers kept from one part to the next, as in one run
                 for part in range(evaluations):
-                    m = trial.measure(engine, config, seconds=seconds / evaluations, warmup_steps=0)
+                    log = MetricsLog()
+                    m = trial.measure(engine, config, seconds=seconds / evaluations, warmup_steps=0, log=log)
                     # a later part that a busy machine left no step: no progress in its time, not a failure
                     stalled = part and m.steps == 0 and not m.diverged
                     if (m.error or m.diverged) and not stalled:
                         return Learned(float("nan"), scored, note=m.error or "its loss diverged", start=start)
-                    trained += m.seconds
+                    # the run's own training clock (a part's start-up is each side's alike, and not training)
+                    trained += log.columns["time"][-1] if log.columns["step"] else 0.0
                     curve.append((trained, float(engine.evaluate(data)["val_loss"])))
             return Learned(curve[-1][1], scored, start=start, curve=tuple(curve) if evaluations > 1 else ())
         except Exception as error:  # noqa: BLE001 - a candidate that cannot train is a row, never the walk's end
