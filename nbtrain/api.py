@@ -33,16 +33,21 @@ def _attach(model, engine) -> None:
     model.__dict__[_SLOT] = Slot(engine)  # not a Module attribute: no state_dict, no repr; pickles empty
 
 
-def engine_for(recipe: Recipe, config: TrainConfig) -> Engine:
-    """The live engine of `recipe.model`, adopting the recipe's data, loss and config."""
-    config = recipe.adopt_settings(config)
+def engine_for(recipe: Recipe, config: TrainConfig, *, settled: bool = False) -> Engine:
+    """The live engine of `recipe.model`, adopting the recipe's data, loss and config: a live one switches to
+    `config` as it is (Engine.reconfigure). `settled`: the caller has, in this call, given `config` the recipe's
+    DataLoader settings (Recipe.adopt_settings) and checked that this machine runs it (check_runnable), as
+    nbtrain.fit does once per call; otherwise both happen here, once."""
+    if not settled:
+        config = recipe.adopt_settings(config)
+        check_runnable(config)  # the engine runs here: this machine is the target
     engine = live_engine(recipe.model)
     if engine is None or engine.running:
-        engine = Engine(recipe, config)
+        engine = Engine(recipe, config, machine_checked=True)
         _attach(recipe.model, engine)
         return engine
     engine.adopt(recipe)  # what carries on is decided by what the recipe's parts are (Engine.adopt)
-    engine.reconfigure(config)
+    engine.reconfigure(config, machine_checked=True)
     return engine
 
 
@@ -100,8 +105,8 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
             # Starting the ranks (processes, imports, rendezvous, each rank's engine) is start-up, not "other":
             # the call until rank 0's run began, less the start-up rank 0's own split already holds.
             before = began - called - result.summary.time_split.get("start-up", 0.0)
-    else:
-        engine = engine_for(recipe, config)
+    else:  # this machine runs it: its settings adopted and the machine checked above, once
+        engine = engine_for(recipe, config, settled=True)
         engine.note("start-up", imports.first_call_note(imported_s))  # this call's summary only
         try:
             engine.check_schedule()

@@ -52,9 +52,11 @@ def compiled(engine, wrapped):
     return wrapped if mode == "none" else torch.compile(wrapped, mode=mode)
 
 
-def check_request(engine, new: TrainConfig) -> None:
-    """A requested config this process can switch to (ValueError / ConfigError when not)."""
-    check_runnable(new)
+def check_request(engine, new: TrainConfig, *, machine_checked: bool = False) -> None:
+    """A config this process can switch to, asked for mid-run or given between runs (ValueError / ConfigError
+    when not). `machine_checked`: the caller has checked in this call that this machine runs `new`."""
+    if not machine_checked:
+        check_runnable(new)
     check_batches(engine, new)
     out_of_process = set(new.changed_from(engine.config)) & OUT_OF_PROCESS
     if out_of_process:

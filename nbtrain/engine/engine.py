@@ -38,11 +38,14 @@ from .support import seed_torch
 
 class Engine:
     def __init__(self, recipe: Recipe, config: TrainConfig | None = None, log: MetricsLog | None = None, *,
-                 like: Engine | None = None):
-        """`like`: an engine this one starts as a copy of, sharing only the model (see fork)."""
+                 like: Engine | None = None, machine_checked: bool = False):
+        """`like`: an engine this one starts as a copy of, sharing only the model (see fork). `machine_checked`:
+        the caller has checked in this call that this machine runs `config` (check_runnable), as nbtrain.fit
+        does once per call; otherwise the engine checks it here."""
         self.recipe = recipe
         self.config = config or TrainConfig()
-        check_runnable(self.config)  # the engine runs here: this machine is the target
+        if not machine_checked:
+            check_runnable(self.config)  # the engine runs here: this machine is the target
         self.log = log or MetricsLog()  # the current (or last) run's log
         self.world = dist.world()
         self.model = recipe.model
@@ -93,7 +96,8 @@ class Engine:
         recipe = recipe or self.recipe
         # This engine's optimizer is copied (start_as_copy_of); another one given as an instance is copied here.
         own = borrow.own_parts(recipe, instances=recipe.optimizer is not self.recipe.optimizer)
-        return Engine(own, self.config, like=self)
+        # This engine's config was checked against this machine when it became this engine's.
+        return Engine(own, self.config, like=self, machine_checked=True)
 
     def start_as_copy_of(self, like: Engine) -> None:
         """Copies of `like`'s optimizer (and state), schedule (state and notes), scaler, notes and position."""
@@ -282,16 +286,18 @@ class Engine:
     def request(self, **asked) -> TrainConfig:
         """Ask for a config change; it is validated now and applied at the next optimizer step."""
         new = (self.pending or self.config).replace(**asked)
-        changes.check_request(self, new)
-        with self._lock:
-            self.pending = new
-        if not self.running:
-            self.apply_pending()
+        self.reconfigure(new)
         return new
 
-    def reconfigure(self, config: TrainConfig) -> None:
-        """Switch to `config` (between runs, or at the next step boundary of a run)."""
-        self.request(**{name: new for name, (_, new) in config.changed_from(self.config).items()})
+    def reconfigure(self, config: TrainConfig, *, machine_checked: bool = False) -> None:
+        """Switch to `config` as it is (between runs, or at the next step boundary of a run), once the rules of a
+        switch hold (changes.check_request: refused, it changes nothing). `machine_checked`: the caller has checked
+        in this call that this machine runs `config`, as nbtrain.fit does once per call."""
+        changes.check_request(self, config, machine_checked=machine_checked)
+        with self._lock:
+            self.pending = config
+        if not self.running:
+            self.apply_pending()
 
     def apply_pending(self) -> None:
         """Apply the requested config (the run calls this at a step boundary)."""
@@ -303,9 +309,9 @@ class Engine:
     def switch_to(self, new: TrainConfig) -> None:
         """Switch to `new`, rebuilding only what the changed options touch (changes.py says which)."""
         changed = new.changed_from(self.config)
+        previous, self.config = self.config, new  # the call's own config (its given options), even at equal values
         if not changed:
             return
-        previous, self.config = self.config, new
         names = set(changed)
         if new.device_type != self.device.type and device_map(self.model) is None:
             self.device = dist.device_for(new.device_type, self.world)
