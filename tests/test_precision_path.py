@@ -21,6 +21,8 @@ from nbtrain.config import TrainConfig, check_runnable
 from nbtrain.engine import imports
 from nbtrain.engine.precision import Precision
 from nbtrain.recipe import Recipe
+from nbtrain.tools.trial import borrow
+from helpers import regression_recipe
 
 PACKAGE = Path(nbtrain.__file__).resolve().parent
 MAX_FILES = 10
@@ -166,3 +168,31 @@ def test_a_live_engine_switches_to_the_cells_precision_directly(ip):
     config = ip.user_ns["_nbtrain"].config
     assert (config.precision, config.lr) == ("bf16-mixed", None)
     assert config.given == {"max_steps", "batch_size", "precision"}, config.given
+
+
+def calls_in(run) -> dict:
+    """{check_runnable / adopt_settings: calls} while `run()` runs."""
+    calls = collections.Counter()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in COUNTED:
+            calls[COUNTED[frame.f_code]] += 1
+    earlier = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(earlier)
+    return dict(calls)
+
+
+def test_a_tools_trial_checks_this_machine_once():
+    """A trial's engine is a fork of the live one, whose config was checked when it became the engine's: only the
+    trial's own config is checked (and adopted), once."""
+    recipe = regression_recipe()
+    nbtrain.fit(recipe=recipe, max_steps=1, accelerator="cpu")
+
+    def trial():
+        with borrow(recipe.model, batch_size=8, max_steps=1) as lent:
+            assert lent.engine.run(validate=False).status == "completed"
+    assert calls_in(trial) == {"check_runnable": 1, "adopt_settings": 1}
