@@ -23,13 +23,19 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 
 from .bottleneck import Remedy
+from .steady import SteadyRate, steady_steps
 
 MIB = 1024 * 1024
 FIRST_BUCKET_MB = 1    # torch.distributed's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 BUCKET_CAP_MB = 25     # DistributedDataParallel(bucket_cap_mb=25), the default
 _RESAMPLES = 400
+# One process's rate is judged over windows about this long: on a shared machine the CPU the scheduler leaves it
+# moves over seconds (a 2-core box beside other work gave it 0.18-0.51 of a core within two minutes, its samples
+# per CPU-second steady within 10%), so a run's rate is one draw of those windows, not a reading's mean.
+WINDOW_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,52 @@ def mean_quantity(values, scale: float, how: str, seed: int = 0) -> Quantity:
     rng = np.random.default_rng(seed)
     low, high = np.quantile([rng.choice(values, len(values)).mean() for _ in range(_RESAMPLES)], [0.025, 0.975])
     return Quantity(float(values.mean()), float(low), float(high), "s", "measured", how)
+
+
+def window_rates(durations, samples, seconds: float = WINDOW_S) -> list[float]:
+    """Rates of consecutive windows of a reading's steady steps (its warm-up set apart), each at least `seconds`
+    long; a last piece shorter than that joins the window before it."""
+    _, d, s = steady_steps(durations, samples)
+    out, spans, start = [], [], 0
+    for i in range(len(d)):
+        if d[start:i + 1].sum() >= seconds:
+            spans.append((start, i + 1))
+            start = i + 1
+    if start < len(d):
+        spans[-1:] = [(spans[-1][0] if spans else start, len(d))]
+    for a, b in spans:
+        if d[a:b].sum() > 0:
+            out.append(float(s[a:b].sum() / d[a:b].sum()))
+    return out
+
+
+def run_range(readings: list[SteadyRate], windows: list[float]) -> tuple[float, float]:
+    """Where another run's steady rate on this machine may lie (95%), from readings taken at other moments.
+
+    A reading's interval is the interval of its own mean: it narrows as the reading grows, while a run at
+    another moment meets another share of a shared machine's CPU. So the range is the prediction interval of
+    one more window from the readings' windows (on a log scale: shares multiply a rate), and never narrower
+    than the readings' own intervals (a quiet machine's windows agree, and then those decide)."""
+    lows = [r.low for r in readings if math.isfinite(r.low)] or [r.rate for r in readings]
+    highs = [r.high for r in readings if math.isfinite(r.high)] or [r.rate for r in readings]
+    low, high = min(lows), max(highs)
+    logs = np.log([w for w in windows if w > 0])
+    if len(logs) >= 3:
+        half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) * math.sqrt(1 + 1 / len(logs))
+        low, high = min(low, math.exp(logs.mean() - half)), max(high, math.exp(logs.mean() + half))
+    return low, high
+
+
+def one_process_step(readings: list[SteadyRate], windows: list[float], batch: int, how: str) -> Quantity:
+    """Seconds of one step of `batch` samples of one process alone (the 1 x 1 point): the readings' pooled rate,
+    and the range another run of it here may read (run_range), as step seconds."""
+    seconds = [max(r.total_s - r.warmup_s, 0.0) for r in readings]
+    rate = sum(r.rate * t for r, t in zip(readings, seconds)) / sum(seconds) if sum(seconds) > 0 else \
+        float(np.mean([r.rate for r in readings]))
+    low, high = run_range(readings, windows)
+    return Quantity(batch / rate, batch / high, batch / low, "s", "measured",
+                    f"{how}; the range another run may read: from {len(windows)} windows of {len(readings)} "
+                    f"reading{'s' * (len(readings) != 1)}, as this machine's load moved")
 
 
 def less_its_allreduce(compute: Quantity, micro: int, allreduce: tuple) -> Quantity:

@@ -8,6 +8,9 @@ What it measures here, through trials that give the model back (the arithmetic i
 - the compute: the steady rate at the per-rank batch (the config's) of one rank on a GPU; on a CPU, of
   2 ranks at once all-reducing once per 4 micro-batches, since CPU ranks share this machine's cores and
   memory bandwidth (one rank alone would compute faster than either of 2 does);
+- on a CPU, one process alone at the live run's threads (the 1 x 1 point), read at the forecast's start and again
+  at its end: its range is where another run may read on this machine as its load moved (the spread of the
+  readings' windows, measure/forecast.run_range), not the interval of one reading's mean;
 - the gradients: the model's own trainable parameters, cut into DDP's buckets;
 - the link between local ranks: 2 ranks started the way every DDP run starts (nbtrain.launch: the
   zygote's ranks; NCCL on GPUs where there are 2, gloo on the CPU), in rounds of: the step's compute
@@ -23,16 +26,20 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
 from ..config import TrainConfig
-from ..measure.ab import steps_lasting
+from ..measure.ab import nonfinite_loss, steps_lasting
 from ..measure.forecast import (Quantity, fit_link, given_link, gradient_buckets, less_its_allreduce, mean_quantity,
-                                rank_wait, scaling_point)
+                                one_process_step, rank_wait, scaling_point, window_rates,
+                                WINDOW_S)
 from ..measure.forecast_result import Check, Forecast
+from ..measure.steady import SteadyRate, columns_series, steady_rate
+from ..metrics import MetricsLog
+from ..records import samples_start
 from . import trial
-from .ab import trial_rate
 from .tool_options import JointProblem, ToolRefusal, declare, option
 
 DEFAULT_DEVICES, DEFAULT_NODES = (1, 2, 4, 8), (1, 2)
@@ -166,11 +173,14 @@ def _forecast(lent, devices, nodes, link_gbps, link_latency_us, check: bool, sec
     device = engine.device.type
     trainable = [p for p in engine.model.parameters() if p.requires_grad]
     buckets = gradient_buckets([p.numel() * p.element_size() for p in trainable])
-    one_rank = one_rank_rate(engine, snapshot, config, seconds)
+    ranked = one_rank_rate(engine, snapshot, config, seconds)
+    one_rank = ranked.steady
     read = measure_compute(engine, snapshot, config, one_rank, seconds)
     # CPU: one process, one truth: the 1 x 1 point at the threads the live run trains at, not the ranks' share
     live_threads = (config.num_threads or torch.get_num_threads()) if device == "cpu" else None
-    process = one_process(engine, snapshot, config, one_rank, live_threads, seconds) if live_threads else None
+    # read at the forecast's start and again at its end, every window kept: the range another run may read spans
+    # this machine's load as it moved (a live run is read at another moment, beside another share of the CPU)
+    first = one_process_reading(engine, snapshot, config, ranked, live_threads, seconds) if live_threads else None
     local, wait, copies = local_link(buckets, device, read.value)
     between = given_link(link_gbps, link_latency_us) if link_gbps is not None else None
     dtype = str(trainable[0].dtype).replace("torch.", "") if trainable else "float32"
@@ -187,12 +197,18 @@ def _forecast(lent, devices, nodes, link_gbps, link_latency_us, check: bool, sec
                         k, local, between, points, assumptions(device), wait=wait, copies=copies, one_process=process,
                         threads=live_threads, rank_threads=rank_threads() if live_threads else None)
 
+    def at_the_end() -> Quantity | None:
+        if not live_threads:
+            return None
+        again = one_process_reading(engine, snapshot, config, None, live_threads, seconds)
+        return one_process(config, [first, again], live_threads)
+
     if not check:
-        return forecast_from(read, process)
+        return forecast_from(read, at_the_end())
     steady = two_ranks(engine, snapshot, config, one_rank.rate, seconds)
     if device == "cpu":  # the load of a shared machine moves: the compute read again after the check, both kept
         read = spanning(read, measure_compute(engine, snapshot, config, one_rank, seconds))
-        process = spanning(process, one_process(engine, snapshot, config, None, live_threads, seconds))
+    process = at_the_end()
     result = forecast_from(read, process)
     result.checks.append(Check(2, 1, steady, result.forecast_for(2, 1),
                                f"nbtrain.fit with devices=2, {steady.steady_steps} steady steps"))
@@ -205,37 +221,61 @@ def _forecast(lent, devices, nodes, link_gbps, link_latency_us, check: bool, sec
     return result
 
 
-def rate_at(engine, snapshot, config: TrainConfig, threads: int | None, seconds: float, who: str = "one process",
-            steps: int | None = None):
+@dataclass(frozen=True)
+class Reading:
+    """One process's steady rate over a reading, and the rates of its windows (measure/forecast.window_rates)."""
+    steady: SteadyRate
+    windows: tuple
+
+
+def read_at(engine, snapshot, config: TrainConfig, threads: int | None, seconds: float, who: str = "one process",
+            steps: int | None = None) -> Reading:
     """One process's steady rate in the kernel at `threads` torch threads (a trial's run applies them; None: the
-    process's own count), about `seconds` long or `steps` steps; the model is put back."""
+    process's own count), about `seconds` long or `steps` steps, and its windows' rates; the model is put back."""
+    log = MetricsLog()
     try:
-        measured, steady, _ = trial_rate(engine, config.replace(num_threads=threads), seconds=None if steps else seconds,
-                                         steps=steps)
+        measured = trial.measure(engine, config.replace(num_threads=threads), seconds=None if steps else seconds,
+                                 steps=steps, log=log)
     finally:
         snapshot.reset()
-    if not measured.ok or not steady.rate > 0:
-        raise ToolRefusal(lambda spell: f"{who}'s step could not be measured: {measured.error or 'no rate'}")
-    return steady
+    error = measured.error or nonfinite_loss(log)  # a diverged step's time is NaN arithmetic's, not the config's
+    durations, samples = columns_series(log.columns, samples_start(log))
+    steady = steady_rate(durations, samples)
+    if error or not steady.rate > 0:
+        raise ToolRefusal(lambda spell: f"{who}'s step could not be measured: {error or 'no rate'}")
+    window = WINDOW_S if steps else min(WINDOW_S, seconds / 4)  # a short reading: enough windows to see the load move
+    return Reading(steady, tuple(window_rates(durations, samples, window)))
 
 
-def one_process(engine, snapshot, config: TrainConfig, one_rank, threads: int, seconds: float) -> Quantity:
-    """Seconds of one micro-batch step of one process alone at the live run's `threads` (the 1 x 1 point):
-    the one rank's reading where a rank runs at that count, else read at it."""
+def rate_at(engine, snapshot, config: TrainConfig, threads: int | None, seconds: float, who: str = "one process",
+            steps: int | None = None) -> SteadyRate:
+    """read_at's steady rate alone."""
+    return read_at(engine, snapshot, config, threads, seconds, who, steps).steady
+
+
+def one_process_reading(engine, snapshot, config: TrainConfig, one_rank: Reading | None, threads: int,
+                        seconds: float) -> Reading:
+    """A reading of one process alone at the live run's `threads` (the 1 x 1 point): the one rank's reading where
+    a rank runs at that count, else one read at it."""
     alone = one_rank if one_rank is not None and threads == rank_threads() else \
-        rate_at(engine, snapshot, config, threads, seconds)
-    if not math.isfinite(alone.low):  # too few steps in `seconds` for an interval (threads stalled): steps instead
-        alone = rate_at(engine, snapshot, config, threads, seconds, steps=MIN_CHECK_STEPS)
-    b = config.batch_size
-    return Quantity(b / alone.rate, b / alone.high, b / alone.low, "s", "measured",
-                    f"one process alone at {threads} thread{'s' * (threads != 1)}: {alone.text()}")
+        read_at(engine, snapshot, config, threads, seconds)
+    if not math.isfinite(alone.steady.low):  # too few steps in `seconds` for an interval (threads stalled): steps
+        alone = read_at(engine, snapshot, config, threads, seconds, steps=MIN_CHECK_STEPS)
+    return alone
 
 
-def one_rank_rate(engine, snapshot, config: TrainConfig, seconds: float):
-    """One rank's steady rate in the kernel (on a CPU one process alone with the threads each of 2 ranks gets:
+def one_process(config: TrainConfig, readings: list, threads: int) -> Quantity:
+    """Seconds of one micro-batch step of one process alone at `threads` (the 1 x 1 point), from `readings`."""
+    texts = "; then ".join(r.steady.text() for r in readings)
+    return one_process_step([r.steady for r in readings], [w for r in readings for w in r.windows],
+                            config.batch_size, f"one process alone at {threads} thread{'s' * (threads != 1)}: {texts}")
+
+
+def one_rank_rate(engine, snapshot, config: TrainConfig, seconds: float) -> Reading:
+    """One rank's reading in the kernel (on a CPU one process alone with the threads each of 2 ranks gets:
     what a DDP speed-up there is read against)."""
     threads = rank_threads() if engine.device.type == "cpu" else config.num_threads
-    return rate_at(engine, snapshot, config, threads, seconds, who="one rank")
+    return read_at(engine, snapshot, config, threads, seconds, who="one rank")
 
 
 def spanning(before: Quantity, after: Quantity) -> Quantity:
