@@ -85,11 +85,6 @@ def against(first: Labelled, other: Labelled, seen=()) -> Against:
     return Against(verdict, held, unrepeated=held is None and not known)
 
 
-def vs_first(first: Labelled, other: Labelled, seen=()) -> str:
-    """The "vs first" cell for two (label, run)s (`against`'s cell)."""
-    return against(first, other, seen).cell
-
-
 def withheld(first: Labelled, other: Labelled, seen=(), verdict: Verdict | None = None,
              known: list[Spread] | None = None) -> Withheld | None:
     """Why the two (label, run)s get no speed verdict (withheld.between_runs decides), or None where they may

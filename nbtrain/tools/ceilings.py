@@ -148,7 +148,7 @@ def measure_ceilings(engine, *, steps: int = 30, seconds: float = 5.0, known: di
                     loader_load=loader_load.last, threads_race=threads_race)
 
 
-THREAD_RACE_PAIRS = 6  # pairs of blocks: enough for an interval (verdict.FEWEST_PAIRS) with two to spare
+THREAD_RACE_PAIRS = 6  # pairs of blocks: enough for an interval (withheld.FEWEST_PAIRS) with two to spare
 
 
 def race_fewer_threads(engine, batch, seconds: float) -> ThreadRace | None:

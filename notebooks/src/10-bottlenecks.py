@@ -181,7 +181,7 @@ plt.show()
 for name, c in cases.items():
     verdict = c.bottleneck()
     if verdict.kind == "too noisy to tell":  # the machine's load moved the readings: the nearest ceiling is shown
-        print(f"{name}: too noisy to tell on this machine just now ({c.noise(verdict.binding)}); "
+        print(f"{name}: too noisy to tell on this machine just now ({verdict.withheld.words}); "
               f"nearest: {verdict.binding}")
     print(f"{name}: {verdict.kind}; ceilings over it: "
           + ", ".join(f"{k} {v:,.1f}x" for k, v in verdict.ratios.items() if k != verdict.binding)
