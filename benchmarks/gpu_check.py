@@ -95,8 +95,8 @@ def main() -> int:
     moved = engine.optimizer.state[next(recipe.model.parameters())]["exp_avg"].is_cuda
     after = engine.run()
     print(f"  device move cpu -> cuda with optimizer state: state on cuda={moved}, trained on "
-          f"{after.summary['device']}, loss {after.summary['last_loss']:.3f}")
-    ok &= moved and after.summary["last_loss"] == after.summary["last_loss"]
+          f"{after.summary.device}, loss {after.summary.last_loss:.3f}")
+    ok &= moved and after.summary.last_loss == after.summary.last_loss
     print(f"gpu check: {'every expectation holds' if ok else 'an expectation FAILS (see above)'}")
     return 0 if ok else 1
 

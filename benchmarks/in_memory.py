@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
                 rate = by_hand.steps_per_s(args.steps)
             else:
                 e.reconfigure(e.config.replace(max_steps=args.steps))
-                rate = e.run().summary["samples_per_s"] / BATCH  # the block's steady rate, warm-up set apart
+                rate = e.run().summary.samples_per_s / BATCH  # the block's steady rate, warm-up set apart
             if block:
                 rates[id(e)].append(rate)
     slow, fast, ceiling = rates[id(loader)], rates[id(held)], rates[id(by_hand)]

@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
             row = db.execute("SELECT length(events) FROM runs").fetchone()[0]
     print(f"long-run benchmark on {machine()}")
     print(f"{args.steps:,} steps of a tiny model in {took:.0f} s ({1e6 * took / args.steps:.0f} us a step); "
-          f"summary says {long.summary['steps']:,} steps")
+          f"summary says {long.summary.steps:,} steps")
     print(f"history kept: {size / 2**20:.1f} MB ({len(long.log):,} step rows, {len(long.log._marks):,} other events); "
           f"resident memory grew {grown / 2**20:.1f} MB over the run, result kept (target <= ~50 MB)")
     print(f"thinning: {long.log.thinning}")

@@ -47,7 +47,7 @@ def main(argv=None) -> dict:
         with capture_output():
             shell.run_cell(CELL.format(steps=steps, extra=extra))
         result = shell.user_ns["_nbtrain"]
-        return result.summary["samples_per_s"], result.extras["views_s"] / result.summary["train_time_s"]
+        return result.summary.samples_per_s, result.extras["views_s"] / result.summary.train_time_s
 
     run(50)  # warm-up: imports, data, allocator, fonts
     bare, live, own = [], [], []

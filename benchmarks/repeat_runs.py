@@ -92,7 +92,7 @@ def main(argv=None) -> dict:
     def run(steps: int) -> float:
         with capture_output():
             shell.run_cell(CELL.format(steps=steps, extra=""))
-        return shell.user_ns["_nbtrain"].summary["samples_per_s"]
+        return shell.user_ns["_nbtrain"].summary.samples_per_s
 
     run(50), hand_written(50)  # warm-up: imports, data, allocator, fonts
     print(f"repeat-runs benchmark on {machine()}; {args.pairs} pairs of identical {args.steps}-step %%nbtrain runs")

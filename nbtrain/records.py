@@ -5,8 +5,9 @@ store keeps them), so an event is a TypedDict: the dict is the format. What a ru
 engine's info, its start, its summary) is a typed, frozen record, a dataclass with a JSON round trip
 (`to_dict`/`from_dict`, `to_json`/`from_json`), as distributed/plan.LaunchPlan is. Its defaults read the
 stores of older versions: a name they lack reads as its default (None: not recorded), and a name a newer
-version wrote is left out. A record also reads as the dict it was before (`summary["samples_per_s"]`):
-a declared name always reads, and `in`, `get` and iteration see the values that were recorded.
+version wrote is left out. A record is read by its fields (`summary.samples_per_s`), never as a dict: a
+name it does not declare is an error naming the record, the name and its fields (a dict's `get` read None
+for a renamed field, `summary.get("batch_size")` long after it became `global_batch`).
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from .measure.load import Load
 from .measure.steady import SteadyRate
 
 
-class Record(Mapping):
-    """A frozen dataclass's JSON round trip, and its read as a mapping of what it recorded."""
+class Record:
+    """A frozen dataclass's JSON round trip; its fields are its only face."""
     NESTED: ClassVar[dict[str, type]] = {}  # a field held as a record (a dataclass) of its own, read from its dict
 
     def to_dict(self) -> dict[str, Any]:
@@ -46,24 +47,12 @@ class Record(Mapping):
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
 
-    # --- read as a mapping: every declared name reads; `in`, `get` and iteration see what was recorded ---
-
-    def __getitem__(self, name: str):
-        if name not in self.__dataclass_fields__:
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def __iter__(self):
-        return (name for name, value in vars(self).items() if value is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    def __contains__(self, name) -> bool:
-        return name in self.__dataclass_fields__ and getattr(self, name) is not None
-
-    def get(self, name: str, default=None):
-        return getattr(self, name) if name in self else default
+    def __getattr__(self, name: str):
+        """Reached only where no field, property or method has `name`: one error that says what the record has."""
+        if name.startswith("__"):  # Python's own probes (copy, pickle): the plain error they expect
+            raise AttributeError(name)
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}; its fields: "
+                             f"{', '.join(f.name for f in dataclasses.fields(self))}")
 
 
 def _plain(value):

@@ -40,7 +40,7 @@ def sequence() -> int:
         return 0
     recipe = digits_recipe(seed=0)
     first = nbtrain.fit(recipe=recipe, config=TrainConfig(accelerator="cuda", batch_size=32, max_steps=20))
-    print(f"in this process on {first.summary['device']}: {first.status}, CUDA initialised here: "
+    print(f"in this process on {first.summary.device}: {first.status}, CUDA initialised here: "
           f"{torch.cuda.is_initialized()}")
     parent = nbtrain.launch(_rank_parent, nprocs=2, backend="gloo")
     forked = parent in ZYGOTE.pids()
@@ -51,7 +51,7 @@ def sequence() -> int:
     then = nbtrain.fit(recipe=recipe, config=TrainConfig(devices=2, accelerator=accelerator, batch_size=16,
                                                          max_steps=20))
     print(f"then devices=2 ({backend} ranks on {accelerator}): {then.status}, world size "
-          f"{then.summary.get('world_size')}, on {then.summary.get('device')}, {time.monotonic() - t0:.1f} s")
+          f"{then.summary.world_size}, on {then.summary.device}, {time.monotonic() - t0:.1f} s")
     return 0 if first.status == then.status == "completed" and forked else 1
 
 

@@ -86,7 +86,7 @@ def test_a_stopped_lightningmodule_continues_as_one_trainer_fit():
 
     module.training_step = stopping_step
     first = nbtrain.fit(module, max_steps=20, accelerator="cpu", stop=stop)
-    assert first.status == "stopped" and first.summary["run_steps"] == 7
+    assert first.status == "stopped" and first.summary.run_steps == 7
     module.training_step = original
     nbtrain.fit(module, max_steps=13, accelerator="cpu")
     assert_same(module, reference)
@@ -183,7 +183,7 @@ def test_a_changed_scheduler_interval_takes_effect():
     assert lrs(per_step) == [0.1, 0.05] and lrs(per_epoch) == [0.025] * 2 + [0.0125] * 2
     by_default = nbtrain.fit(model, dataset, max_steps=4, **common)  # left out again: StepLR's default, per epoch
     assert lrs(by_default) == [0.0125] * 2 + [0.00625] * 2
-    assert "StepLR every epoch (by default" in by_default.summary["lr_note"]
+    assert "StepLR every epoch (by default" in by_default.summary.lr_note
 
 
 def test_a_scheduler_added_in_a_later_cell_is_used(shell):
@@ -313,7 +313,7 @@ def test_restore_best_on_an_error_keeps_the_lowest():
     result = nbtrain.fit(model, data(), loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, val_data=data(64, 1),
                          metrics={"top1_error": lambda out, y: next(errors)}, batch_size=64, max_steps=8,
                          val_every_n_steps=2, monitor="val_top1_error", restore_best=True, accelerator="cpu")
-    assert any("val_top1_error 0.2 at step 4" in note for note in result.summary["notes"]), result.summary["notes"]
+    assert any("val_top1_error 0.2 at step 4" in note for note in result.summary.notes), result.summary.notes
 
 
 def test_reduce_lr_on_plateau_steps_on_the_monitored_held_out_loss_as_a_plain_loop():

@@ -65,7 +65,7 @@ def test_a_model_returning_its_own_loss_trains_on_dict_batches_as_a_plain_loop_d
 
 def test_a_dict_batch_model_validates_on_held_out_dicts():
     result = nbtrain.fit(OwnLossModel(), DictData(), val_data=DictData(32), batch_size=16, max_epochs=1)
-    assert result.summary["val_loss"] > 0
+    assert result.summary.val_loss > 0
 
 
 @pytest.mark.slow
@@ -121,7 +121,7 @@ def test_a_dataloader_with_its_own_batch_sampler_is_read_as_it_is_and_batching_t
     loader = DataLoader(data, batch_sampler=Buckets(SequentialSampler(range(96)), 8, False))
     model, reference = OwnLossModel(), OwnLossModel()
     result = nbtrain.fit(model, loader, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), max_epochs=1)
-    assert result.summary["steps"] == 12 and result.config.batch_size == 8
+    assert result.summary.steps == 12 and result.config.batch_size == 8
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     for batch in loader:
         reference(**batch).loss.backward()

@@ -101,7 +101,7 @@ def test_replaced_tensors_are_trained_on_not_the_held_copy():
     d.tensors = (x * 2, y)
     result = fit(model, d, 12, "auto", True)
     plain.train(d, 12)
-    assert "training data: read again, its tensors were replaced" in result.summary["notes"], result.summary["notes"]
+    assert "training data: read again, its tensors were replaced" in result.summary.notes, result.summary.notes
     assert weights_differ(model, twin) is None, weights_differ(model, twin)
 
 
@@ -115,7 +115,7 @@ def test_a_subset_whose_indices_change_trains_the_new_rows(preload):
     d.indices = list(range(50, 90))
     result = fit(model, d, 3, preload, False)
     plain.train(d, 3)
-    assert "training data: read again, its indices changed" in result.summary["notes"], result.summary["notes"]
+    assert "training data: read again, its indices changed" in result.summary.notes, result.summary.notes
     assert weights_differ(model, twin) is None, weights_differ(model, twin)
 
 
@@ -128,7 +128,7 @@ def test_a_held_dataset_of_the_users_own_class_is_read_again_after_the_user_chan
     d.scale = 3.0
     result = fit(model, d, 5, True, True)
     plain.train(d, 5)
-    assert any("cannot tell whether a Dataset of its own class changed" in n for n in result.summary["notes"])
+    assert any("cannot tell whether a Dataset of its own class changed" in n for n in result.summary.notes)
     assert weights_differ(model, twin) is None, weights_differ(model, twin)
 
 
@@ -142,7 +142,7 @@ def test_a_subset_that_grows_between_calls_starts_a_new_epoch_over_all_its_rows(
     d.indices = list(range(96))  # DistributedSampler of the old length: "Number of indices ... total_size"
     result = fit(model, d, 5, preload, True)
     plain.train(d, 5)
-    assert "training data: its length changed (32 -> 96): a new epoch from its start" in result.summary["notes"]
+    assert "training data: its length changed (32 -> 96): a new epoch from its start" in result.summary.notes
     assert weights_differ(model, twin) is None, weights_differ(model, twin)
 
 
@@ -211,7 +211,7 @@ def test_a_data_set_changed_between_calls_trains_as_the_plain_loop_reading_it_as
         result = fit(model, dataset, steps, case.preload, case.shuffle)
         plain.train(dataset, steps)
         problem = weights_differ(model, twin)
-        assert problem is None, f"{problem} after call {call + 1} of {case}; notes: {result.summary['notes']}"
+        assert problem is None, f"{problem} after call {call + 1} of {case}; notes: {result.summary.notes}"
 
 
 def test_the_generated_cases_hold_the_data_where_the_rule_allows_and_cover_every_change():

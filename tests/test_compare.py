@@ -107,7 +107,7 @@ def test_vs_first_states_the_ratio_with_its_interval_or_no_measurable_difference
 def test_compare_rows_carry_each_runs_last_held_out_numbers(runs):
     result = nbtrain.compare(*runs)
     for row, run in zip(result.rows, runs):
-        assert row["held-out"] == f"loss {number(run.summary['val_loss'])}, acc {100 * run.summary['val_acc']:.1f}%"
+        assert row["held-out"] == f"loss {number(run.summary.val_loss)}, acc {100 * run.summary.val_acc:.1f}%"
     labels = result.figure.axes[0].get_legend_handles_labels()[1]
     assert "b16 held-out" in labels  # the validation points on the loss-against-time panel
 
@@ -213,7 +213,7 @@ def test_the_compare_figure_writes_numbers_as_the_tables_do_and_its_legend_cover
             for i, rate in enumerate((8554, 5524, 12000, 950, 20000))]
     figure = nbtrain.compare(*runs).figure
     loss_ax, _, rate_ax, mem_ax = figure.axes
-    assert [t.get_text() for t in rate_ax.texts] == [number(r.summary["samples_per_s"]) for r in runs]
+    assert [t.get_text() for t in rate_ax.texts] == [number(r.summary.samples_per_s) for r in runs]
     assert all("e+" not in t.get_text() for ax in figure.axes for t in ax.texts)  # 8,554, never 8.55e+03
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     canvas = FigureCanvasAgg(figure)
@@ -231,11 +231,11 @@ def test_a_ddp_runs_peak_memory_is_every_process_summed_and_says_so():
     config = dict(max_steps=4, batch_size=32, accelerator="cpu", log_every_n_steps=2)
     alone = nbtrain.fit(recipe=digits_recipe(), config=TrainConfig(**config), name="one")
     ddp = nbtrain.fit(recipe=digits_recipe(), config=TrainConfig(devices=2, **config), name="ddp")
-    per_rank = ddp.summary["peak_mem_mb_per_rank"]
+    per_rank = ddp.summary.peak_mem_mb_per_rank
     assert len(per_rank) == 2 and all(mb > 0 for mb in per_rank)
     result = nbtrain.compare(alone, ddp)
     mem_ax = result.figure.axes[3]
-    assert [bar.get_height() for bar in mem_ax.patches] == pytest.approx([alone.summary["peak_mem_mb"], sum(per_rank)])
+    assert [bar.get_height() for bar in mem_ax.patches] == pytest.approx([alone.summary.peak_mem_mb, sum(per_rank)])
     assert mem_ax.texts[1].get_text() == f"{number(sum(per_rank))}\n2 processes" and "all processes" in mem_ax.get_title()
     assert result.rows[1]["peak memory"] == f"{number(sum(per_rank), ' MB')} in 2 processes"
     assert dict(ddp.rows())["peak memory"].startswith(f"{number(sum(per_rank), ' MB')} in 2 processes (process RSS)")
@@ -268,7 +268,7 @@ def test_held_out_accuracy_is_drawn_in_percent_with_the_summarys_latest_figure()
     shown = dict(run.rows())["held-out loss / accuracy"].split(" / ")[1]  # '96.94%'
     assert [line.get_label() for line in metric.get_lines()] == [f"held-out accuracy, latest {shown}"]
     assert all(t.get_text().endswith("%") for t in metric.get_yticklabels() if t.get_text())
-    assert metric.get_lines()[0].get_ydata()[-1] == pytest.approx(100 * run.summary["val_acc"])
+    assert metric.get_lines()[0].get_ydata()[-1] == pytest.approx(100 * run.summary.val_acc)
 
 
 def test_a_noisy_rate_is_a_mark_in_its_cell_and_a_footnote_below_the_table():

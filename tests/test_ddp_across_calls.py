@@ -100,7 +100,7 @@ def test_calls_on_one_or_two_ranks_continue_each_other_as_one_plain_loop(calls):
     assert [lr for r in results for lr in r.log.columns["lr"]] == pytest.approx(expected, rel=1e-12)
     for a, b in zip(model.parameters(), reference.parameters()):
         assert torch.equal(a, b), (a - b).abs().max()
-    notes = [note for r in results for note in r.summary.get("notes", [])]
+    notes = [note for r in results for note in r.summary.notes]
     read_again = [note for note in notes if note.startswith("data position")]
     if calls[0][:2] == (1, 15):  # 45 samples used: two ranks start at 44, and the summary says so
         assert read_again == ["data position: the last call stopped at sample 45 of epoch 0's order, not a multiple "

@@ -444,7 +444,7 @@ def play_calls_with_nbtrain(case: CallCase, seed: int) -> nn.Module:
                              scheduler=make_scheduler(*call.schedule) if call.schedule else None,
                              scheduler_interval=call.interval, max_steps=call.steps, seed=seed,
                              accelerator="cpu", stop=stop)
-        assert result.summary["run_steps"] == (call.stop_after or call.steps), case
+        assert result.summary.run_steps == (call.stop_after or call.steps), case
     return model
 
 
@@ -527,7 +527,7 @@ def test_a_lightningmodule_over_calls_stops_and_tools_trains_as_one_trainer_fit(
                                                      call["stop_after"] else None) or step(batch, i)
         result = nbtrain.fit(module, max_steps=call["steps"], accelerator="cpu", stop=stop)
         module.training_step = step
-        trained += result.summary["run_steps"]
+        trained += result.summary.run_steps
     L, reference = lit_module(case["optimizer"], case["schedule"])
     L.Trainer(max_steps=trained, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False).fit(reference)

@@ -118,7 +118,7 @@ def test_an_edited_rate_read_by_the_optimizer_factory_trains_at_the_new_rate_wit
     result = fit(model, data, namespace, "sgd", None, 3)
     plain.train(namespace, "sgd", None, 3, {"LR": 0.01})
     assert result.log.columns["lr"] == pytest.approx([0.01] * 3)
-    assert "new optimizer: lr 0.1 -> 0.01" in result.summary["notes"], result.summary["notes"]
+    assert "new optimizer: lr 0.1 -> 0.01" in result.summary.notes, result.summary.notes
     assert weights_differ(model, twin) is None, weights_differ(model, twin)
 
 
@@ -129,7 +129,7 @@ def test_the_same_values_made_again_carry_on_the_optimizer_and_its_momentum():
     namespace["sgd"] = eval("lambda p: torch.optim.SGD(p, momentum=MOM, lr=0.1)", namespace)  # new code, same SGD
     result = fit(model, data, namespace, "sgd", None, 3)
     plain.train(namespace, "sgd", None, 6, {"LR": 0.1})
-    assert "optimizer carried on (same SGD, lr 0.1, momentum 0.9)" in result.summary["notes"], result.summary["notes"]
+    assert "optimizer carried on (same SGD, lr 0.1, momentum 0.9)" in result.summary.notes, result.summary.notes
     assert weights_differ(model, twin) is None, weights_differ(model, twin)
 
 
@@ -141,8 +141,8 @@ def test_an_edited_gamma_read_by_the_scheduler_factory_is_a_new_schedule():
     second = fit(model, data, namespace, "sgd", "step_lr", 4)
     assert first.log.columns["lr"] == pytest.approx([0.1, 0.1, 0.05, 0.05])
     assert second.log.columns["lr"] == pytest.approx([0.1, 0.1, 0.01, 0.01])  # a fresh curve at the new gamma
-    assert "new schedule: StepLR gamma 0.5 -> 0.1" in second.summary["notes"], second.summary["notes"]
-    assert "optimizer carried on (same SGD, lr 0.1, momentum 0.9)" in second.summary["notes"]
+    assert "new schedule: StepLR gamma 0.5 -> 0.1" in second.summary.notes, second.summary.notes
+    assert "optimizer carried on (same SGD, lr 0.1, momentum 0.9)" in second.summary.notes
 
 
 def test_a_cell_run_again_with_a_new_learning_rate_trains_at_it(ip):
@@ -258,7 +258,7 @@ def test_edited_values_train_as_the_plain_loop_that_makes_a_new_optimizer_only_w
         result = fit(model, data, namespace, case.optimizer, case.scheduler, steps)
         plain.train(namespace, case.optimizer, case.scheduler, steps, values if case.two_groups else
                     {k: v for k, v in values.items() if k != "LR2"})
-        notes = " | ".join(result.summary["notes"])
+        notes = " | ".join(result.summary.notes)
         if call == 1:
             changed = case.edit not in ("none", "same value again")
             assert ("new optimizer" in notes) == changed and ("optimizer carried on" in notes) == (not changed), notes
@@ -300,6 +300,6 @@ def test_each_kind_of_schedule_carries_on_while_its_values_stay_and_is_new_when_
     fit(model, data, namespace, "sgd", "schedule", 2)
     schedule = live_engine(model).schedule.scheduler
     namespace["X"] = after if edited else type(before)(before)
-    notes = fit(model, data, namespace, "sgd", "schedule", 1).summary["notes"]
+    notes = fit(model, data, namespace, "sgd", "schedule", 1).summary.notes
     assert (live_engine(model).schedule.scheduler is not schedule) is edited
     assert any(n.startswith("new schedule" if edited else "schedule carried on") for n in notes), notes

@@ -24,9 +24,9 @@ def test_a_bf16_mixed_run_on_the_cpu_trains():
     from nbtrain.demo import digits_recipe
     recipe = digits_recipe()
     result = Engine(recipe, TrainConfig(precision="bf16-mixed", batch_size=64, max_epochs=3)).run()
-    assert result.summary["precision"] == "bf16-mixed"
-    assert result.summary["last_loss"] < 0.5 * result.summary["first_loss"]
-    assert result.summary["val_acc"] > 0.8
+    assert result.summary.precision == "bf16-mixed"
+    assert result.summary.last_loss < 0.5 * result.summary.first_loss
+    assert result.summary.val_acc > 0.8
 
 
 def test_same_seed_gives_identical_weights():
@@ -144,9 +144,9 @@ def test_summary_states_measured_numbers():
     from nbtrain.demo import digits_recipe
     result = Engine(digits_recipe(), TrainConfig(batch_size=64, max_epochs=1)).run()
     s = result.summary
-    assert s["samples"] == 1437 and s["steps"] == 23
-    assert s["samples_per_s"] > 0 and s["time_per_epoch_s"] > 0 and s["peak_mem_mb"] > 10
-    assert abs(sum(s["phase_fraction"].values()) - 1) < 0.2
+    assert s.samples == 1437 and s.steps == 23
+    assert s.samples_per_s > 0 and s.time_per_epoch_s > 0 and s.peak_mem_mb > 10
+    assert abs(sum(s.phase_fraction.values()) - 1) < 0.2
     assert "samples/s" in result.table()
 
 
@@ -157,7 +157,7 @@ def test_linear_lr_scaling_and_warmup_are_applied_and_stated():
     result = Engine(recipe, config).run()
     assert result.history["lr"][:4] == pytest.approx([0.01, 0.02, 0.03, 0.04])
     assert result.history["lr"][4:] == pytest.approx([0.04, 0.04])
-    assert "linear rule" in result.summary["lr_note"] and "warm-up over 4 steps" in result.summary["lr_note"]
+    assert "linear rule" in result.summary.lr_note and "warm-up over 4 steps" in result.summary.lr_note
 
 
 def test_fit_reuses_the_live_engine_of_a_model():
@@ -176,7 +176,7 @@ def test_moving_to_cuda_rehomes_optimizer_state():
     state = engine.optimizer.state[next(recipe.model.parameters())]
     assert state["exp_avg"].is_cuda and next(recipe.model.parameters()).is_cuda
     result = engine.run()
-    assert result.summary["device"].startswith("cuda") and result.summary["pin_memory"]
+    assert result.summary.device.startswith("cuda") and result.summary.pin_memory
 
 
 @pytest.mark.cuda
@@ -185,8 +185,8 @@ def test_cuda_precisions_train(precision, scaler):
     from nbtrain.demo import digits_recipe
     result = Engine(digits_recipe(), TrainConfig(accelerator="cuda", precision=precision, max_epochs=2,
                                                  batch_size=64)).run()
-    assert result.summary["scaler"] is scaler
-    assert result.summary["last_loss"] < result.summary["first_loss"]
+    assert result.summary.scaler is scaler
+    assert result.summary.last_loss < result.summary.first_loss
 
 
 def test_the_seed_is_torchs_global_seed():

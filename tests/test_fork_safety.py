@@ -123,7 +123,7 @@ def test_ddp_after_training_in_the_kernel_forks_ranks_that_never_initialised_cud
     first = nbtrain.fit(recipe=recipe, config=TrainConfig(batch_size=16, max_steps=3, accelerator="cpu"))
     assert first.status == "completed"
     then = nbtrain.fit(recipe=recipe, config=TrainConfig(devices=2, batch_size=16, max_steps=3, accelerator="cpu"))
-    assert then.status == "completed" and then.summary["world_size"] == 2
+    assert then.status == "completed" and then.summary.world_size == 2
     assert _before_the_job(record) == []
 
 

@@ -29,13 +29,13 @@ def test_fsdp_on_two_processes_matches_one_process_with_the_same_global_batch():
     assert not same_weights(weights(sharded.model), before, atol=1e-3)
     assert same_weights(weights(sharded.model), weights(single.model), atol=1e-5)
     # Every rank validated the sharded model (its forward gathers from all ranks) and agrees with one process.
-    assert result.summary["val_loss"] == pytest.approx(reference.summary["val_loss"], abs=1e-5)
+    assert result.summary.val_loss == pytest.approx(reference.summary.val_loss, abs=1e-5)
     s = result.summary
-    assert s["strategy"] == "fsdp" and s["world_size"] == 2 and s["global_batch"] == 32
+    assert s.strategy == "fsdp" and s.world_size == 2 and s.global_batch == 32
     # Only the weights carry over to a later call (the optimizer state is sharded): said, not left silent.
-    assert any(note.startswith("strategy=fsdp: only the weights carry over") for note in s["notes"])
-    peaks = s["peak_mem_mb_per_rank"]
-    assert len(peaks) == 2 and all(mb > 0 for mb in peaks) and peaks[0] == s["peak_mem_mb"]
+    assert any(note.startswith("strategy=fsdp: only the weights carry over") for note in s.notes)
+    peaks = s.peak_mem_mb_per_rank
+    assert len(peaks) == 2 and all(mb > 0 for mb in peaks) and peaks[0] == s.peak_mem_mb
     table = result.table()
     assert "cpu x2, 32-true, fsdp" in table and "per rank 0: " in table and ", 1: " in table
 
@@ -95,8 +95,8 @@ def test_the_magic_trains_with_fsdp_on_two_processes(tmp_path, monkeypatch):
                        "loss_fn = torch.nn.CrossEntropyLoss()\n")
     assert cell.error_in_exec is None, cell.error_in_exec
     result = ip.user_ns["sharded"]
-    assert result.status == "completed" and result.summary["strategy"] == "fsdp"
-    assert len(result.summary["peak_mem_mb_per_rank"]) == 2
+    assert result.status == "completed" and result.summary.strategy == "fsdp"
+    assert len(result.summary.peak_mem_mb_per_rank) == 2
     assert not same_weights(weights(ip.user_ns["model"]), ip.user_ns["before"], atol=1e-4)
 
 
@@ -108,7 +108,7 @@ def test_fsdp_on_two_gpus_matches_one_gpu():
     Engine(single, TrainConfig(batch_size=32, max_steps=4, accelerator="cuda")).run()
     result = nbtrain.fit(recipe=sharded, config=TrainConfig(devices=2, strategy="fsdp", batch_size=16, max_steps=4,
                                                             accelerator="cuda"))
-    assert result.status == "completed" and result.summary["mem_kind"] == "CUDA allocated"
+    assert result.status == "completed" and result.summary.mem_kind == "CUDA allocated"
     assert same_weights(weights(sharded.model), [w.cpu() for w in weights(single.model)], atol=1e-4)
 
 
@@ -117,7 +117,7 @@ def test_fsdp_across_two_nodes_gives_both_kernels_the_full_weights():
     recipes = [digits_recipe(seed=0), digits_recipe(seed=0)]
     results = fit_on_two_local_nodes(recipes, strategy="fsdp", batch_size=16, shuffle=False, max_steps=4,
                                      accelerator="cpu")
-    assert [r.summary["strategy"] for r in results] == ["fsdp", "fsdp"]
+    assert [r.summary.strategy for r in results] == ["fsdp", "fsdp"]
     single = digits_recipe(seed=0)
     Engine(single, TrainConfig(batch_size=32, shuffle=False, max_steps=4, accelerator="cpu")).run()
     for recipe in recipes:  # the first rank of each node received the gathered weights

@@ -159,7 +159,7 @@ def test_auto_holds_a_tensor_dataset_and_states_what_it_costs():
     engine = Engine(regression_recipe(), TrainConfig(batch_size=16, max_steps=3))
     assert isinstance(engine.loader, data.HeldBatches)
     result = engine.run()
-    assert any("TensorDataset's own tensors (no copy)" in n for n in result.summary["notes"])
+    assert any("TensorDataset's own tensors (no copy)" in n for n in result.summary.notes)
     engine.request(preload_data=False)
     assert isinstance(engine.loader, torch.utils.data.DataLoader) and "preload_data" not in engine.notes
 

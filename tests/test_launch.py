@@ -39,7 +39,7 @@ def test_two_ranks_train_the_digits_like_one_process_with_the_same_global_batch(
     result = nbtrain.fit(recipe=ddp, config=TrainConfig(devices=2, batch_size=16, max_steps=12, accelerator="cpu",
                                                         log_every_n_steps=2), log=log)
     assert result.status == "completed"
-    assert result.summary["world_size"] == 2 and result.summary["global_batch"] == 32
+    assert result.summary.world_size == 2 and result.summary.global_batch == 32
     assert result.history["step"] == list(range(1, 13)) and result.history["samples"][-1] == 12 * 32
     assert same_weights(weights(ddp.model), weights(single.model), atol=1e-5)  # weights came back
     assert not same_weights(weights(ddp.model), before, atol=1e-3)
@@ -177,7 +177,7 @@ def test_ddp_launches_after_the_kernel_initialised_cuda():
     if torch.cuda.device_count() >= 2:
         result = nbtrain.fit(recipe=recipe, config=TrainConfig(devices=2, accelerator="cuda", batch_size=16,
                                                                max_steps=3))
-        assert result.status == "completed" and result.summary["device"] == "cuda:0"
+        assert result.status == "completed" and result.summary.device == "cuda:0"
 
 
 @pytest.mark.slow
@@ -186,7 +186,7 @@ def test_two_nodes_of_one_process_each_meet_through_c10d_rendezvous_on_localhost
     results = fit_on_two_local_nodes(recipes, batch_size=16, shuffle=False, max_steps=6, accelerator="cpu",
                                      rdzv_host="127.0.0.1")
     assert [r.status for r in results] == ["completed", "completed"]
-    assert {r.summary["world_size"] for r in results} == {2}
+    assert {r.summary.world_size for r in results} == {2}
     single = digits_recipe(seed=0)
     Engine(single, TrainConfig(batch_size=32, shuffle=False, max_steps=6, accelerator="cpu")).run()
     for recipe in recipes:  # both kernels got the same DDP-trained weights

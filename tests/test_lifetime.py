@@ -82,7 +82,7 @@ def test_a_run_with_persistent_workers_ends_them_when_it_ends():
     model = net()
     result = nbtrain.fit(model, regression_data(), loss_fn=nn.MSELoss(), max_epochs=2, batch_size=32,
                          num_workers=2, persistent_workers=True)
-    assert result.status == "completed" and result.summary["epochs_trained"] == 2
+    assert result.status == "completed" and result.summary.epochs_trained == 2
     assert children() - before == set()
     # The next run on the same live engine starts workers of its own and trains on.
     assert nbtrain.fit(model, regression_data(), loss_fn=nn.MSELoss(), max_steps=3, batch_size=32, num_workers=2,

@@ -82,7 +82,7 @@ def test_self_log_values_reach_nbtrains_metrics():
     logged = result.log.of_type("logged")
     assert [event["step"] for event in logged] == [4, 8, 12]
     assert logged[-1]["values"]["batch_idx"] == 11.0 and logged[-1]["values"]["train_loss"] > 0
-    assert result.summary["logged"]["batch_idx"] == 11.0
+    assert result.summary.logged["batch_idx"] == 11.0
 
 
 def test_the_magic_trains_a_lightningmodule_named_model(ip):
@@ -110,7 +110,7 @@ def test_a_logged_held_out_loss_is_counted_once():
     x, y = data(32).tensors
     with torch.no_grad():
         expected = nn.functional.binary_cross_entropy_with_logits(module(x), y).item()
-    assert result.summary["val_loss"] == pytest.approx(expected, rel=1e-5)
+    assert result.summary.val_loss == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.slow
@@ -119,14 +119,14 @@ def test_a_lightningmodule_trains_on_two_devices_to_the_weights_of_one_with_the_
     module, reference = LitRegressor(logs=True), LitRegressor(logs=True)
     result = nbtrain.fit(module, val_data=data(32), max_steps=6, devices=2, accelerator="cpu")
     nbtrain.fit(reference, val_data=data(32), max_steps=6, batch_size=16, accelerator="cpu")
-    assert result.status == "completed" and result.summary["world_size"] == 2 and result.summary["global_batch"] == 16
+    assert result.status == "completed" and result.summary.world_size == 2 and result.summary.global_batch == 16
     for a, b in zip(module.parameters(), reference.parameters()):  # the weights came back into the kernel's module
         assert torch.allclose(a, b, rtol=0, atol=1e-6), (a - b).abs().max()
-    assert result.summary["logged"]["train_loss"] > 0 and result.log.of_type("logged")  # self.log from rank 0
+    assert result.summary.logged["train_loss"] > 0 and result.log.of_type("logged")  # self.log from rank 0
     x, y = data(32).tensors
     with torch.no_grad():
         expected = nn.functional.binary_cross_entropy_with_logits(module(x), y).item()
-    assert result.summary["val_loss"] == pytest.approx(expected, rel=1e-5)
+    assert result.summary.val_loss == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_the_magic_trains_a_lightningmodule_named_model_with_devices_2(ip):
     ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 5 --no-plot --no-progress --name lit_ddp\n"
                 "model = LitRegressor()\nbefore = [p.detach().clone() for p in model.parameters()]")
     result = ip.user_ns["lit_ddp"]
-    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert result.status == "completed" and result.summary.world_size == 2
     assert all(not torch.equal(a, b) for a, b in zip(ip.user_ns["before"], ip.user_ns["model"].parameters()))
 
 

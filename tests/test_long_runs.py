@@ -85,8 +85,8 @@ def test_a_long_runs_summary_counts_every_step_and_notes_the_thinning(monkeypatc
     data = TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
     recipe = Recipe(model=nn.Linear(3, 1), train_data=data, loss_fn=nn.MSELoss())
     result = Engine(recipe, TrainConfig(batch_size=4, max_steps=300, log_every_n_steps=7)).run()
-    assert result.summary["steps"] == 300 and len(result.history["step"]) <= 64
-    assert any(note.startswith("history thinned") for note in result.summary["notes"])
+    assert result.summary.steps == 300 and len(result.history["step"]) <= 64
+    assert any(note.startswith("history thinned") for note in result.summary.notes)
 
 
 def test_the_drawn_series_have_a_bounded_number_of_points_and_measure_the_right_rate():

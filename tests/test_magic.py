@@ -47,7 +47,7 @@ def test_cell_trains_the_namespace_recipe_and_keeps_the_named_result(ip, capsys)
     ns = ip.user_ns
     run_a = ns["run_a"]
     assert run_a is ns["_nbtrain"]
-    assert (run_a.status, run_a.summary["steps"], run_a.config.batch_size) == ("completed", 6, 16)
+    assert (run_a.status, run_a.summary.steps, run_a.config.batch_size) == ("completed", 6, 16)
     assert "samples/s" in out and "step time by phase" in out
     assert "recorded as run #1 in" in out and "result in run_a and _nbtrain" in out
     assert ns["model"].training and isinstance(ns["model"], torch.nn.Module)
@@ -59,7 +59,7 @@ def test_flags_become_the_config(ip):
     config = ip.user_ns["_nbtrain"].config
     assert (config.accumulate_grad_batches, config.precision, config.pin_memory, config.lr) == (2, "bf16-mixed",
                                                                                                False, 0.01)
-    assert ip.user_ns["_nbtrain"].summary["lr"] == 0.01
+    assert ip.user_ns["_nbtrain"].summary.lr == 0.01
 
 
 def test_config_variable_supplies_flags_and_the_line_wins(ip):
@@ -80,7 +80,7 @@ def test_line_magic_sets_defaults_for_later_cells(ip, capsys, fails_with):
     ip.run_cell("%nbtrain --max-steps 2 --batch-size 8 --no-plot --no-progress")
     assert "defaults for later cells: --max-steps 2, --batch-size 8" in capsys.readouterr().out
     ip.run_cell("%%nbtrain" + DIGITS)
-    assert ip.user_ns["_nbtrain"].config.batch_size == 8 and ip.user_ns["_nbtrain"].summary["steps"] == 2
+    assert ip.user_ns["_nbtrain"].config.batch_size == 8 and ip.user_ns["_nbtrain"].summary.steps == 2
     ip.run_cell("%%nbtrain --batch-size 4" + DIGITS)
     assert ip.user_ns["_nbtrain"].config.batch_size == 4
     text = fails_with("%nbtrain --num-workers -1")
@@ -361,7 +361,7 @@ def test_runs_are_listed_and_compared_from_the_store(ip, capsys, fails_with):
 def test_devices_above_one_go_through_the_launcher(ip):
     ip.run_cell("%%nbtrain --devices 2 --accelerator cpu --max-steps 3 --no-plot --no-progress" + DIGITS)
     result = ip.user_ns["_nbtrain"]
-    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert result.status == "completed" and result.summary.world_size == 2
 
 
 @pytest.mark.cuda
@@ -371,7 +371,7 @@ def test_cell_on_the_gpu_reports_cuda_memory_and_is_stored(ip, capsys):
     out = capsys.readouterr().out
     run = ip.user_ns["gpu_run"]
     assert run.status == "completed", out
-    assert run.summary["device"].startswith("cuda") and run.summary["mem_kind"] == "CUDA allocated"
+    assert run.summary.device.startswith("cuda") and run.summary.mem_kind == "CUDA allocated"
     assert next(ip.user_ns["model"].parameters()).is_cuda  # the live model stays where it trained
     ip.run_cell("%nbtrain_compare gpu_run")
     assert ip.user_ns["_nbtrain_compare"].runs[0].config.precision == "bf16-mixed"

@@ -83,11 +83,11 @@ def test_slurm_job_runs_the_cell_recipe_on_two_nodes_with_live_state_and_the_wei
     out = capsys.readouterr()
     assert result.error_in_exec is None, out.out + out.err
     job = ip.user_ns["job_b"]
-    assert job is ip.user_ns["_nbtrain"] and job.status == "completed" and job.summary["world_size"] == 2
+    assert job is ip.user_ns["_nbtrain"] and job.status == "completed" and job.summary.world_size == 2
     assert job.extras["job_id"] == ip.user_ns["_nbtrain_job"].job_id
     assert "SLURM job: RUNNING" in out.out and "SLURM job: COMPLETED" in out.out
     assert f"recorded as run #{job.extras['run_id']}" in out.out
-    assert RunStore(tmp_path / "runs.sqlite").load("job_b").summary["world_size"] == 2
+    assert RunStore(tmp_path / "runs.sqlite").load("job_b").summary.world_size == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))
 
 

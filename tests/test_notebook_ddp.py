@@ -24,7 +24,7 @@ model = Net()
 before = [p.detach().clone() for p in model.parameters()]
 result = nbtrain.fit(model, DigitsDataset(), loss_fn=nn.CrossEntropyLoss(), devices=2, accelerator="cpu",
                      max_steps=6, batch_size=16, shuffle=False)
-print("status", result.status, "world", result.summary["world_size"], "steps", len(result.history["step"]))
+print("status", result.status, "world", result.summary.world_size, "steps", len(result.history["step"]))
 """,
     """
 torch.manual_seed(0)
@@ -64,7 +64,7 @@ train_data = DigitsDataset()
 loss_fn = nn.CrossEntropyLoss()
 """,
     """
-print("magic", ddp_magic.status, ddp_magic.summary["world_size"], ddp_magic.summary["global_batch"])
+print("magic", ddp_magic.status, ddp_magic.summary.world_size, ddp_magic.summary.global_batch)
 """,
 ]
 

@@ -149,7 +149,7 @@ def train(case_optimizer, case_edit, schedule, edit_schedule, steps):
                 values["FACTOR"] += 1
         result = fit(model, data, namespace, case_optimizer, schedule, n)
         plain.train(namespace, case_optimizer, schedule, n, dict(values))
-        notes = " | ".join(result.summary["notes"])
+        notes = " | ".join(result.summary.notes)
         if call == 1:
             _, _, changes, named = OPTIMIZER_EDITS[case_edit]
             assert ("new optimizer" in notes) == changes and ("optimizer carried on" in notes) == (not changes), notes
@@ -186,7 +186,7 @@ def test_a_changed_global_is_named_with_its_values_not_two_function_reprs():
     namespace, model, data = cells(), make_model(), rows()
     fit(model, data, namespace, "sgd", "lambda_lr", 2)
     namespace["FACTOR"] = 0.5
-    notes = fit(model, data, namespace, "sgd", "lambda_lr", 2).summary["notes"]
+    notes = fit(model, data, namespace, "sgd", "lambda_lr", 2).summary.notes
     assert "new schedule: LambdaLR lr_lambdas: reads `FACTOR` 0.8 -> 0.5" in notes, notes
 
 
@@ -203,6 +203,6 @@ def test_optimizers_pointing_at_each_other_are_compared_without_end_and_carry_on
     model, data = make_model(), rows()
     namespace = {"points_back": lambda p: PointsBack(p)}
     fit(model, data, namespace, "points_back", None, 2)
-    notes = fit(model, data, namespace, "points_back", None, 2).summary["notes"]
+    notes = fit(model, data, namespace, "points_back", None, 2).summary.notes
     assert any(n.startswith("optimizer carried on (same PointsBack") for n in notes), notes
 

@@ -217,7 +217,7 @@ def test_stop_ends_the_run_at_a_step_boundary_and_says_where(make_panel):
     assert steps < 45 * 1000 and not panel.engine.running
     assert f"run #1 stopped at step {steps:,} of 45,000 · " in text_of(panel.progress.value)
     assert panel.progress.bar.value == steps and panel.progress.bar.bar_style == "warning"
-    assert panel.runs[0].result.summary["run_steps"] == steps
+    assert panel.runs[0].result.summary.run_steps == steps
     panel.stop_button.click()
     assert panel.status_text == "no run in progress"
 
@@ -231,7 +231,7 @@ def test_a_stopped_run_states_one_step_count_in_its_status_progress_and_table_ro
     start_long_run(panel)  # the model trained 5 steps before this run
     panel.stop_button.click()
     assert panel.wait(30)
-    steps = panel.runs[1].result.summary["run_steps"]
+    steps = panel.runs[1].result.summary.run_steps
     assert panel.engine.step == 5 + steps
     assert panel.status_text.startswith(f"run #2 stopped after {steps:,} of 45,000 steps (epoch "), panel.status_text
     assert f"the model's step {5 + steps:,} overall)" in panel.status_text  # where the model stands, said apart

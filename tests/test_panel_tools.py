@@ -244,7 +244,7 @@ def test_finished_panel_runs_are_recorded_in_the_run_store(tmp_path):
         result = panel.runs[0].result
         stored = RunStore(path).runs()
         assert [r.id for r in stored] == [result.extras["run_id"]] and result.name == f"#{stored[0].id}"
-        assert stored[0].model.startswith("DigitsMLP") and stored[0].summary["steps"] == 3
+        assert stored[0].model.startswith("DigitsMLP") and stored[0].summary.steps == 3
         assert f"recorded as run #{stored[0].id} in {path}" in panel.progress.value
         comparison = nbtrain.compare(f"#{stored[0].id}", store=RunStore(path))
         assert comparison is not None

@@ -79,6 +79,6 @@ def test_print_and_the_notebooks_display_show_the_results_table(kind, shell, cap
 
 def test_a_runs_summary_carries_its_epochs_as_its_table_shows_them():
     result = MADE["RunResult"]()
-    assert result.summary["epochs"] == result.summary["epochs_trained"] == 2
-    shown = f"steps / epochs +{result.summary['steps']} steps / {re.escape(number(result.summary['epochs']))} epochs\n"
+    assert result.summary.epochs == result.summary.epochs_trained == 2
+    shown = f"steps / epochs +{result.summary.steps} steps / {re.escape(number(result.summary.epochs))} epochs\n"
     assert re.search(shown, result.table())  # the label column is as wide as the longest label

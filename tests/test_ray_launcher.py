@@ -62,7 +62,7 @@ def test_ray_ranks_train_as_local_ddp_stream_progress_stop_at_a_step_and_leave_n
     log = nbtrain.MetricsLog()
     log.subscribe(lambda event, _log: stop.set() if event["type"] == "steps" else None)
     stopped, result = _fit("ray", max_steps=10_000, stop=stop, log=log)
-    assert result.status == "stopped" and 1 <= result.summary["run_steps"] < 10_000
+    assert result.status == "stopped" and 1 <= result.summary.run_steps < 10_000
     assert result.extras["weights_loaded"] and not torch.equal(stopped.weight, local.weight)
 
 

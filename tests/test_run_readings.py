@@ -72,17 +72,17 @@ def test_a_live_frame_measures_the_steps_so_far_as_the_summary_does(validated_ru
 
 def test_the_summary_splits_the_calls_whole_wall_time(validated_run):
     result, wall = validated_run
-    split, s = result.summary["time_split"], result.summary
+    split, s = result.summary.time_split, result.summary
     assert list(split) == ["start-up", "warm-up", "training", "validation", "checkpointing", "other"]
     assert all(v >= 0 for v in split.values()), split
     assert split["validation"] > 0 and split["checkpointing"] > 0  # it validated twice and saved twice
-    assert split["warm-up"] + split["training"] == pytest.approx(s["train_time_s"])
-    assert sum(split.values()) == pytest.approx(s["call_s"])
+    assert split["warm-up"] + split["training"] == pytest.approx(s.train_time_s)
+    assert sum(split.values()) == pytest.approx(s.call_s)
     # the parts sum to the call's wall time as measured from outside, and "other" holds little of it
     assert abs(sum(split.values()) - wall) < max(0.05 * wall, 0.1), (split, wall)
     assert split["other"] < 0.1 * wall, split
     row = dict(result.rows())["where the time went"]
-    assert row.startswith(f"{nbtrain.format.duration(s['call_s'])} in the call: start-up") and "validation" in row
+    assert row.startswith(f"{nbtrain.format.duration(s.call_s)} in the call: start-up") and "validation" in row
 
 
 def test_a_runs_log_carries_the_machines_load_block_by_block_and_keeps_it_when_stored(validated_run, tmp_path):

@@ -106,8 +106,8 @@ def test_a_scheduler_class_of_the_users_own_keeps_the_rules_rate_at_every_step(n
                          log_every_n_steps=STEPS, **RULES[rule][0])
     reference, expected = plain_loop(CLASSES[name], RULES[rule][1], interval, two)
     rates = list(result.log.columns["lr"])
-    assert rates == expected, f"rates {rates}\nplain {expected}\nnotes {result.summary['notes']}"
+    assert rates == expected, f"rates {rates}\nplain {expected}\nnotes {result.summary.notes}"
     for (key, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
         assert torch.equal(a, b), f"{key} differs by {(a - b).abs().max().item():.3g}"
-    said = [n for n in result.summary["notes"] if "schedule built over the rates the LR rule scaled" in n]
-    assert bool(said) == (rule != "none"), result.summary["notes"]
+    said = [n for n in result.summary.notes if "schedule built over the rates the LR rule scaled" in n]
+    assert bool(said) == (rule != "none"), result.summary.notes

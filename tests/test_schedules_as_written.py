@@ -139,11 +139,11 @@ def with_nbtrain(name: str, form: str, interval: str | None, rule: str, warmup: 
 def test_every_scheduler_trains_as_the_plain_loop_stepping_it_as_written(name, form, interval, rule, warmup):
     trained, rates, result = with_nbtrain(name, form, interval, rule, warmup)
     reference, expected = plain_loop(name, interval, RULES[rule][1], warmup)
-    assert rates == expected, f"rates {rates}\nplain  {expected}\n{result.summary['lr_note']}"
+    assert rates == expected, f"rates {rates}\nplain  {expected}\n{result.summary.lr_note}"
     for (key, a), b in zip(trained.state_dict().items(), reference.state_dict().values()):
         assert torch.equal(a, b), f"{key} differs by {(a - b).abs().max().item():.3g}"
-    rescaled = [n for n in result.summary["notes"] if "schedule rescaled" in n]
-    assert bool(rescaled) == (rule != "none"), result.summary["notes"]  # said only where a rule was asked
+    rescaled = [n for n in result.summary.notes if "schedule rescaled" in n]
+    assert bool(rescaled) == (rule != "none"), result.summary.notes  # said only where a rule was asked
 
 
 # --- what the summary says, and the default interval ---------------------------------------------------
@@ -154,8 +154,8 @@ def test_a_steplr_given_without_an_interval_steps_once_an_epoch_and_the_summary_
                          optimizer=lambda p: torch.optim.SGD(p, lr=0.05),
                          scheduler=lambda o: S.StepLR(o, step_size=1, gamma=0.5), max_epochs=3, accelerator="cpu")
     assert list(result.log.columns["lr"]) == [0.05] * 4 + [0.025] * 4 + [0.0125] * 4
-    assert "then StepLR every epoch (by default" in result.summary["lr_note"]
-    assert not [n for n in result.summary["notes"] if "collapsed" in n]
+    assert "then StepLR every epoch (by default" in result.summary.lr_note
+    assert not [n for n in result.summary.notes if "collapsed" in n]
 
 
 def test_a_one_cycle_schedule_given_without_an_interval_steps_every_optimizer_step():
@@ -164,14 +164,14 @@ def test_a_one_cycle_schedule_given_without_an_interval_steps_every_optimizer_st
                          scheduler=lambda o: S.OneCycleLR(o, max_lr=0.5, total_steps=20), max_steps=8)
     lrs = list(result.log.columns["lr"])
     assert lrs[0] == pytest.approx(0.02) and lrs[5] == pytest.approx(0.5)  # max_lr / 25, then the peak
-    assert "then OneCycleLR every step (by default: OneCycleLR counts optimizer steps)" in result.summary["lr_note"]
+    assert "then OneCycleLR every step (by default: OneCycleLR counts optimizer steps)" in result.summary.lr_note
 
 
 def test_a_rate_that_collapses_within_a_run_is_warned_of_once():
     result = nbtrain.fit(nn.Linear(FEATURES, 1), data(), loss_fn=nn.MSELoss(), shuffle=False, batch_size=BATCH,
                          optimizer=lambda p: torch.optim.SGD(p, lr=0.05), scheduler_interval="step",
                          scheduler=lambda o: S.StepLR(o, step_size=1, gamma=0.5), max_epochs=10, accelerator="cpu")
-    collapsed = [n for n in result.summary["notes"] if "collapsed" in n]
+    collapsed = [n for n in result.summary.notes if "collapsed" in n]
     assert len(collapsed) == 1 and "at step 21, under a millionth of the 0.05" in collapsed[0], collapsed
     assert "StepLR every step (as given)" in collapsed[0]
 
@@ -181,7 +181,7 @@ def test_a_given_interval_wins_over_the_default():
                          optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), scheduler_interval="epoch",
                          scheduler=lambda o: S.CyclicLR(o, 0.01, 0.1, step_size_up=4), max_steps=8, accelerator="cpu")
     assert list(result.log.columns["lr"]) == pytest.approx([0.01] * 4 + [0.0325] * 4)
-    assert "then CyclicLR every epoch (as given)" in result.summary["lr_note"]
+    assert "then CyclicLR every epoch (as given)" in result.summary.lr_note
 
 
 def test_a_schedule_without_a_rule_asked_for_is_never_rescaled():
@@ -194,7 +194,7 @@ def test_a_schedule_without_a_rule_asked_for_is_never_rescaled():
                          shuffle=False, accelerator="cpu")
     lrs = list(result.log.columns["lr"])
     assert lrs[0] == pytest.approx(0.01) and max(lrs) == pytest.approx(0.1)
-    assert not [n for n in result.summary["notes"] if "rescaled" in n]
+    assert not [n for n in result.summary.notes if "rescaled" in n]
 
 
 # --- the warm-up: what the texts say is what the ramp does ----------------------------------------------
@@ -206,5 +206,5 @@ def test_the_warm_up_ramp_starts_at_one_over_w_of_the_rate_as_every_text_says():
                          warmup_steps=4, max_steps=6, accelerator="cpu")
     assert list(result.log.columns["lr"]) == pytest.approx([0.05, 0.1, 0.15, 0.2, 0.2, 0.2])  # 0.2 = 0.1 x 2
     help_text = TrainConfig.__dataclass_fields__["warmup_steps"].metadata["option"].help
-    for text in (help_text, result.summary["lr_note"]):
+    for text in (help_text, result.summary.lr_note):
         assert "from 1/" in text and "from the base" not in text, text

@@ -52,8 +52,8 @@ def test_a_stop_event_set_from_another_thread_ends_fit_at_a_step_boundary():
     log.subscribe(lambda event, _log: event["type"] == "steps" and event["rows"]["step"][-1] >= 2 and stop.set())
     recipe = digits_recipe()
     result = nbtrain.fit(recipe=recipe, config=CPU.replace(max_steps=10_000), log=log, stop=stop)
-    assert result.status == "stopped" and result.summary["run_steps"] < 10_000
-    assert nbtrain.api.live_engine(recipe.model).step == result.summary["run_steps"]
+    assert result.status == "stopped" and result.summary.run_steps < 10_000
+    assert nbtrain.api.live_engine(recipe.model).step == result.summary.run_steps
 
 
 class Counting:

@@ -160,7 +160,7 @@ def test_two_node_job_trains_the_digits_and_the_weights_come_back(trained):
     handle, result, model = trained["handle"], trained["result"], trained["recipe"].model
     assert "RUNNING" in trained["states"] and trained["states"][-1] == "COMPLETED"
     assert set(trained["states"]) <= {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED"}
-    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert result.status == "completed" and result.summary.world_size == 2
     assert result.extras["job_id"] == handle.job_id
     saved = torch.load(handle.run.path / "model.pt", weights_only=True)
     now = model.state_dict()
@@ -393,7 +393,7 @@ def test_the_exported_sbatch_file_trains_on_the_cluster(slurm_cluster, project):
                             check=True).stdout.strip()
     handle = slurm.JobHandle(job_id, batch.parent, job_name="nbtrain")
     result = handle.wait(echo=False, timeout=120)
-    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert result.status == "completed" and result.summary.world_size == 2
     assert handle.log.columns["step"] == [1, 2, 3, 4, 5]
     assert set(torch.load(batch.parent / "model.pt", weights_only=True)) == set(handle.model.state_dict())
 
@@ -403,7 +403,7 @@ def test_fit_with_the_slurm_launcher_trains_as_a_batch_job_and_leaves_nothing(sl
     recipe = digits_recipe(seed=0)
     before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     result = fit(recipe=recipe, config=two_nodes(max_steps=6, launcher="slurm"))
-    assert result.status == "completed" and result.summary["world_size"] == 2
+    assert result.status == "completed" and result.summary.world_size == 2
     assert result.log.columns["step"] == [1, 2, 3, 4, 5, 6]
     assert result.extras["weights_loaded"]
     assert not all(torch.equal(v, before[k]) for k, v in recipe.model.state_dict().items())

@@ -104,7 +104,7 @@ def test_a_model_split_over_two_gpus_trains_with_activations_crossing_between_th
     recipe = _recipe()
     nbtrain.split(recipe.model, {"encoder": "cuda:0", "decoder": "cuda:1"})
     result = Engine(recipe, TrainConfig(accelerator="cuda", batch_size=32, max_steps=5)).run()
-    assert result.summary["last_loss"] < result.summary["first_loss"]
+    assert result.summary.last_loss < result.summary.first_loss
     assert next(recipe.model.decoder.parameters()).device == torch.device("cuda", 1)
 
 
@@ -122,5 +122,5 @@ def test_dataparallel_trains_in_the_kernel_with_the_batch_spread_over_the_gpus()
     recipe = _recipe()
     result = nbtrain.fit(recipe=recipe, config=TrainConfig(strategy="dp", devices=2, accelerator="cuda",
                                                            batch_size=16, max_steps=5))
-    assert result.status == "completed" and result.summary["global_batch"] == 32
+    assert result.status == "completed" and result.summary.global_batch == 32
     assert result.history["samples"][-1] == 5 * 32

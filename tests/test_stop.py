@@ -32,7 +32,7 @@ def test_a_ddp_run_stops_on_every_rank_at_one_step_and_its_weights_come_back(cpu
                          devices=2, accelerator="cpu", log_every_n_steps=5, log=log, stop=stop)
     assert result.status == "stopped", result.message
     assert result.extras["weights_loaded"] is True and not same_weights(before, weights(model))
-    steps = result.summary["run_steps"]
+    steps = result.summary.run_steps
     assert steps % 5 == 0 and steps < 50 * 4096 // 16  # at a log window's boundary, long before the end
     assert result.message.startswith(f"stopped at step {steps}")
 
@@ -41,4 +41,4 @@ def test_an_in_process_run_stops_from_another_thread_even_when_asked_before_it_s
     stop = threading.Event()
     stop.set()
     result = nbtrain.fit(net(), regression_data(), loss_fn=nn.MSELoss(), batch_size=8, max_epochs=100, stop=stop)
-    assert result.status == "stopped" and result.summary["run_steps"] < 100 * 256 // 8
+    assert result.status == "stopped" and result.summary.run_steps < 100 * 256 // 8

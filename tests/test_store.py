@@ -32,7 +32,7 @@ def test_record_and_load_round_trip_keeps_config_history_and_summary(tmp_path, r
     assert loaded.extras["run_id"] == run_id
     assert loaded.config == run.config
     assert loaded.history == run.history
-    assert loaded.summary["samples_per_s"] == run.summary["samples_per_s"]
+    assert loaded.summary.samples_per_s == run.summary.samples_per_s
     assert loaded.status == "completed" and loaded.name == "small"
     assert [e["type"] for e in loaded.log.events] == [e["type"] for e in run.log.events]
     listed = store.runs()
@@ -68,14 +68,14 @@ def test_held_out_numbers_survive_the_round_trip_into_the_runs_table_compare_and
     store.record(validated)
     loaded = store.load("held")
     for key in ("val_loss", "val_acc", "val_metrics"):
-        assert loaded.summary[key] == validated.summary[key]
-    assert loaded.summary["val_metrics"] == {"val_half": 0.5}
+        assert getattr(loaded.summary, key) == getattr(validated.summary, key)
+    assert loaded.summary.val_metrics == {"val_half": 0.5}
     assert plotting.held_out_series(loaded.log) == plotting.held_out_series(validated.log)
     assert [e for e in loaded.log.of_type("epoch")] == [e for e in validated.log.of_type("epoch")]
     table = RunsTable([Row.stored(run) for run in store.runs()], store.path)
     row = dict(zip(HEADS, table.rows[0]))
     s = validated.summary
-    assert row["held-out"] == f"{100 * s['val_acc']:.1f}% (loss {number(s['val_loss'])})"
+    assert row["held-out"] == f"{100 * s.val_acc:.1f}% (loss {number(s.val_loss)})"
     assert row["run"] == "#1 held" and row["differs from the first run"] == "(first run)"
     assert row["held-out"] in repr(table) and "held-out" in table._repr_html_()
     # The folded details say the rest: the model, the global batch and the warm-up-inclusive rate.

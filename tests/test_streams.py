@@ -40,7 +40,7 @@ def test_a_stream_trains_as_a_plain_loop_over_it_and_passes_wrap_around():
     model, reference = net(), net()
     result = nbtrain.fit(model, stream, training_step=step, optimizer=lambda p: torch.optim.SGD(p, 0.05),
                          batch_size=8, max_steps=20)  # 60 items: 8 batches a pass (the last of 4)
-    assert result.status == "completed" and result.summary["epochs_trained"] == 2
+    assert result.status == "completed" and result.summary.epochs_trained == 2
     optimizer = torch.optim.SGD(reference.parameters(), 0.05)
     done = 0
     while done < 20:

@@ -32,7 +32,7 @@ def test_each_toggle_trains_two_steps_or_reports_why_not(toggle):
     assert not same_weights(before, weights(recipe.model))
     if toggle.needs == "cuda" and not torch.cuda.is_available():
         assert any(note.startswith(f"{toggle.option}=") and "not applicable on cpu" in note
-                   for note in result.summary["notes"])
+                   for note in result.summary.notes)
 
 
 @pytest.mark.parametrize("option, value", [("channels_last", True), ("optimizer_impl", "foreach"),
@@ -47,7 +47,7 @@ def test_toggles_that_must_not_change_the_math_give_the_same_weights(option, val
 
 def test_channels_last_on_a_model_without_convolutions_is_reported_not_applicable():
     result = Engine(mlp_recipe(), TrainConfig(max_steps=2, channels_last=True)).run()
-    assert any("channels_last: not applicable, the model has no 2-D convolutions" in n for n in result.summary["notes"])
+    assert any("channels_last: not applicable, the model has no 2-D convolutions" in n for n in result.summary.notes)
     assert "not applicable" in result.table()
 
 
@@ -70,7 +70,7 @@ def test_an_optimizer_without_fused_kernels_is_reported_not_applicable():
     recipe = mlp_recipe()
     recipe.optimizer = lambda p: torch.optim.Rprop(p)
     result = Engine(recipe, TrainConfig(max_steps=2, optimizer_impl="fused")).run()
-    assert any("optimizer_impl=fused" in n for n in result.summary["notes"])
+    assert any("optimizer_impl=fused" in n for n in result.summary.notes)
 
 
 def test_the_optimizer_implementation_switch_keeps_optimizer_state():
@@ -91,8 +91,8 @@ def test_compile_time_is_measured_apart_and_the_break_even_is_stated():
     engine.reconfigure(engine.config.replace(compile="default"))
     result = engine.run()
     steady = sorted(result.history["step_s"])[len(result.history["step_s"]) // 2]
-    assert result.summary["compile_s"] > 10 * steady  # compilation dwarfs a step, even from a warm cache
-    note = next(n for n in result.summary["notes"] if n.startswith("compile cost"))
+    assert result.summary.compile_s > 10 * steady  # compilation dwarfs a step, even from a warm cache
+    note = next(n for n in result.summary.notes if n.startswith("compile cost"))
     assert "eager" in note and ("pays off after" in note or "never pays off" in note)
 
 
@@ -106,8 +106,8 @@ def test_the_torchvision_image_recipe_trains_with_each_setting_an_image_notebook
     before = weights(recipe.model)
     result = Engine(recipe, TrainConfig(**{"max_steps": 2, "batch_size": 16, "accelerator": "cpu", **settings})).run()
     assert result.status == "completed" and not same_weights(before, weights(recipe.model))
-    assert not any("not applicable" in note for note in result.summary["notes"])
-    assert math.isfinite(result.summary["val_loss"]) and result.summary["val_acc"] is not None
+    assert not any("not applicable" in note for note in result.summary.notes)
+    assert math.isfinite(result.summary.val_loss) and result.summary.val_acc is not None
     if "channels_last" in settings:
         assert recipe.model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
 
@@ -120,7 +120,7 @@ def test_a_live_batch_size_and_workers_change_rebuilds_the_image_loader_and_keep
     engine.reconfigure(engine.config.replace(batch_size=8, num_workers=1))
     assert engine.loader.batch_size == 8 and engine.loader.num_workers == 1
     result = engine.run()
-    assert result.summary["global_batch"] == 8 and engine.step == 4
+    assert result.summary.global_batch == 8 and engine.step == 4
     assert not same_weights(after_first, weights(recipe.model))
 
 
@@ -136,6 +136,6 @@ def test_the_image_recipe_trains_with_devices_2_from_the_magic_and_its_weights_c
                          "before = [p.clone() for p in model.parameters()]")
     result.raise_error()
     result, model = ip.user_ns.pop("images"), ip.user_ns["model"]
-    assert result.status == "completed" and result.summary["world_size"] == 2 and result.summary["global_batch"] == 16
+    assert result.status == "completed" and result.summary.world_size == 2 and result.summary.global_batch == 16
     assert all(not torch.equal(a, b) for a, b in zip(ip.user_ns["before"], model.parameters()))  # back here
-    assert math.isfinite(result.summary["val_loss"])
+    assert math.isfinite(result.summary.val_loss)

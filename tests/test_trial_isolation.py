@@ -191,7 +191,7 @@ def test_a_tool_leaves_the_live_engine_as_it_was_and_the_next_steps_train_as_a_t
     _use(tool, model, data, tmp_path)
     assert live_engine(model) is engine
     assert not _differences(before, _live(engine)), _differences(before, _live(engine))
-    notes = _fit(model, data, options).summary["notes"]
+    notes = _fit(model, data, options).summary.notes
     weights, optimizer, twin_notes = _twin(kind)
     assert _same(list(model.state_dict().values()), weights)
     assert _same(engine.optimizer.state_dict()["state"], optimizer)
@@ -203,7 +203,7 @@ def _twin(kind):
     """The weights and optimizer state of a twin that trained the same steps without any tool."""
     twin, (twin_data, options) = _model(), KINDS[kind]()
     _fit(twin, twin_data, options)
-    notes = _fit(twin, twin_data, options).summary["notes"]
+    notes = _fit(twin, twin_data, options).summary.notes
     return list(twin.state_dict().values()), live_engine(twin).optimizer.state_dict()["state"], notes
 
 
@@ -226,7 +226,7 @@ def test_a_profile_cell_between_two_cells_over_a_users_sampler_leaves_the_open_p
         if profile:
             assert ip.run_cell("%%nbtrain --profile --steps 2\npass\n").error_in_exec is None
         ip.run_cell("%%nbtrain --max-steps 3 --seed 0 --no-progress --no-plot\npass\n")
-        notes = ip.user_ns["_nbtrain"].summary["notes"]
+        notes = ip.user_ns["_nbtrain"].summary.notes
         return [p.detach().clone() for p in ip.user_ns["model"].parameters()], notes
 
     (profiled, notes), (twin, twin_notes) = weights_after(True), weights_after(False)
@@ -247,7 +247,7 @@ def test_after_keep_best_the_summary_is_a_twins_given_the_kept_config_directly()
     assert live_engine(kept).config == best
     nbtrain.api.engine_for(live_engine(twin).recipe, best)  # the twin is given the kept config directly
     runs = [_fit(model, data, {**options, "batch_size": best.batch_size}) for model in (kept, twin)]
-    assert runs[0].summary["notes"] == runs[1].summary["notes"], best  # no rescale from the walk's blocks
+    assert runs[0].summary.notes == runs[1].summary.notes, best  # no rescale from the walk's blocks
     assert _same(list(kept.state_dict().values()), list(twin.state_dict().values()))
 
 

@@ -67,10 +67,10 @@ def test_a_write_torch_does_not_count_is_trained_on_not_the_held_copy(kind, writ
         result = fit(model, dataset, n, preload, shuffle)
         plain.train(dataset, n)
         problem = weights_differ(model, twin)
-        assert problem is None, f"{problem} after call {call + 1}; notes: {result.summary['notes']}"
+        assert problem is None, f"{problem} after call {call + 1}; notes: {result.summary.notes}"
     copied = live_engine(model).held_data.copied
-    said = any("written where torch does not count writes" in note for note in result.summary["notes"])
-    assert said == bool(copied), (copied, result.summary["notes"])  # only a copy is checked (and read again)
+    said = any("written where torch does not count writes" in note for note in result.summary.notes)
+    assert said == bool(copied), (copied, result.summary.notes)  # only a copy is checked (and read again)
 
 
 def test_the_checksum_sees_any_one_element_written_and_no_change_where_none_was():
@@ -108,8 +108,8 @@ def test_a_new_data_set_object_over_the_same_data_goes_on_with_its_epoch(kind, r
             plain.epoch = plain.offset = 0
         plain.train(dataset, n)
         problem = weights_differ(model, twin)
-        assert problem is None, f"{problem} after call {call + 1}; notes: {result.summary['notes']}"
+        assert problem is None, f"{problem} after call {call + 1}; notes: {result.summary.notes}"
         if call:
             x, y = tensors
-            goes_on = [note for note in result.summary["notes"] if "over the same data" in note]
-            assert bool(goes_on) == (remade != "other values"), result.summary["notes"]
+            goes_on = [note for note in result.summary.notes if "over the same data" in note]
+            assert bool(goes_on) == (remade != "other values"), result.summary.notes

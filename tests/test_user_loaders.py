@@ -58,10 +58,10 @@ def test_a_dataloaders_own_sampler_decides_the_batches_and_nothing_is_held(order
                          accelerator="cpu")
     engine = nbtrain.api.live_engine(model)
     assert not isinstance(engine.loader, data.HeldBatches)
-    assert result.summary["steps"] == 10 and len(seen) == 100
+    assert result.summary.steps == 10 and len(seen) == 100
     assert order == "fewer-samples" or set(seen) <= set(range(100))  # held-out rows never leak in
     assert any("preload_data: not used, the DataLoader's own" in n and "decides its batches" in n
-               for n in result.summary["notes"]), result.summary["notes"]
+               for n in result.summary.notes), result.summary.notes
 
 
 TRAIN_ROWS = [i * 5 % 512 for i in range(100)]  # a train split: 100 rows spread over the 512
@@ -89,11 +89,11 @@ def test_a_split_keeps_every_toggle_and_trains_as_a_plain_loop_over_its_rows_in_
     result = nbtrain.fit(model, loader(), training_step=_recording(seen), max_epochs=2, seed=4, accelerator="cpu",
                          **toggles)
     batch = toggles.get("batch_size", 10)
-    assert (result.config.batch_size, result.config.shuffle, result.summary["steps"]) == (batch, shuffled, 200 // batch)
+    assert (result.config.batch_size, result.config.shuffle, result.summary.steps) == (batch, shuffled, 200 // batch)
     assert sorted(seen[:100]) == sorted(seen[100:]) == sorted(TRAIN_ROWS)  # held-out rows never come in
     engine = nbtrain.api.live_engine(model)
     assert isinstance(engine.loader, data.HeldBatches) == (not toggles.get("num_workers"))  # held where it can be
-    notes = result.summary["notes"]
+    notes = result.summary.notes
     said = any("SubsetRandomSampler of 100 of 512 samples" in n and "in nbtrain's seeded order" in n for n in notes)
     assert said == (split in ("subset-random-sampler", "split-of-a-tensor", "batch-sampler-over-a-split")), notes  # the sampler's own draws are not kept: the run says whose order it is
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3)
@@ -122,7 +122,7 @@ def test_torchs_own_batch_sampler_is_a_plain_loader_nbtrain_rebuilds(inner, shuf
     result = nbtrain.fit(model, loader, training_step=_recording([]), max_epochs=1, accelerator="cpu")
     config = result.config
     assert (config.batch_size, config.drop_last, config.shuffle) == (16, True, shuffle)
-    assert result.summary["steps"] == 32 and isinstance(nbtrain.api.live_engine(model).loader, data.HeldBatches)
+    assert result.summary.steps == 32 and isinstance(nbtrain.api.live_engine(model).loader, data.HeldBatches)
 
 
 EXPLICIT = [  # an option given at nbtrain's default value, against a DataLoader that says otherwise
@@ -192,7 +192,7 @@ def test_a_run_continuing_a_pass_says_so_where_the_loader_is_read_again(workers)
     loader = DataLoader(ROWS, batch_size=10, sampler=list(range(100)), num_workers=workers)
     model = _net()
     notes = [nbtrain.fit(model, loader, training_step=_recording([]), max_steps=steps, accelerator="cpu")
-             .summary["notes"] for steps in (3, 2, 5)]
+             .summary.notes for steps in (3, 2, 5)]
     said = [[n.split(" into")[0] for n in run if "read again" in n] for run in notes]
     # without workers the pass a run left open is continued (its order kept); with workers, whose processes
     # stop at each run's end, the loader is read again, and the run says its sampler may give a new order

@@ -60,7 +60,7 @@ def test_warm_up_and_the_lr_rule_compose_with_the_schedule_and_the_plot_shows_th
     assert lrs[:2] == pytest.approx([0.1, 0.2])
     assert lrs[2:4] == pytest.approx([0.2, 0.2]) and lrs[4:8] == pytest.approx([0.1] * 4)
     assert lrs[8:] == pytest.approx([0.05, 0.05])
-    assert "then StepLR every step (as given)" in result.summary["lr_note"]
+    assert "then StepLR every step (as given)" in result.summary.lr_note
 
 
 def test_a_live_batch_change_rescales_the_schedule_and_the_summary_says_how():
@@ -72,7 +72,7 @@ def test_a_live_batch_change_rescales_the_schedule_and_the_summary_says_how():
                          batch_size=32, base_batch_size=16, scale_lr="linear", max_steps=1, log_every_n_steps=1)
     assert first.history["lr"][-1] == pytest.approx(0.1)
     assert second.history["lr"][0] == pytest.approx(0.2)  # the same point of the curve, doubled by the rule
-    assert any("schedule rescaled x2" in note and "16 -> 32" in note for note in second.summary["notes"])
+    assert any("schedule rescaled x2" in note and "16 -> 32" in note for note in second.summary.notes)
 
 
 def test_held_out_metrics_are_reported_every_n_steps():
@@ -100,7 +100,7 @@ def test_early_stopping_ends_the_run_and_restore_best_puts_the_best_weights_back
     assert result.status == "completed"
     assert result.message.startswith("early stop at step 6: val_noisy did not improve for 2 validations "
                                      "(best 1 at step 2)")
-    assert any(n.startswith("kept the best weights: val_noisy 1 at step 2") for n in result.summary["notes"])
+    assert any(n.startswith("kept the best weights: val_noisy 1 at step 2") for n in result.summary.notes)
     replay = net()  # the same two steps, trained again: the weights put back are those of step 2
     nbtrain.fit(replay, classes(), loss_fn=nn.CrossEntropyLoss(), batch_size=16, max_steps=2)
     assert same_weights(weights(model), weights(replay))
@@ -139,7 +139,7 @@ def test_a_misspelt_monitor_of_a_validation_step_ends_the_run_at_the_first_valid
     result = nbtrain.fit(model, classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32),
                          validation_step=held_out_loss, monitor="val_los", mode="min", max_steps=12, val_every_n_steps=4,
                          batch_size=16, shuffle=False)
-    assert result.status == "failed" and result.summary["run_steps"] == 4
+    assert result.status == "failed" and result.summary.run_steps == 4
     assert result.message == ("monitor='val_los': not among the held-out numbers; did you mean 'val_loss'? "
                               "allowed: val_loss")
     nbtrain.fit(reference, classes(), loss_fn=nn.CrossEntropyLoss(), max_steps=4, batch_size=16, shuffle=False)
@@ -165,7 +165,7 @@ def test_the_csv_logger_writes_losses_rates_and_held_out_numbers(tmp_path):
     result = nbtrain.fit(net(), classes(), loss_fn=nn.CrossEntropyLoss(), val_data=classes(32, seed=1), batch_size=16,
                          max_steps=8, log_every_n_steps=4, logger="csv", logger_dir=str(tmp_path))
     [folder] = run_folders(tmp_path)
-    assert f"csv log of this run in {folder}" in result.summary["notes"]
+    assert f"csv log of this run in {folder}" in result.summary.notes
     with open(folder / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     names = {r["name"] for r in rows}

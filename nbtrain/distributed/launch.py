@@ -118,7 +118,7 @@ def gathered_result(config: TrainConfig, log: MetricsLog, saved: dict | None, st
         return RunResult(config, log, saved["summary"], saved["status"], saved["message"])
     if end is not None and status == "completed":
         return RunResult(config, log, end["summary"], end["status"], end.get("message", ""))
-    info = dict(start_info(log))
+    info = dict(vars(start_info(log)))  # a copy of the record's fields, to add the summary's own to
     info.update(status=status, epochs_trained=float("nan"))
     message = (f"interrupted; the history up to step {log.columns['step'][-1] if len(log) else 0} is kept; the "
                "model keeps its weights from before the run (the workers were stopped, and a DDP run's training "

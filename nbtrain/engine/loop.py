@@ -116,7 +116,7 @@ class Run:
         self._clock = Clock()
         self._load, self._workload = load.of_device(engine.device), workload.digest(engine.recipe, engine.model)
         self.log.emit(StartEvent(type="start", config=plain(c.to_dict()),
-                                 info=StartInfo(**report.info(engine, self._workload), samples_start=engine.samples,
+                                 info=StartInfo(**vars(report.info(engine, self._workload)), samples_start=engine.samples,
                                                 step_start=engine.step,
                                                 planned_steps=report.planned_steps(c, engine.loader)
                                                 - (from_step - start_step),
@@ -373,7 +373,7 @@ class Run:
         epochs = (engine.samples - from_samples) / per_epoch if per_epoch else engine.run_start["epochs_done"]
         extra = {"epochs_trained": epochs, "status": status,
                  "peak_mem_mb": peak.peak() / 2**20, "mem_kind": peak.kind, "run_steps": engine.step - from_step}
-        extra.update(report.info(engine, self._workload))
+        extra.update(vars(report.info(engine, self._workload)))
         if self._device_done_s is not None:
             extra["device_done_s"] = self._device_done_s
         # preload_data left on auto and not applying is the engine's business, not this summary's (except

@@ -271,7 +271,8 @@ def measure(engine, config: TrainConfig, *, seconds: float | None = None, steps:
     phase_ms = {name[:-2]: 1000 * sum(cols[name][i] for i in measured) / len(measured)
                 for name in ("data_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")}
     step_ms = 1000 * sum(cols["step_s"][i] for i in measured) / len(measured)
-    tail = max(result.summary.get("device_done_s", cols["time"][-1]) - cols["time"][-1], 0.0)
+    done = result.summary.device_done_s  # None: no CUDA device finished after the host
+    tail = 0.0 if done is None else max(done - cols["time"][-1], 0.0)
     return Measurement(config, robust_rate(points), n, wall, phase_ms, step_ms, peak_bytes, result.status,
                        device_tail_s=tail)
 

@@ -72,8 +72,8 @@ batch_verdict = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 
                            budget_s=10, min_pairs=8)
 print(batch_verdict)
 for run in (first, second):
-    print(f"{run.name:>7}: {run.summary['steps']:>3} optimizer steps in 3 epochs, "
-          f"held-out accuracy {100 * run.summary['val_acc']:.1f}%")
+    print(f"{run.name:>7}: {run.summary.steps:>3} optimizer steps in 3 epochs, "
+          f"held-out accuracy {100 * run.summary.val_acc:.1f}%")
 
 # %% [markdown]
 # The larger batch trains more samples per second — the verdict's interval lies wholly above 1. But in the
@@ -157,9 +157,9 @@ print(bf16_verdict)
 from nbtrain.notebook.claims import checks_done, claim
 
 for run in (first, second):
-    assert run.status == "completed" and run.summary["last_loss"] < 0.5 * run.summary["first_loss"]
-assert first.summary["val_acc"] > 0.85, first.summary["val_acc"]
-assert second.summary["val_acc"] < first.summary["val_acc"]  # batch 256: lower accuracy after the same epochs
+    assert run.status == "completed" and run.summary.last_loss < 0.5 * run.summary.first_loss
+assert first.summary.val_acc > 0.85, first.summary.val_acc
+assert second.summary.val_acc < first.summary.val_acc  # batch 256: lower accuracy after the same epochs
 assert "--batch-size" in flag_message and "fp8" in flag_message
 assert [r.status for r in panel.runs] == ["completed", "completed"], [(r.status, r.error) for r in panel.runs]
 assert panel.runs[1].config.precision == "bf16-mixed" and panel.runs[0].config.batch_size == 128

@@ -190,7 +190,7 @@ cached_run = train(cached, 0, epochs=3, name="cached")
 cache_verdict = versus(uncached_run, cached_run)
 for run in (uncached_run, cached_run):
     print(f"{run.name:>22}: {run.steady().text()}, waiting for data "
-          f"{100 * run.summary['phase_fraction']['data']:.0f}% of each step")
+          f"{100 * run.summary.phase_fraction['data']:.0f}% of each step")
 print(f"cached against transforming every epoch: {cache_verdict.text()} (two runs measured apart)")
 
 # %% [markdown]

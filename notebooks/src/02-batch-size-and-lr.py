@@ -53,7 +53,7 @@ plt.ylabel("samples/s (steady)")
 plt.show()
 for b in batches:
     s = speed_runs[b].summary
-    print(f"batch {b:>3}: {steady[b].text()}, {s['steps']:>4} steps")
+    print(f"batch {b:>3}: {steady[b].text()}, {s.steps:>4} steps")
 
 # %% [markdown]
 # Runs measured one after another can be shifted by whatever else the machine did meanwhile, and the
@@ -113,19 +113,19 @@ model = DigitsMLP()
 rules = ["none", "sqrt", "linear"]
 grid = {(b, rule): (speed_runs[b] if rule == "none" else train(b, rule)) for b in (128, 512) for rule in rules}
 warm = train(512, "linear", warmup=search.config.warmup_steps)
-base_acc = speed_runs[32].summary["val_acc"]
+base_acc = speed_runs[32].summary.val_acc
 print(f"batch  32 (the base), rate {BASE_LR}: held-out accuracy {100 * base_acc:.1f}%")
 for (b, rule), r in sorted(grid.items(), key=lambda item: (item[0][0], rules.index(item[0][1]))):
-    print(f"batch {b:>3}, {rule:>6}: rate {r.summary['lr']:.3g}, {r.summary['steps']:>3} steps, "
-          f"held-out accuracy {100 * r.summary['val_acc']:5.1f}%, loss {r.summary['val_loss']:.3f}")
+    print(f"batch {b:>3}, {rule:>6}: rate {r.summary.lr:.3g}, {r.summary.steps:>3} steps, "
+          f"held-out accuracy {100 * r.summary.val_acc:5.1f}%, loss {r.summary.val_loss:.3f}")
 print(f"batch 512, linear + {search.config.warmup_steps} warm-up steps (the search's suggestion): "
-      f"accuracy {100 * warm.summary['val_acc']:.1f}%")
+      f"accuracy {100 * warm.summary.val_acc:.1f}%")
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3), layout="constrained")
 width = 0.27
 for i, rule in enumerate(rules):
-    left.bar([j + (i - 1) * width for j in range(2)], [100 * grid[(b, rule)].summary["val_acc"] for b in (128, 512)],
+    left.bar([j + (i - 1) * width for j in range(2)], [100 * grid[(b, rule)].summary.val_acc for b in (128, 512)],
              width, label=rule)
 left.axhline(100 * base_acc, color="black", ls="--", lw=1, label="batch 32 (base)")
 left.set_xticks([0, 1], ["batch 128 (4x)", "batch 512 (16x)"])
@@ -215,16 +215,16 @@ print(in_time.rows[1].get("held-out in time", "no held-out reading"))
 # %%
 from nbtrain.notebook.claims import checks_done, claim
 
-acc = {key: r.summary["val_acc"] for key, r in grid.items()}
+acc = {key: r.summary.val_acc for key, r in grid.items()}
 lowest_loss_lr = sweep.lrs[min(range(len(sweep.smoothed)), key=sweep.smoothed.__getitem__)]
 assert search.batch_size == 512 and search.config.scale_lr == "linear" and search.config.base_batch_size == BASE_BATCH
-assert grid[(512, "sqrt")].summary["lr"] == BASE_LR * 4 and grid[(512, "linear")].summary["lr"] == BASE_LR * 16
+assert grid[(512, "sqrt")].summary.lr == BASE_LR * 4 and grid[(512, "linear")].summary.lr == BASE_LR * 16
 assert BASE_LR * 4 < lowest_loss_lr < search.lr_scaled, lowest_loss_lr  # the sweep flags 0.8, not 0.2
 assert acc[(512, "none")] < base_acc - 0.15                          # unscaled, a large batch learns less per epoch
 assert acc[(128, "linear")] >= max(acc[(128, "none")], acc[(128, "sqrt")])  # at 4x the linear rule is best
-assert acc[(512, "linear")] < 0.2 and warm.summary["val_acc"] < acc[(512, "sqrt")]  # at 16x linear diverges
+assert acc[(512, "linear")] < 0.2 and warm.summary.val_acc < acc[(512, "sqrt")]  # at 16x linear diverges
 assert acc[(512, "sqrt")] > acc[(512, "none")] + 0.1                 # scaling the rate recovers part of it
-assert max(max(acc[(512, rule)] for rule in rules), warm.summary["val_acc"]) < base_acc - 0.03  # ... not all
+assert max(max(acc[(512, rule)] for rule in rules), warm.summary.val_acc) < base_acc - 0.03  # ... not all
 # A speed claim a busy machine kept from showing says so, with how busy it was; on CI or a quiet machine it
 # is asserted.
 claim(small_end.verdict.faster and small_end.verdict.low > 1.5, small_end, "small batches: overhead-bound")

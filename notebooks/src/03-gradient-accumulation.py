@@ -50,8 +50,8 @@ acc_model, acc = train(64, 4)
 small_model, small = train(64, 1)
 for result in (big, acc, small):
     s = result.summary
-    print(f"{result.name:>7}: global batch {s['global_batch']:>3}, {s['steps']:>3} optimizer steps, "
-          f"held-out accuracy {100 * s['val_acc']:.1f}%")
+    print(f"{result.name:>7}: global batch {s.global_batch:>3}, {s.steps:>3} optimizer steps, "
+          f"held-out accuracy {100 * s.val_acc:.1f}%")
 
 # %%
 def largest_difference(a, b):
@@ -167,8 +167,8 @@ print(f"with batch norm, accumulated vs big: largest weight difference {diff_bn:
 # %%
 from nbtrain.notebook.claims import checks_done, claim
 
-assert acc.summary["global_batch"] == big.summary["global_batch"] == 256
-assert acc.summary["steps"] == big.summary["steps"] == 20
+assert acc.summary.global_batch == big.summary.global_batch == 256
+assert acc.summary.steps == big.summary.steps == 20
 assert diff_acc < 1e-4, diff_acc                          # the same weights, up to rounding
 assert diff_small > 100 * diff_acc and diff_small > 1e-3  # shrinking the batch is a different training
 assert 3.5 < saved[256] / saved[64] < 4.5                  # activations scale with the micro-batch

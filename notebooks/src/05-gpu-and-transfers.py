@@ -43,7 +43,7 @@ model = DigitsMLP()
 run = nbtrain.fit(model, train_data, val_data=val_data, loss_fn=nn.CrossEntropyLoss(), accelerator="auto",
                   batch_size=128, max_epochs=2, name="auto")
 print("model is on:", next(model.parameters()).device)
-print("step time by phase:", {k: f"{100 * v:.0f}%" for k, v in run.summary["phase_fraction"].items()})
+print("step time by phase:", {k: f"{100 * v:.0f}%" for k, v in run.summary.phase_fraction.items()})
 
 # %% [markdown]
 # Pinning only helps copies *to a GPU*, so nbtrain pins only then (`pin_memory=None`, the default,
@@ -78,7 +78,7 @@ def train_logging_every(n, epochs=3):
 sync_runs, readbacks = {}, {}
 for n in (1, 10, 50):
     sync_runs[n], readbacks[n] = train_logging_every(n)
-steps = sync_runs[1].summary["steps"]
+steps = sync_runs[1].summary.steps
 # The speed question head to head: short blocks of each setting in alternation on one live model.
 logging_cost = nbtrain.ab(model, train_data, loss_fn=loss_fn, a={"batch_size": 32, "log_every_n_steps": 50},
                           b={"batch_size": 32, "log_every_n_steps": 1}, block_steps=50, budget_s=8, min_pairs=8)

@@ -257,8 +257,8 @@ else:
         gpu_runs[precision] = nbtrain.fit(wide_cnn(), train_data, val_data=val_data, loss_fn=loss_fn,
                                           optimizer=optimizer, accelerator="cuda", precision=precision,
                                           batch_size=64, max_epochs=6, name=precision)
-        print(f"{precision:>10}: held-out accuracy {100 * gpu_runs[precision].summary['val_acc']:.1f}%, "
-              f"gradient scaler {'on' if gpu_runs[precision].summary['scaler'] else 'off'}")
+        print(f"{precision:>10}: held-out accuracy {100 * gpu_runs[precision].summary.val_acc:.1f}%, "
+              f"gradient scaler {'on' if gpu_runs[precision].summary.scaler else 'off'}")
     for precision in ("16-mixed", "bf16-mixed"):
         gpu_verdicts[precision] = nbtrain.ab(wide_cnn(), train_data, loss_fn=loss_fn, optimizer=optimizer,
                                              a={"batch_size": 256, "accelerator": "cuda"},
@@ -291,7 +291,7 @@ if not onednn_bf16:  # PyTorch's own emulation (an AVX2-only CPU): no gain
     claim(not cnn_bf16.verdict.faster, cnn_bf16, "emulated bf16: the CNN no faster")
     claim(not cnn_both.verdict.faster, cnn_both, "emulated bf16: the CNN with channels_last no faster")
 if has_gpu:
-    assert gpu_runs["16-mixed"].summary["scaler"] and not gpu_runs["bf16-mixed"].summary["scaler"]
+    assert gpu_runs["16-mixed"].summary.scaler and not gpu_runs["bf16-mixed"].summary.scaler
     for precision, result in gpu_runs.items():
-        assert result.summary["val_acc"] > 0.85, (precision, result.summary["val_acc"])
+        assert result.summary.val_acc > 0.85, (precision, result.summary.val_acc)
 print(checks_done())

@@ -85,8 +85,8 @@ model = DigitsMLP()
 # %%
 single_model = model
 difference = max((a - b).abs().max().item() for a, b in zip(ddp_model.parameters(), single_model.parameters()))
-print(f"global batch: DDP {ddp_run.summary['global_batch']}, single {single_run.summary['global_batch']}; "
-      f"optimizer steps: {ddp_run.summary['steps']} and {single_run.summary['steps']}")
+print(f"global batch: DDP {ddp_run.summary.global_batch}, single {single_run.summary.global_batch}; "
+      f"optimizer steps: {ddp_run.summary.steps} and {single_run.summary.steps}")
 print(f"largest weight difference: {difference:.1e}")
 
 # %% [markdown]
@@ -226,8 +226,8 @@ fsdp_difference = max((a - b).abs().max().item() for a, b in zip(fsdp_model.para
 print(f"the kernel's model after the FSDP run: {type(next(fsdp_model.parameters())).__name__}s of shapes "
       f"{[tuple(p.shape) for p in fsdp_model.parameters()]}")
 print(f"largest weight difference from the DDP run: {fsdp_difference:.1e}")
-per_rank = lambda run: ", ".join(f"{mb:.0f} MB" for mb in run.summary["peak_mem_mb_per_rank"])
-print(f"peak memory per rank ({fsdp_run.summary['mem_kind']}): FSDP {per_rank(fsdp_run)}; DDP {per_rank(ddp_run)}")
+per_rank = lambda run: ", ".join(f"{mb:.0f} MB" for mb in run.summary.peak_mem_mb_per_rank)
+print(f"peak memory per rank ({fsdp_run.summary.mem_kind}): FSDP {per_rank(fsdp_run)}; DDP {per_rank(ddp_run)}")
 
 # %% [markdown]
 # To see the shards themselves, the same sharding by hand: `nbtrain.launch(fn, nprocs=2)` runs a function
@@ -299,20 +299,20 @@ print(f"2 processes, FSDP against DDP: {fsdp_vs_ddp.text()}")
 
 # %%
 assert "DataParallel" in dp_message
-assert ddp_run.status == "completed" and ddp_run.summary["world_size"] == 2
-assert ddp_run.summary["global_batch"] == single_run.summary["global_batch"] == 64
-assert ddp_run.summary["steps"] == single_run.summary["steps"]
+assert ddp_run.status == "completed" and ddp_run.summary.world_size == 2
+assert ddp_run.summary.global_batch == single_run.summary.global_batch == 64
+assert ddp_run.summary.steps == single_run.summary.steps
 assert kernel_accuracy > 0.85          # the trained weights came back into the kernel's model
 assert difference < 1e-4               # DDP with 2 x 32 equals one process with 64
-assert ddp_run.summary["val_acc"] == single_run.summary["val_acc"]  # ... and so do the held-out numbers
+assert ddp_run.summary.val_acc == single_run.summary.val_acc  # ... and so do the held-out numbers
 assert scaling["small MLP"].high < 1.0, scaling["small MLP"]              # the small MLP: 2 processes are slower
 assert scaling["CNN"].low > scaling["small MLP"].high, scaling          # the CNN scales measurably better
-assert fsdp_run.status == "completed" and fsdp_run.summary["strategy"] == "fsdp"
-assert fsdp_run.summary["world_size"] == 2 and fsdp_run.summary["global_batch"] == 64
+assert fsdp_run.status == "completed" and fsdp_run.summary.strategy == "fsdp"
+assert fsdp_run.summary.world_size == 2 and fsdp_run.summary.global_batch == 64
 assert all(type(p) is nn.Parameter for p in fsdp_model.parameters())   # the whole model came back, not shards
 assert [p.shape for p in fsdp_model.parameters()] == [p.shape for p in ddp_model.parameters()]
 assert fsdp_difference < 1e-4                                           # FSDP trained as DDP did
-assert "per rank 0: " in fsdp_run.table() and len(fsdp_run.summary["peak_mem_mb_per_rank"]) == 2
+assert "per rank 0: " in fsdp_run.table() and len(fsdp_run.summary.peak_mem_mb_per_rank) == 2
 assert shard_type == "DTensor" and held == [whole // 2, whole - whole // 2]  # each rank held half the model
 assert state_mb < 1.0                                                   # ... invisible in a process's RSS
 assert fsdp_vs_ddp.high < 1.0, fsdp_vs_ddp.text()                       # on this tiny model FSDP is slower

@@ -97,7 +97,7 @@ whole_run = nbtrain.fit(whole, train_data, val_data=val_data, loss_fn=nn.CrossEn
                         accelerator="cpu", batch_size=64, max_epochs=2, name="whole")
 split_vs_whole = max((a - b).abs().max().item() for a, b in zip(model.parameters(), whole.parameters()))
 print(f"largest weight difference, split vs whole: {split_vs_whole:.1e}; "
-      f"held-out accuracy {100 * split_run.summary['val_acc']:.1f}% and {100 * whole_run.summary['val_acc']:.1f}%")
+      f"held-out accuracy {100 * split_run.summary.val_acc:.1f}% and {100 * whole_run.summary.val_acc:.1f}%")
 
 fig, ax = plt.subplots(figsize=(5.5, 2.4), layout="constrained")
 ax.plot(whole_run.history["samples"], whole_run.history["loss"], lw=3, alpha=0.5, label="whole model")

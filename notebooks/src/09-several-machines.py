@@ -77,7 +77,7 @@ for t in threads:
     t.join(240)
 print(f"rendezvous at {endpoint}: {[r.status if r else None for r in results]} in "
       f"{time.perf_counter() - started:.1f} s; errors: {errors or 'none'}")
-print(f"world size {results[0].summary['world_size']}, global batch {results[0].summary['global_batch']}")
+print(f"world size {results[0].summary.world_size}, global batch {results[0].summary.global_batch}")
 
 # %% [markdown]
 # Two nodes with 32 samples each make the update of one process with 64 — and both nodes' models ended
@@ -283,7 +283,7 @@ else:
 
 # %%
 assert not errors and [r.status for r in results] == ["completed", "completed"]
-assert results[0].summary["world_size"] == 2 and results[0].summary["global_batch"] == 64
+assert results[0].summary.world_size == 2 and results[0].summary.global_batch == 64
 assert max(differences) < 1e-4                       # 2 nodes x 32 == 1 process x 64, on both nodes
 assert other > 100 * max(differences)                # ... while batches of 32 in one process are another training
 for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4",
@@ -295,7 +295,7 @@ assert sorted(p.name for p in checkpoints.glob("step-*.pt"))[:2] == ["step-00000
 assert resumed.status == "completed" and resumed.history["step"][0] == 51   # ... resumed from step 50's checkpoint
 assert resumed.history["step"][-1] == straight.history["step"][-1] == 100   # ... to the planned end
 assert bit_identical                                                        # the weights of an uninterrupted run
-assert resumed.summary["last_loss"] == straight.summary["last_loss"]
+assert resumed.summary.last_loss == straight.summary.last_loss
 if job_result is not None:
-    assert job_result.status == "completed" and job_result.summary["world_size"] == 2
+    assert job_result.status == "completed" and job_result.summary.world_size == 2
 print("all checks passed")

@@ -362,7 +362,7 @@ assert walk.elapsed_s < 30 * 1.5                                     # within it
 assert all(torch.equal(a, b) for a, b in zip(weights_before, walked_model.parameters()))  # trials left the model
 assert not items["compile"].kept if "compile" in items else any(n == "compile" for n, _ in walk.skipped)
 if compile_mode != "none":
-    assert compiled.summary["compile_s"] > 0 and any("compile cost" in n for n in compiled.summary["notes"])
+    assert compiled.summary.compile_s > 0 and any("compile cost" in n for n in compiled.summary.notes)
     assert {61, 90} <= {step for step, _ in slow_steps["compiled"]} and not slow_steps["eager"]  # compile, recompile
     assert not compile_verdict.verdict.above(0.05), compile_verdict.text()  # no real gain from compile here
 print("all checks passed")
