@@ -15,8 +15,7 @@ the math is kept on it.
 """
 from __future__ import annotations
 
-from ..measure.learned import (QUALITY_ROUNDS, Learned, Quality, alters_learning,  # noqa: F401  (read here too)
-                               equal_time_rounds)
+from ..measure.learned import QUALITY_ROUNDS, Quality, alters_learning, equal_time_rounds
 
 _HORIZON_BLOCKS = 1  # each side trains for at least one race block's time, a sixth of a trial (0.5 s at most) ...
 _HORIZON_SHARE = 120  # ... or this share of the walk's budget, if longer (1 s at 120 s, 5 s at 600 s): the race
