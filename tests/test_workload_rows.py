@@ -102,3 +102,14 @@ def test_string_keys_are_put_in_order_by_their_text_as_any_dict_is():
     reversed_order = dict(reversed(list(quoted.items())))
     assert _digest([quoted]) == _digest([reversed_order]) is not None
     assert _digest([quoted]) != _digest([{**quoted, "ab": 3.0}])
+
+
+class _Name(str):
+    def __repr__(self):
+        return f"_Name({str.__repr__(self)})"
+
+
+def test_a_key_that_is_a_str_subclass_is_not_taken_for_the_equal_string():
+    plain, named = [{"x": torch.zeros(2)}], [{_Name("x"): torch.zeros(2)}]
+    first = _digest(plain)  # the order of the key "x" is kept first: an equal key of another type must not find it
+    assert _digest(named) not in (first, None)

@@ -194,37 +194,45 @@ class _Reader:
             self._follow(value)
 
     def _tensor(self, value: torch.Tensor) -> None:
+        self.parts.append(self.tensors.get(id(value)) or self._tensor_reading(value))
+
+    def _tensor_reading(self, value: torch.Tensor) -> tuple:
         # One reading per tensor object in a walk (a row's labels are often its input_ids): nothing runs
         # between two readings of it in one walk, and `alive` keeps its id from naming another tensor.
-        reading = self.tensors.get(id(value))
-        if reading is None:
-            reading = self.tensors[id(value)] = ("tensor", tuple(value.shape),
-                                                 *_kind_text(value.dtype, value.device, value.layout),
-                                                 value.is_contiguous(), value.requires_grad)
-            self.alive.append(value)
-        self.parts.append(reading)
+        reading = self.tensors[id(value)] = ("tensor", tuple(value.shape),
+                                             *_kind_text(value.dtype, value.device, value.layout),
+                                             value.is_contiguous(), value.requires_grad)
+        self.alive.append(value)
+        return reading
 
     def _dict(self, value: dict) -> None:
         """An exact dict: _follow's reading of it (the same parts), in fewer calls: a data set's rows are
-        thousands of dicts, read at every call."""
-        if not self.first_time(value):
+        thousands of dicts, read at every call (first_time, _follow and _sorted_items written out here)."""
+        seen, key = self.seen, id(value)
+        if key in seen:
+            self.parts.append(("seen", seen[key]))
             return
+        if len(seen) >= MAX_NODES:
+            raise Unreadable(f"more than {MAX_NODES} objects")
+        seen[key] = len(seen)
+        self.alive.append(value)
         if self.depth >= MAX_DEPTH:
             raise Unreadable("nested too deep")
         keys = tuple(value)
-        if not all(type(key) is str for key in keys):
+        order = _str_key_order(keys, tuple(map(type, keys)))  # _sorted_items' order, once per set of keys
+        if order is None:  # keys that are not all strings: the general reading
             self._follow_unseen(value)
             return
         self.depth += 1
         try:
-            add = self.parts.append
+            add, tensors = self.parts.append, self.tensors
             add(("builtins.dict", len(keys)))
-            for key in _str_key_order(keys):  # _sorted_items' order (by repr), once per set of keys
+            for key in order:
                 add(key)
                 item = value[key]
                 kind = type(item)
                 if kind is torch.Tensor or kind is nn.Parameter:
-                    self._tensor(item)
+                    add(tensors.get(id(item)) or self._tensor_reading(item))
                 elif kind in _ATOM_TYPES:
                     add(item)
                 else:
@@ -269,15 +277,18 @@ class _Reader:
         parts, previous, repeats = self.parts, None, 0
         for item in items:
             start = len(parts)
-            self.value(item)
-            if previous is not None and len(parts) - start == len(previous) and parts[start:] == previous:
+            if type(item) is dict:
+                self._dict(item)
+            else:
+                self.value(item)
+            reading = parts[start:]
+            if reading == previous:
                 del parts[start:]
                 repeats += 1
                 continue
             if repeats:
                 parts.insert(start, ("repeats", "of the item before", repeats))
-                start += 1
-            previous, repeats = parts[start:], 0
+            previous, repeats = reading, 0
         if repeats:
             parts.append(("repeats", "of the item before", repeats))
 
@@ -461,8 +472,12 @@ def _sorted_items(mapping: dict):
 
 
 @functools.lru_cache(maxsize=256)
-def _str_key_order(keys: tuple[str, ...]) -> tuple[str, ...]:
-    """A dict's string keys in _sorted_items' order (a data set's rows share one set of keys)."""
+def _str_key_order(keys: tuple, kinds: tuple) -> tuple[str, ...] | None:
+    """A dict's keys (of types `kinds`) in _sorted_items' order where they are all exactly strings (a data set's
+    rows share one set of keys), else None. The types are part of the cache's key: a str subclass's key equal
+    to a string must not be taken for one."""
+    if not all(kind is str for kind in kinds):
+        return None
     return tuple(sorted(keys, key=repr))
 
 
