@@ -96,3 +96,28 @@ def test_a_longer_budget_races_a_longer_horizon():
     horizons = [horizon_s(Walk(machine, budget, min(max(budget / 20, 0.5), 3.0), 0.03, machine.clock, 0.0))
                 for budget in (60, 120, 600)]
     assert horizons == [0.5, 1.0, 5.0]
+
+
+class DeadAt16x(Unlearned):
+    """A 16x batch at 16x the rate kills the model's units (the benchmark's CNN): its held-out loss stays at the
+    start's 4, where the start's falls; each of the start's losses varies by a fifth from race to race."""
+
+    def quality(self, config, seconds, current=None):
+        learned = super().quality(config, seconds, current)
+        if config.global_batch_size >= 16 * self.start.global_batch_size:
+            return dataclasses.replace(learned, loss=4.0 * (1 + 0.001 * self.rng.normal()))
+        return learned
+
+
+def test_a_candidate_that_never_leaves_the_start_where_the_current_always_does_learns_worse_however_wide_the_rounds():
+    land = dataclasses.replace(H200, name="dead-at-16x", loss_samples=2e3, loss_noise=0.2)
+    machine = DeadAt16x(land, seed=3)
+    walk = Walk(machine, 60.0, 3.0, 0.03, machine.clock, machine.clock())
+    x16 = machine.start.replace(batch_size=16 * machine.start.batch_size, scale_lr="linear",
+                                base_batch_size=machine.start.batch_size)
+    quality = race_quality(walk, x16, machine.start)
+    assert not quality.verdict.measurable, quality.verdict  # three rounds' paired interval alone cannot tell...
+    assert quality.stalled and quality.measured and quality.worse, quality.text()  # ... what never learning can
+    assert quality.text().startswith("learns worse in the same time: it never got below the starting weights' 4, "
+                                     "where the current config did every time (held-out (simulated) 4 vs "), \
+        quality.text()

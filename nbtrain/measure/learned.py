@@ -80,9 +80,20 @@ class Quality:
                 and all(math.isfinite(x) for x in self.current))
 
     @property
+    def stalled(self) -> bool:
+        """The candidate's held-out loss never fell below the starting weights' (by more than MIN_EFFECT) where the
+        current config's did in every round: a config that learns nothing (a rate that killed its units) beside one
+        that learns, however wide the paired interval of three rounds is."""
+        if not (math.isfinite(self.start) and self.start > 0 and self.current):
+            return False
+        bar = self.start * (1 - MIN_EFFECT)
+        return all(x < bar for x in self.current) and not any(x < bar for x in self.candidate)
+
+    @property
     def worse(self) -> bool:
-        """The candidate learns measurably worse in the same time, or diverged where the current did not."""
-        if self.diverged:
+        """The candidate learns measurably worse in the same time, diverged where the current did not, or never left
+        the start where the current always did."""
+        if self.diverged or self.stalled:
             return True
         v = self.verdict
         return v.measurable and v.ratio < 1
@@ -107,7 +118,10 @@ class Quality:
         if not self.measured:
             return f"what it learns was not measured: {self.note or 'too few equal-time races'}"
         v = self.verdict
-        if self.worse:
+        if self.stalled:
+            head = (f"learns worse in the same time: it never got below the starting weights' {self.start:.3g}, "
+                    f"where the current config did every time")
+        elif self.worse:
             head = "learns worse in the same time"
         elif v.measurable:
             head = "learns better in the same time"
