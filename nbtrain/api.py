@@ -51,10 +51,40 @@ def engine_for(recipe: Recipe, config: TrainConfig, *, settled: bool = False) ->
     return engine
 
 
+def kernel_engine(recipe: Recipe, config: TrainConfig) -> Engine | None:
+    """The kernel's engine that a run elsewhere (`config`'s ranks) continues, and that continues from it: the live
+    engine, as a call in this process would find it, so a later call (DDP or not) continues this one. None under
+    fsdp: sharded optimizer state stays with its ranks."""
+    from .distributed import carry
+    if config.strategy == "fsdp":
+        return None
+    engine = engine_for(recipe, carry.kernel_config(config, recipe.model, live_engine(recipe.model)))
+    if engine.schedule is not None:  # refused here, before any rank starts (the ranks would, in rank 0)
+        engine.schedule.check(config, recipe.val_data is not None, config.world_size)
+    return engine
+
+
+def _checked_target(config: TrainConfig, options: dict | None):
+    """The launcher target `config` names, with `options`, once it checked that it runs `config` (not this
+    machine, for a remote one); refused, it lets go of what it took (a Ray cluster it started)."""
+    from .launchers import launcher_for
+    if options is not None and not isinstance(options, dict):
+        from .launchers.base import LauncherOptionError
+        raise LauncherOptionError(f"launcher_options={options!r}: allowed: a dict of the launcher's options, or None")
+    target = launcher_for(config, **(options or {}))
+    try:
+        target.check(config)
+    except BaseException:
+        target.release()
+        raise
+    return target
+
+
 def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimizer=None, val_data=None,
         collate_fn=None, scheduler=None, scheduler_interval=None, metrics=None, validation_step=None,
         recipe: Recipe | None = None, config: TrainConfig | None = None,
-        log: MetricsLog | None = None, name: str | None = None, stop=None, **options) -> RunResult:
+        log: MetricsLog | None = None, name: str | None = None, stop=None, launcher_options: dict | None = None,
+        **options) -> RunResult:
     """Train `model` on `train_data` (or a ready `recipe`) and return the measured result.
 
     `model` may be any nn.Module or a LightningModule (its own steps, optimizers and data);
@@ -63,6 +93,9 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     With devices > 1 or num_nodes > 1 the run goes to DDP workers and the trained weights
     come back into `model`. `stop`, a threading.Event, ends the run at the next optimizer step once
     set from any thread (every DDP rank at the same step), keeping what it trained.
+    `launcher_options`: the options of the launcher the config names (launchers.launcher_for), e.g.
+    `launcher="slurm", launcher_options={"partition": "gpu", "time": "01:00:00"}`; that target, not this
+    machine, is checked (a SLURM partition through sinfo, a Ray cluster's resources).
     """
     called = time.perf_counter()  # the call's wall time, all of it, is split in the summary
     imported_s = imports.settle()  # before the first optimizer is built (an interrupt cannot cut those imports)
@@ -80,32 +113,35 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
     config = TrainConfig.of(config) or TrainConfig()
     config = config.replace(**options) if options else config
     config = recipe.adopt_settings(config)
-    check_runnable(config)  # in the kernel or its DDP workers, this machine runs it (SLURM checks its partition)
+    # DataParallel: one process driving several GPUs. A launcher named on purpose runs even one rank its way
+    # (one GPU of a Ray cluster); by default one rank trains here, in the kernel.
+    elsewhere = (config.world_size > 1 or config.launcher not in (None, "local")) and config.strategy != "dp"
     check_monitor(config, recipe)  # before DDP workers start, too
     check_folder(config)
     if config.world_size > 1 and recipe.fixed_loader is not None:
         raise ConfigError([Problem("devices", config.devices, "1: " + fixed_reason(recipe.fixed_loader)
                                    + " (it cannot be shared out across ranks)")])
-    # DataParallel: one process driving several GPUs. A launcher named on purpose runs even one rank its way
-    # (one GPU of a Ray cluster); by default one rank trains here, in the kernel.
-    elsewhere = config.world_size > 1 or config.launcher not in (None, "local")
-    if elsewhere and config.strategy != "dp":
-        from .distributed import carry
+    if elsewhere:
+        target = _checked_target(config, launcher_options)  # where the ranks run checks it, once
         from .distributed.launch import fit_distributed
-        # The live engine, as a call in this process would find it, goes to the ranks and comes back:
-        # a later call (DDP or not) continues this one. Sharded optimizer state stays with its ranks.
-        engine = None if config.strategy == "fsdp" else \
-            engine_for(recipe, carry.kernel_config(config, recipe.model, live_engine(recipe.model)))
-        if engine is not None and engine.schedule is not None:  # refused here, before any rank starts (the ranks
-            engine.schedule.check(config, recipe.val_data is not None, config.world_size)  # would, in rank 0)
+        try:
+            engine = kernel_engine(recipe, config)
+        except BaseException:
+            target.release()
+            raise
         before = time.perf_counter() - called
-        result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine)
+        result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine, target=target)
         began = result.extras.pop("run_began", None)
         if began is not None and result.summary.time_split is not None:
             # Starting the ranks (processes, imports, rendezvous, each rank's engine) is start-up, not "other":
             # the call until rank 0's run began, less the start-up rank 0's own split already holds.
             before = began - called - result.summary.time_split.get("start-up", 0.0)
-    else:  # this machine runs it: its settings adopted and the machine checked above, once
+    else:  # this machine runs it: its settings adopted above, the machine checked here, once
+        if launcher_options:
+            from .launchers.base import LauncherOptionError
+            raise LauncherOptionError(f"launcher_options={launcher_options!r}: allowed: None when the run trains in "
+                                      "this process (devices=1, num_nodes=1, no launcher named)")
+        check_runnable(config)
         engine = engine_for(recipe, config, settled=True)
         engine.note("start-up", imports.first_call_note(imported_s))  # this call's summary only
         try:

@@ -27,7 +27,7 @@ _PRECISION_ALIASES = {
 }
 ACCELERATORS = ("auto", "cpu", "cuda", "mps")
 STRATEGIES = ("auto", "ddp", "dp", "fsdp")
-LAUNCHERS = ("local", "torchrun", "slurm", "ray")  # where ranks run: nbtrain/launchers/<name>.py
+LAUNCHERS = ("local", "torchrun", "slurm", "ray", "debug")  # where ranks run: nbtrain/launchers/<name>.py
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 LR_RULES = ("none", "linear", "sqrt")
 SCHEDULE_COUNTS = ("steps", "samples")  # what a schedule stepped every step counts under a changed global batch
@@ -53,8 +53,9 @@ class TrainConfig:
     strategy: str = setting("auto", "choice", "multi-device strategy: ddp (default for devices > 1), fsdp (shard a "
                             "model too big for one device) or dp (DataParallel, for comparison)", choices=STRATEGIES)
     launcher: str | None = setting(None, "choice", "where the ranks run: local (forked on this machine), torchrun "
-                                   "(c10d across machines), slurm (a batch job) or ray (the Ray cluster the kernel is "
-                                   "attached to)", choices=LAUNCHERS, nullable=True,
+                                   "(c10d across machines), slurm (a batch job), ray (the Ray cluster the kernel is "
+                                   "attached to) or debug (rank 0 alone, in this process: pdb steps into it)",
+                                   choices=LAUNCHERS, nullable=True,
                                    none="local for one node, torchrun for several")
     node_rank: int | None = setting(None, "whole", "this machine's place among num_nodes (multi-node)",
                                     low=0, nullable=True, none="$NBTRAIN_NODE_RANK")
@@ -331,24 +332,25 @@ def _check_names(values: dict) -> None:
         raise ConfigError(problems)
 
 
-def check_runnable(c: TrainConfig, inv: hardware.Inventory | None = None) -> None:
-    """Raise ConfigError when the target (this machine by default; a SLURM partition's nodes) cannot run `c`.
+def check_runnable(c: TrainConfig, inv: hardware.Inventory | None = None, where: str = "this machine") -> None:
+    """Raise ConfigError when the target (this machine by default; a launcher target's inventory, named
+    `where`: a SLURM partition's nodes, a Ray cluster) cannot run `c`.
 
     Apart from TrainConfig's own value checks: a config made on a laptop for GPU nodes is a valid
     config; it is only not runnable *here*. Every run checks its target when it starts.
     """
-    problems = runnable_problems(c, inv or hardware.inventory())
+    problems = runnable_problems(c, inv or hardware.inventory(), where)
     if problems:
         raise ConfigError(problems)
 
 
-def runnable_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Problem]:
-    """What the target with inventory `inv` cannot run of `c`."""
+def runnable_problems(c: TrainConfig, inv: hardware.Inventory, where: str = "this machine") -> list[Problem]:
+    """What the target with inventory `inv` (named `where` in the problems) cannot run of `c`."""
     out: list[Problem] = []
     device = inv.resolve(c.accelerator)
     if c.accelerator not in ("auto", "cpu") and c.accelerator not in inv.accelerators():
         out.append(Problem("accelerator", c.accelerator,
-                           f"not available on this machine; available: {', '.join(inv.accelerators())}"))
+                           f"not available on {where}; available: {', '.join(inv.accelerators())}"))
         return out
     if c.precision == "16-mixed" and device != "cuda":
         out.append(Problem("precision", c.precision,
@@ -356,14 +358,14 @@ def runnable_problems(c: TrainConfig, inv: hardware.Inventory) -> list[Problem]:
     if c.precision == "bf16-mixed" and device == "cuda" and not inv.cuda_bf16:
         out.append(Problem("precision", c.precision, "this GPU has no bf16 support; use 16-mixed or 32-true"))
     if device == "cuda" and c.devices > inv.cuda_devices:
-        out.append(Problem("devices", c.devices, f"at most {inv.cuda_devices} (CUDA devices on this machine)"))
+        out.append(Problem("devices", c.devices, f"at most {inv.cuda_devices} (CUDA devices on {where})"))
     if device != "cuda" and c.devices > inv.cpu_cores:
-        out.append(Problem("devices", c.devices, f"at most {inv.cpu_cores} CPU processes (cores on this machine)"))
+        out.append(Problem("devices", c.devices, f"at most {inv.cpu_cores} CPU processes (cores on {where})"))
     if device == "mps" and c.devices > 1:
         out.append(Problem("devices", c.devices, "MPS runs one process; use devices=1"))
     if c.strategy == "dp" and (device != "cuda" or inv.cuda_devices < 2):
         out.append(Problem("strategy", c.strategy,
-                           f"DataParallel needs at least 2 CUDA devices; this machine has {inv.cuda_devices}; use ddp"))
+                           f"DataParallel needs at least 2 CUDA devices; {where} has {inv.cuda_devices}; use ddp"))
     return out
 
 
@@ -377,6 +379,9 @@ def _combination_problems(c: TrainConfig) -> list[Problem]:
     if c.launcher == "local" and c.num_nodes > 1:
         out.append(Problem("launcher", c.launcher, f"torchrun, slurm or ray with num_nodes={c.num_nodes} (local "
                                                    "starts one machine's ranks)"))
+    if c.launcher == "debug" and c.world_size > 1:
+        out.append(Problem("launcher", c.launcher, f"local, torchrun, slurm or ray with devices x num_nodes = "
+                                                   f"{c.world_size} (debug runs rank 0 alone, in this process)"))
     if c.node_rank is not None and c.node_rank >= c.num_nodes:
         out.append(Problem("node_rank", c.node_rank, f"a whole number from 0 to {c.num_nodes - 1} (this machine's "
                                                      f"place among num_nodes={c.num_nodes})"))

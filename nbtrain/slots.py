@@ -16,3 +16,13 @@ class Slot:
 
     def __deepcopy__(self, memo):
         return Slot()
+
+
+# A model's live engine (api.engine_for sets it): what a later call, in this process or on ranks elsewhere, continues.
+ENGINE = "_nbtrain_engine"
+
+
+def held(obj, name: str):
+    """What the slot `name` on `obj` holds, or None."""
+    slot = obj.__dict__.get(name)
+    return slot.value if slot is not None else None

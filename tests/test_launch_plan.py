@@ -225,7 +225,7 @@ def test_the_plan_names_its_launcher_local_for_one_node_torchrun_for_several_or_
     parser = argparse.ArgumentParser()
     add_config_flags(parser)  # the %%nbtrain flags are made from the config's options
     assert config_from_flags(parser.parse_args(["--launcher", "torchrun"])).launcher == "torchrun"
-    with pytest.raises(ConfigError, match=r"launcher='k8s': one of local, torchrun, slurm, ray, or None \(local for "
+    with pytest.raises(ConfigError, match=r"launcher='k8s': one of local, torchrun, slurm, ray, debug, or None \(local for "
                                           r"one node, torchrun for several\)"):
         config_from_flags(parser.parse_args(["--launcher", "k8s"]))
     with pytest.raises(ConfigError, match=r"launcher='local': torchrun, slurm or ray with num_nodes=2"):

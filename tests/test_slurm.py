@@ -408,3 +408,30 @@ def test_fit_with_the_slurm_launcher_trains_as_a_batch_job_and_leaves_nothing(sl
     assert result.extras["weights_loaded"]
     assert not all(torch.equal(v, before[k]) for k, v in recipe.model.state_dict().items())
     assert not any((project / ".nbtrain" / "runs").iterdir())  # the copy the nodes saw is gone
+
+
+@pytest.mark.slow
+def test_launcher_slurm_with_partition_and_time_continues_the_live_engine_as_local_ddp_does(slurm_cluster, project):  # noqa: F811
+    """A call in the kernel, then fit(launcher="slurm") with partition and time options, then nbtrain.slurm.submit
+    (the same target and options): each continues the live engine (momentum, position, random numbers), to the
+    weights of the kernel call followed by two local DDP calls."""
+    with pytest.raises(SlurmError, match="invalid partition specified: nope"):  # the options reach sbatch
+        fit(recipe=digits_recipe(seed=0), config=two_nodes(max_steps=1, launcher="slurm"),
+            launcher_options={"partition": "nope"})
+    options = {"partition": "debug", "time": "00:10:00", "cpus_per_task": 1}
+    ddp = {"batch_size": 16, "seed": 0, "max_steps": 3, "accelerator": "cpu"}
+
+    def three_calls(second, third) -> dict:
+        recipe = digits_recipe(seed=0)
+        fit(recipe=recipe, config=TrainConfig(batch_size=32, seed=0, max_steps=3))  # the live engine: 32 a step
+        for call in (second, third):
+            result = call(recipe)
+            assert result.status == "completed" and result.extras["weights_loaded"], result.message
+        return {k: v.clone() for k, v in recipe.model.state_dict().items()}
+
+    local = three_calls(lambda r: fit(recipe=r, config=TrainConfig(devices=2, **ddp)),
+                        lambda r: fit(recipe=r, config=TrainConfig(devices=2, **ddp)))
+    on_slurm = three_calls(
+        lambda r: fit(recipe=r, config=TrainConfig(num_nodes=2, launcher="slurm", **ddp), launcher_options=options),
+        lambda r: slurm.submit(r, TrainConfig(num_nodes=2, **ddp), **options).wait(echo=False, timeout=120))
+    assert all(torch.equal(on_slurm[k], local[k]) for k in local)

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as torch_dist
 
 from ..engine.state import rng_state
+from ..slots import ENGINE, held
 
 # The kernel's engine -> what only the ranks of the DDP run it last continued from hold: {"step": the
 # engine's step when they came back, "rngs": each rank's random-number state (rank 0's is the kernel's
@@ -43,6 +44,13 @@ _RANK_STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 FSDP_NOTE = ("strategy=fsdp: only the weights carry over to the next call (the sharded optimizer state, "
              "schedule and data position start afresh in each fsdp call)")
+
+
+def live_engine(model):
+    """The kernel's live engine of `model` (the one its next call continues), or None; one that is
+    running now (another thread's call) is not continued."""
+    engine = held(model, ENGINE)
+    return engine if engine is not None and not engine.running else None
 
 
 def kernel_config(config, model, live=None):

@@ -20,6 +20,7 @@ from .. import launchers
 from ..engine import fsdp
 from ..config import TrainConfig
 from ..launchers.base import WorkerError, supervise  # noqa: F401  (WorkerError: what a failed rank raises)
+from ..launchers.local import LocalTarget
 from ..metrics import MetricsLog
 from . import carry, plan as plans
 from .pool import ZYGOTE  # noqa: F401  (the local launcher's zygote: prewarmed and closed through this module)
@@ -31,7 +32,7 @@ from .rundir import RunDir
 
 def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None = None, *,
                     timeout: float | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-                    host: str | None = None, echo: bool = True, stop=None, engine=None) -> RunResult:
+                    host: str | None = None, echo: bool = True, stop=None, engine=None, target=None) -> RunResult:
     """Train `recipe` with `config` as DDP (or FSDP) in fresh processes; its model gets the trained weights.
 
     engine: the kernel's live engine of `recipe.model` (DDP only): the ranks continue its optimizer,
@@ -48,26 +49,36 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
     address among several.
     stop: a threading.Event; once set (from any thread), every rank stops after the same optimizer
     step and the weights trained so far come back, as when a run completes.
+    target: where the ranks run (launchers.launcher_for(config), with its options), already checked by
+    nbtrain.fit; None: the config's launcher with no options, unchecked here (the ranks' engines check it).
     """
     __tracebackhide__ = True
-    if config.strategy == "fsdp":
-        fsdp.check_shardable(recipe.model)  # before any process starts
-    plan = plans.for_fit(config, timeout=timeout, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, host=host)
-    log = log if log is not None else MetricsLog()
-    run = RunDir.create(plan, config=config, recipe=recipe,
-                        engine_state=carry.sent(engine) if engine is not None else None)
+    target = target if target is not None else launchers.launcher_for(config)
+    started = False
+    try:
+        if config.strategy == "fsdp":
+            fsdp.check_shardable(recipe.model)  # before any process starts
+        plan = target.plan(config, timeout=timeout, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, host=host)
+        log = log if log is not None else MetricsLog()
+        run = RunDir.create(plan, config=config, recipe=recipe,
+                            engine_state=carry.sent(engine) if engine is not None else None)
+    except BaseException:
+        target.release()
+        raise
     began = []  # when rank 0's run began, on this process's clock: its "start" event's arrival
     def note_start(event, _log):
         if event["type"] == "start" and not began:
             began.append(time.perf_counter())
     log.subscribe(note_start)
     try:
-        job = launchers.launcher_for(plan.launcher).start(run, plan, shipped=(recipe,))
+        job = target.start(run, plan, shipped=(recipe,))
+        started = True
         status, error = supervise(job, log, echo, stop)
         if error is not None:
             raise error
         state = run.load_model() if status == "completed" else None
         notes = [carry.FSDP_NOTE] if config.strategy == "fsdp" else []
+        notes += [target.checked] if target.checked else []
         if state is not None:
             recipe.model.load_state_dict(state)
             if engine is not None:
@@ -82,6 +93,8 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
             result.extras["run_began"] = began[0]
         return result
     finally:
+        if not started:
+            target.release()
         log.unsubscribe(note_start)
         run.remove()
 
@@ -99,7 +112,7 @@ def launch(fn, nprocs: int = 2, args=(), *, timeout: float | None = None, backen
     plan = plans.for_function(nprocs, timeout=timeout, backend=backend, host=host)
     run = RunDir.create(plan, function=fn, args=args)
     try:
-        job = launchers.launcher_for(plan.launcher).start(run, plan, shipped=(fn, args))
+        job = LocalTarget().start(run, plan, shipped=(fn, args))
         status, error = supervise(job, MetricsLog(), echo)
         if error is not None:
             raise error

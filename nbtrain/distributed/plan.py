@@ -4,7 +4,7 @@ A run's plan is derived when the run starts, from its TrainConfig (plus the keyw
 fit_distributed and launch take), written into the run directory as launch.json (rundir.py),
 and is the only thing a worker or a torchrun agent reads for these decisions:
 
-    launcher                where the ranks run: local | torchrun | slurm | ray (nbtrain/launchers/)
+    launcher                where the ranks run: local | torchrun | slurm | ray | debug (nbtrain/launchers/)
     backend                 gloo | nccl, decided by backend_for() for every kind of run
     nodes, procs_per_node   the world; threads_per_rank: each rank's torch threads
     timeout_s               how long a rank may wait in one collective
@@ -94,7 +94,7 @@ def for_fit(config: TrainConfig, *, timeout=None, node_rank=None, rdzv_endpoint=
     if launcher == "slurm":  # a batch job: it outlives the kernel
         return for_batch_job(config)
     common.update(_owner())
-    if launcher == "local":
+    if launcher in ("local", "debug"):  # this machine's ranks (debug: rank 0 in the kernel itself)
         return LaunchPlan(host=_host(host) or LOOPBACK[0], **common)
     endpoint = config.rdzv_endpoint if rdzv_endpoint is None else rdzv_endpoint
     endpoint = endpoint or os.environ.get("NBTRAIN_RDZV_ENDPOINT")

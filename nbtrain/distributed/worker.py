@@ -17,6 +17,7 @@ Either way a watchdog thread ends the process when the plan's owner (the kernel)
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import shutil
@@ -28,6 +29,7 @@ import psutil
 import torch
 import torch.distributed as torch_dist
 
+from .. import hardware
 from ..engine import fsdp
 from . import carry, requeue
 from ..engine.engine import Engine
@@ -111,7 +113,8 @@ def _train(run: RunDir, local_main: bool) -> None:
     resume = requeue.resume_from(run.path)
     if resume is not None:  # a requeued SLURM job continues from its checkpoint
         config = config.replace(resume=str(resume))
-    engine = Engine(recipe, config)
+    with hardware.assume(rank_share(hardware.inventory(), config)):
+        engine = Engine(recipe, config)
     carried = run.engine_state()  # the kernel's live engine: this run continues it
     if carried is not None:
         carry.take_up(engine, carried)
@@ -145,6 +148,13 @@ def _train(run: RunDir, local_main: bool) -> None:
         run.save_model(state)
         run.save_result(result.status, result.message, result.summary.to_dict())
         writer.close()
+
+
+def rank_share(found: hardware.Inventory, config) -> hardware.Inventory:
+    """What one rank checks of its machine: its device type and precision; how many ranks the target runs (a Ray
+    cluster's actors, a partition's nodes) was checked by the target itself, where the run was started."""
+    return dataclasses.replace(found, cpu_cores=max(found.cpu_cores, config.devices),
+                               cuda_devices=max(found.cuda_devices, config.devices) if found.cuda_devices else 0)
 
 
 def _threads(plan: LaunchPlan) -> int | None:

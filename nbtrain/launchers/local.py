@@ -14,10 +14,13 @@ from datetime import timedelta
 from ..distributed.plan import LaunchPlan
 from ..distributed.pool import ZYGOTE, FileTail, ForkRefused, Relay, start_rank, terminate, worker_env
 from ..distributed.rundir import RunDir
+from .base import Target
 from .processes import ProcessRanks
 
 
-class LocalLauncher:
+class LocalTarget(Target):
+    """This machine (its inventory: hardware.inventory()); no options."""
+
     name = "local"
 
     def start(self, run: RunDir, plan: LaunchPlan, shipped: tuple = ()) -> ProcessRanks:
@@ -60,4 +63,4 @@ class LocalLauncher:
                             outputs=outputs)
 
 
-LAUNCHER = LocalLauncher()
+TARGET = LocalTarget

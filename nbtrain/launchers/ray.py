@@ -28,7 +28,9 @@ import time
 from ..distributed.plan import LaunchPlan
 from ..distributed.pool import FileTail, worker_env
 from ..distributed.rundir import INPUTS, OUTPUTS, RunDir
-from .base import WorkerError, first_raised
+from ..config import TrainConfig
+from ..hardware import Inventory
+from .base import LauncherOptionError, Target, WorkerError, first_raised
 
 try:
     import ray
@@ -193,18 +195,67 @@ def _wait_gone(pids: list[int], timeout_s: float = 10.0) -> None:
     psutil.wait_procs(mine, timeout=timeout_s)
 
 
-class RayLauncher:
+class RayTarget(Target):
+    """The Ray cluster the kernel is attached to (one started here when none is): its inventory is the
+    cluster's resources (ray.cluster_resources(): GPUs and CPUs, all nodes together), never the kernel's."""
+
     name = "ray"
+    OPTIONS = {"num_cpus": "CPUs each rank's actor asks for: a number > 0 (default: the cluster's CPUs shared "
+                           "among the ranks)",
+               "resources": "custom Ray resources each rank's actor asks for: a dict of name -> amount > 0"}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.started_ray = False
+
+    def read_option(self, name: str, value):
+        if name == "num_cpus":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise LauncherOptionError(f"launcher='ray': option num_cpus={value!r}: allowed: {self.OPTIONS[name]}")
+            return value
+        if not isinstance(value, dict) or not all(isinstance(k, str) and not isinstance(v, bool) and
+                                                  isinstance(v, (int, float)) and v > 0 for k, v in value.items()):
+            raise LauncherOptionError(f"launcher='ray': option resources={value!r}: allowed: {self.OPTIONS[name]}")
+        return dict(value)
+
+    def connect(self) -> None:
+        """Join the cluster the kernel is attached to, or start a one-machine one (ended with the run)."""
+        if ray.is_initialized():
+            return
+        # The actors on this machine import the nbtrain the kernel imported (as the local launcher's ranks
+        # do); on other nodes, the one installed in the cluster's environment.
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": worker_env(1)["PYTHONPATH"]}}, include_dashboard=False)
+        self.started_ray = True
+
+    def inventory(self) -> Inventory:
+        self.connect()
+        offered = ray.cluster_resources()
+        gpus = int(offered.get("GPU", 0))
+        # Ray does not say a GPU's compute capability: bf16 is left to the rank's own check on its node.
+        return Inventory(cuda_devices=gpus, cuda_bf16=bool(gpus), mps=False, cpu_cores=int(offered.get("CPU", 0)))
+
+    def where(self) -> str:
+        return f"the Ray cluster ({ray.get_runtime_context().gcs_address if ray.is_initialized() else 'not joined'})"
+
+    def config_to_check(self, config: TrainConfig) -> TrainConfig:
+        # Ray places every rank on the cluster's nodes: the world is checked against the cluster's total.
+        return config if config.num_nodes == 1 else config.replace(devices=config.world_size, num_nodes=1,
+                                                                    node_rank=None)
+
+    def plan(self, config: TrainConfig, **keywords) -> LaunchPlan:
+        plan = super().plan(config, **keywords)
+        self.connect()
+        cpus = self.options.get("num_cpus") or max(1, int(ray.cluster_resources().get("CPU", 1)) // plan.world_size)
+        return plan.replace(threads_per_rank=max(1, int(cpus)))
 
     def start(self, run: RunDir, plan: LaunchPlan, shipped: tuple = ()) -> RayRanks:
-        started_ray = not ray.is_initialized()
-        if started_ray:
-            # The actors on this machine import the nbtrain the kernel imported (as the local launcher's ranks
-            # do); on other nodes, the one installed in the cluster's environment.
-            path = worker_env(1)["PYTHONPATH"]
-            ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False)
+        self.connect()
+        started_ray, self.started_ray = self.started_ray, False  # the ranks end the cluster this target started
         size = plan.world_size
-        per_rank = {"num_cpus": plan.threads_per_rank or 1, "num_gpus": 1 if plan.backend == "nccl" else 0}
+        per_rank = {"num_cpus": self.options.get("num_cpus") or plan.threads_per_rank or 1,
+                    "num_gpus": 1 if plan.backend == "nccl" else 0}
+        if self.options.get("resources"):
+            per_rank["resources"] = self.options["resources"]
         actor_class = ray.remote(max_concurrency=3)(RankActor)  # news and stop while the rank trains
         files = run.files(INPUTS)
         actors = []
@@ -225,5 +276,11 @@ class RayLauncher:
                 ray.shutdown()
             raise
 
+    def release(self) -> None:
+        """A cluster this target started for a check that refused, or a run that never started, ends here."""
+        if self.started_ray:
+            self.started_ray = False
+            ray.shutdown()
 
-LAUNCHER = RayLauncher()
+
+TARGET = RayTarget

@@ -36,11 +36,19 @@ from ..distributed.plan import LaunchPlan
 from ..distributed.rundir import CONFIG, ENGINE_IN, ENGINE_OUT, FUNCTION, LAUNCH, MODEL, RECIPE, RESULT, RETURN, RunDir
 from ..slurm.options import SlurmOptionError, check_options, minutes
 from ..slurm.task import RankTask
-from .base import WorkerError, first_raised
+from ..hardware import Inventory
+from .base import Target, WorkerError, first_raised
 
 SIGNAL_DELAY_S = 90  # submitit signals the job this long before its time limit: the ranks checkpoint and requeue
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}
+# Pending reasons that no amount of waiting fixes (sites that do not refuse such jobs at sbatch).
+NEVER_STARTS = {"PartitionNodeLimit": "more nodes than the partition allows",
+                "PartitionTimeLimit": "a longer time limit than the partition allows",
+                "PartitionConfig": "resources the partition does not have",
+                "BadConstraints": "constraints no node satisfies",
+                "InvalidAccount": "an account that does not exist", "InvalidQOS": "a QOS that does not exist",
+                "DependencyNeverSatisfied": "a dependency that can no longer be met"}
 _SRUN_TASK_ENDED = re.compile(r"srun: error: (\S+): tasks? (\d+)[^:]*: (.+)")
 _DRY_RUN_HINT = ("to see the batch script without submitting: nbtrain.slurm.submit(recipe, config, dry_run=True) "
                  "(or %%nbtrain --slurm-dry-run), or write it with nbtrain.slurm.export(recipe, config, folder)")
@@ -166,8 +174,11 @@ class SlurmRanks:
     directory. `back_to`: the kernel's run directory the outputs are copied into once the job completed."""
 
     def __init__(self, job_id: str, run: RunDir, tasks: int, *, back_to: RunDir | None = None, shipped=(),
-                 poll_s: float = 1.0):
+                 poll_s: float = 1.0, owned: bool = True, on_state=None):
         self.job_id, self.run, self.back_to, self.shipped, self.poll_s = str(job_id), run, back_to, shipped, poll_s
+        # owned: the kernel's call drives the job (fit), so closing cancels one still queued or running; a
+        # submitted job (nbtrain.slurm.submit) outlives whoever follows it. on_state(JobState): each change.
+        self.owned, self.on_state, self._told = owned, on_state, None
         self.job = AccountedJob(folder=run.path, job_id=self.job_id, tasks=tuple(range(tasks)))
         # Its own reader: submitit's shared one keeps a finished job's state for good, which a later job with the
         # same id (a new cluster, ids wrapped around) would be given.
@@ -223,8 +234,11 @@ class SlurmRanks:
 
     def state(self) -> str:
         state = self.poll()
+        if self.on_state is not None and state != self._told:
+            self._told = state
+            self.on_state(state)
         if not state.terminal:
-            return "running"
+            return "failed" if self.never_starts() else "running"
         if state.state == "COMPLETED" and (self.run.load_result() is not None or self.run.has_return()):
             self._bring_back()
             return "completed"
@@ -250,10 +264,17 @@ class SlurmRanks:
         except subprocess.CalledProcessError as error:
             raise SlurmError(f"scancel {self.job_id} failed (exit {error.returncode})") from None
 
+    def never_starts(self) -> bool:
+        return self.current.state == "PENDING" and self.current.reason in NEVER_STARTS
+
     def error(self) -> WorkerError:
         """Why the job ended without completing: a rank killed (srun names it and its node), the first
-        traceback a rank wrote, a job that never started, or the end of its output."""
+        traceback a rank wrote, a job that never started (or can never start), or the end of its output."""
         state, output = self.current, self.output()
+        if self.never_starts():
+            left = "It was cancelled" if self.owned else "It is still queued; handle.cancel() removes it"
+            return WorkerError(f"SLURM job {self.job_id} can never start: {state}: it asks for "
+                               f"{NEVER_STARTS[state.reason]}. {left}")
         ended = _SRUN_TASK_ENDED.search(output)  # srun names the first rank that ended badly, and its node
         if ended and not ended.group(3).startswith("Exited"):  # killed (the OOM killer, a signal): no traceback
             node, rank, how = ended.group(1), int(ended.group(2)), ended.group(3).strip()
@@ -270,8 +291,8 @@ class SlurmRanks:
         return WorkerError(f"SLURM job {self.job_id} {state}; the end of its output ({self.run.path}):\n{tail}")
 
     def close(self, echo: bool) -> None:
-        """The kernel that drove the job is done with it: a job still queued or running is cancelled."""
-        if not self.poll(force=True).terminal:
+        """The kernel that drove the job is done with it: a job it owns still queued or running is cancelled."""
+        if self.owned and not self.poll(force=True).terminal:
             self.cancel()
         self.show(echo)
         if self.back_to is not None:  # the copy under the project served its purpose
@@ -285,24 +306,107 @@ class SlurmRanks:
                 shutil.copy2(self.run.path / name, self.back_to.path / name)
 
 
-class SlurmLauncher:
+class SlurmTarget(Target):
+    """A SLURM partition (submitit's SlurmExecutor, with its options): checked against what a node of the
+    partition offers (sinfo), never against the kernel's machine; where sinfo cannot tell, nothing is checked."""
+
     name = "slurm"
+    OPTIONS = {"partition": "a partition name (sbatch --partition; default: the cluster's default partition)",
+               "time": "a time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (sbatch --time)",
+               "job_name": "a non-empty name on one line (default nbtrain)",
+               "signal_delay_s": "whole seconds >= 0 before the time limit the ranks checkpoint and requeue",
+               "run_root": "a folder every node sees, for the job's run directory (default .nbtrain/runs in the "
+                           "project)",
+               "python": "the interpreter the nodes run (default this one)"}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.options.setdefault("job_name", "nbtrain")
+        self.options.setdefault("signal_delay_s", SIGNAL_DELAY_S)
+
+    def takes_any(self, name: str) -> bool:
+        return True  # any other sbatch long option (account=..., exclusive=True, ...): check_options reads it
+
+    def read_option(self, name: str, value):
+        if name in ("job_name", "signal_delay_s"):
+            parameters(LaunchPlan(), **{"job_name": "nbtrain", "signal_delay_s": SIGNAL_DELAY_S, "options": {},
+                                        name: value})  # its own check: SlurmOptionError names it
+            return value
+        if name in ("run_root", "python"):
+            if value is not None and (not isinstance(value, (str, Path)) or not str(value)):
+                raise SlurmOptionError(f"launcher='slurm': option {name}={value!r}: allowed: {self.OPTIONS[name]}")
+            return value
+        check_options({name: value})
+        return value
+
+    def sbatch_options(self) -> dict:
+        return {k: v for k, v in self.options.items() if k not in self.OPTIONS or k in ("partition", "time")}
+
+    def inventory(self) -> Inventory | None:
+        return partition_inventory(self.options.get("partition"))
+
+    def where(self) -> str:
+        partition = self.options.get("partition")
+        return f"a node of partition {partition!r} (sinfo)" if partition else "a node of the default partition (sinfo)"
+
+    def parameters(self, plan: LaunchPlan) -> dict:
+        return parameters(plan, self.options["job_name"], self.sbatch_options(), self.options["signal_delay_s"])
+
+    def run_root(self) -> Path:
+        root = self.options.get("run_root")
+        return Path(root) if root is not None else Path.cwd() / ".nbtrain" / "runs"
+
+    def python(self) -> str:
+        return str(self.options.get("python") or sys.executable)
+
+    def script(self, plan: LaunchPlan) -> str:
+        """The batch script the job would be, nothing submitted (a dry run)."""
+        return batch_script(self.parameters(plan), self.run_root() / "nbtrain-run-XXXXXXXX", self.python())
+
+    def prepared_root(self) -> Path:
+        """The run root, made (private) where it is not yet: every node sees the run directories under it."""
+        root = self.run_root()
+        if self.options.get("run_root") is None:
+            root.parent.mkdir(mode=0o700, exist_ok=True)  # private first, so runs/ inherits nothing looser
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return root
+
+    def shared_dir(self) -> RunDir:
+        """A new private run directory under the run root."""
+        return RunDir(tempfile.mkdtemp(prefix="nbtrain-run-", dir=self.prepared_root()))
+
+    def submit(self, run: RunDir, plan: LaunchPlan) -> str:
+        """Submit the run directory's ranks as one batch job; its id."""
+        return submit_run(run, self.parameters(plan), self.python())
 
     def start(self, run: RunDir, plan: LaunchPlan, shipped: tuple = ()) -> SlurmRanks:
-        """The plan's ranks as one batch job in the default partition; its inputs copied where the nodes see them."""
-        root = Path.cwd() / ".nbtrain" / "runs"
-        root.parent.mkdir(mode=0o700, exist_ok=True)  # private first, so runs/ inherits nothing looser
-        root.mkdir(mode=0o700, exist_ok=True)
-        shared = RunDir(tempfile.mkdtemp(prefix="nbtrain-run-", dir=root))
+        """The plan's ranks as one batch job, its inputs copied where the nodes see them; closing cancels it."""
+        params = self.parameters(plan)  # a bad option refuses before anything is written
+        shared = self.shared_dir()
         for name in (CONFIG, RECIPE, ENGINE_IN, FUNCTION, LAUNCH):
             if (run.path / name).exists():
                 shutil.copy2(run.path / name, shared.path / name)
         try:
-            job_id = submit_run(shared, parameters(plan, "nbtrain", {}, SIGNAL_DELAY_S), sys.executable)
+            job_id = submit_run(shared, params, self.python())
         except BaseException:
             shared.remove()
             raise
         return SlurmRanks(job_id, shared, plan.world_size, back_to=run, shipped=shipped)
 
 
-LAUNCHER = SlurmLauncher()
+def partition_inventory(partition: str | None) -> Inventory | None:
+    """What a node of `partition` (the default one when None) offers, read with sinfo: GPUs from its
+    generic resources (gres gpu:N or gpu:type:N), cores from its CPU count. None when sinfo cannot tell."""
+    lines = sinfo("%G|%c", partition)
+    if not lines:
+        return None
+    gpus = cores = 0
+    for gres, cpus in lines:  # the best node of the partition: a job asks for what one node has
+        count = sum(int(m.group(1)) for m in _GPU_GRES.finditer(gres))
+        gpus, cores = max(gpus, count), max(cores, int(cpus) if cpus.strip().isdigit() else 0)
+    return Inventory(cuda_devices=gpus, cuda_bf16=bool(gpus), mps=False, cpu_cores=max(cores, 1))
+
+
+_GPU_GRES = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
+
+TARGET = SlurmTarget

@@ -6,10 +6,13 @@ from __future__ import annotations
 from ..distributed.plan import LaunchPlan
 from ..distributed.pool import Relay, start, worker_env
 from ..distributed.rundir import RunDir
+from .base import Target
 from .processes import ProcessRanks
 
 
-class TorchrunLauncher:
+class TorchrunTarget(Target):
+    """This node's part of a multi-node job: checked against this machine, which runs its ranks; no options."""
+
     name = "torchrun"
 
     def start(self, run: RunDir, plan: LaunchPlan, shipped: tuple = ()) -> ProcessRanks:
@@ -26,4 +29,4 @@ class TorchrunLauncher:
         return ProcessRanks(run, plan, [agent], relay, ranks=None, shipped=shipped)
 
 
-LAUNCHER = TorchrunLauncher()
+TARGET = TorchrunTarget

@@ -20,32 +20,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
-from ..config import TrainConfig, check_runnable
-from ..distributed.plan import for_batch_job
+from .. import launchers
+from ..config import TrainConfig
+from ..distributed import carry
 from ..distributed.rundir import RunDir
-from ..hardware import Inventory
-from ..launchers.slurm import (SIGNAL_DELAY_S, JobState, SlurmError, SlurmRanks, batch_script, parameters, sinfo,
-                               submit_run)
+from ..launchers.base import supervise
+from ..launchers.slurm import SIGNAL_DELAY_S, JobState, SlurmError, SlurmRanks
 from ..metrics import MetricsLog
 from ..runs.result import RunResult
-from .options import SlurmOptionError
-from .standalone import export  # noqa: F401  (part of this module's interface)
 
-__all__ = ["submit", "attach", "export", "JobHandle", "JobState", "SlurmError", "SlurmJobError",
-           "SlurmOptionError"]
-
-# Pending reasons that no amount of waiting fixes (sites that do not refuse such jobs at sbatch).
-NEVER_STARTS = {"PartitionNodeLimit": "more nodes than the partition allows",
-                "PartitionTimeLimit": "a longer time limit than the partition allows",
-                "PartitionConfig": "resources the partition does not have",
-                "BadConstraints": "constraints no node satisfies",
-                "InvalidAccount": "an account that does not exist", "InvalidQOS": "a QOS that does not exist",
-                "DependencyNeverSatisfied": "a dependency that can no longer be met"}
 
 
 class SlurmJobError(RuntimeError):
@@ -65,33 +52,35 @@ def project_dir() -> Path:
 
 def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: bool = False,
            run_root: str | os.PathLike | None = None, python: str | None = None,
-           signal_delay_s: int = SIGNAL_DELAY_S, log: MetricsLog | None = None, **sbatch_options):
+           signal_delay_s: int = SIGNAL_DELAY_S, log: MetricsLog | None = None, engine=None, **sbatch_options):
     """Submit `recipe` trained with `config` (num_nodes x devices) as a batch job; return its JobHandle.
 
+    The job is the slurm launcher's (`fit(..., launcher="slurm", launcher_options={...})`) with these options:
     sbatch_options become sbatch long options: partition="gpu" -> --partition=gpu,
     exclusive=True -> --exclusive. dry_run=True returns the script text and submits nothing.
     signal_delay_s: how long before the time limit the ranks are told to checkpoint and requeue.
+    engine: the kernel's engine the job continues (optimizer, schedule, position, random numbers; the
+    model's live engine when None, as fit and %%nbtrain --slurm pass it); it continues from the job's once
+    the handle's wait() completes. Without one the ranks start their own, from the weights.
     """
-    python = python or sys.executable
-    root = Path(run_root) if run_root is not None else Path.cwd() / ".nbtrain" / "runs"
-    plan = for_batch_job(config)
-    params = parameters(plan, job_name, sbatch_options, signal_delay_s)  # refuses bad options first
+    config = config.replace(launcher="slurm")
+    target = launchers.launcher_for(config, job_name=job_name, run_root=run_root, python=python,
+                                    signal_delay_s=signal_delay_s, **sbatch_options)  # refuses bad options first
+    plan = target.plan(config)
     if dry_run:
-        return batch_script(params, root / "nbtrain-run-XXXXXXXX", python)
-    target = partition_inventory(sbatch_options.get("partition"))
-    if target is not None:  # the partition's nodes run it, not this login node
-        check_runnable(config, target)
-    if run_root is None:
-        project_dir()  # private .nbtrain/ first, so runs/ inherits nothing looser
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    run = RunDir.create(plan, config=config, recipe=recipe, parent=str(root))
+        return target.script(plan)
+    target.check(config)  # a node of the partition runs it, not this login node (sinfo; unknown: not checked)
+    engine = engine if engine is not None else carry.live_engine(recipe.model)
+    run = RunDir.create(plan, config=config, recipe=recipe, parent=str(target.prepared_root()),
+                        engine_state=carry.sent(engine) if engine is not None else None)
     try:
-        job_id = submit_run(run, params, python)
+        job_id = target.submit(run, plan)
     except BaseException:
         run.remove()
         raise
     _remember(job_id, run.path, job_name, plan.world_size)
-    return JobHandle(job_id, run.path, job_name=job_name, tasks=plan.world_size, model=recipe.model, log=log)
+    return JobHandle(job_id, run.path, job_name=job_name, tasks=plan.world_size, model=recipe.model, log=log,
+                     engine=engine)
 
 
 def attach(job_id, *, model=None, log: MetricsLog | None = None) -> "JobHandle":
@@ -111,16 +100,19 @@ class JobHandle:
 
     `tasks`: the job's ranks (submitit's tasks). A job submitted without submitit (an exported
     train.sbatch) is followed the same way: its state from SLURM, its events and results from its run directory.
+    Its ranks are the slurm launcher's (SlurmRanks), followed by the one loop that follows any launcher's
+    (launchers/base.supervise); a handle outlives its kernel's interest: only an interrupt cancels the job.
+    `engine`: the kernel's engine the job continues, and that continues from it once it completed.
     """
 
     def __init__(self, job_id: str, run_dir, *, job_name: str, tasks: int = 1, model=None,
-                 log: MetricsLog | None = None, poll_s: float = 1.0):
+                 log: MetricsLog | None = None, poll_s: float = 1.0, engine=None):
         self.job_id, self.job_name = str(job_id), job_name
         self.run = RunDir(run_dir)
-        self.ranks = SlurmRanks(self.job_id, self.run, tasks, poll_s=poll_s)
+        self.ranks = SlurmRanks(self.job_id, self.run, tasks, poll_s=poll_s, owned=False)
         self.job = self.ranks.job  # submitit's Job
         self.log = log if log is not None else MetricsLog()
-        self._model = model
+        self._model, self._engine = model, engine
 
     def __repr__(self) -> str:
         return f"<nbtrain SLURM job {self.job_id} {self.job_name!r}: {self.ranks.current}>"
@@ -148,29 +140,18 @@ class JobHandle:
         (a notebook view shows it). An interrupt (Ctrl-C, the stop button) cancels the job.
         """
         __tracebackhide__ = True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        shown = None
-        try:
-            while True:
-                state = self.poll()
-                if on_state is not None and state != shown:
-                    shown = state
-                    on_state(state)
-                if state.terminal:
-                    break
-                if state.state == "PENDING" and state.reason in NEVER_STARTS:
-                    raise SlurmJobError(f"SLURM job {self.job_id} can never start: {state}: it asks for "
-                                        f"{NEVER_STARTS[state.reason]}. It is still queued; handle.cancel() "
-                                        f"removes it", state)
-                self.ranks.show(echo)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"SLURM job {self.job_id} is still {state} after {timeout:g} s; "
-                                       f"it keeps running (handle.wait() again, or handle.cancel())")
-                time.sleep(0.2)
-        except KeyboardInterrupt:
+        self.ranks.on_state = on_state
+        status, cause = supervise(self.ranks, self.log, echo, timeout=timeout)
+        if status == "running":
+            raise TimeoutError(f"SLURM job {self.job_id} is still {self.ranks.current} after {timeout:g} s; "
+                               f"it keeps running (handle.wait() again, or handle.cancel())")
+        if status == "interrupted":
             self.cancel()
             raise KeyboardInterrupt(f"interrupted: SLURM job {self.job_id} was cancelled") from None
-        self.ranks.show(echo)
+        if cause is not None:
+            error = SlurmJobError(str(cause), self.ranks.current, cause.rank, cause.traceback)
+            error.nbtrain_part = getattr(cause, "nbtrain_part", None)  # the recipe part that raised, as Recipe marks it
+            raise error
         return self._finish()
 
     def stop(self) -> None:
@@ -189,33 +170,20 @@ class JobHandle:
 
     def _finish(self) -> RunResult:
         from ..distributed.launch import gathered_result
-        if self.ranks.state() == "completed":
-            weights = self.run.load_model()
-            if weights is not None:
-                self.model.load_state_dict(weights)
-            result = gathered_result(self.run.config(), self.log, self.run.load_result(), "completed")
-            result.extras.update(job_id=self.job_id, run_dir=str(self.run.path), slurm_state=str(self.ranks.current))
-            return result
-        cause = self.ranks.error()
-        error = SlurmJobError(str(cause), self.ranks.current, cause.rank, cause.traceback)
-        error.nbtrain_part = getattr(cause, "nbtrain_part", None)  # the recipe part that raised, as Recipe marks it
-        raise error
-
-
-def partition_inventory(partition: str | None) -> Inventory | None:
-    """What a node of `partition` (the default one when None) offers, read with sinfo: GPUs from its
-    generic resources (gres gpu:N or gpu:type:N), cores from its CPU count. None when sinfo cannot tell."""
-    lines = sinfo("%G|%c", partition)
-    if not lines:
-        return None
-    gpus = cores = 0
-    for gres, cpus in lines:  # the best node of the partition: a job asks for what one node has
-        count = sum(int(m.group(1)) for m in _GPU_GRES.finditer(gres))
-        gpus, cores = max(gpus, count), max(cores, int(cpus) if cpus.strip().isdigit() else 0)
-    return Inventory(cuda_devices=gpus, cuda_bf16=bool(gpus), mps=False, cpu_cores=max(cores, 1))
-
-
-_GPU_GRES = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
+        weights = self.run.load_model()
+        notes = []
+        if weights is not None:
+            self.model.load_state_dict(weights)
+            back = self.run.load_engine_state() if self._engine is not None else None
+            if back is not None:  # the kernel's engine continues from the job's, as after any launcher's run
+                notes = carry.bring_back(self._engine, back)
+                self._engine = None  # brought back once: a second wait() must not load it again
+        result = gathered_result(self.run.config(), self.log, self.run.load_result(), "completed")
+        if notes:
+            result.summary = result.summary.with_notes(notes)
+        result.extras.update(job_id=self.job_id, run_dir=str(self.run.path), slurm_state=str(self.ranks.current),
+                             weights_loaded=weights is not None)
+        return result
 
 
 def _records_path() -> Path:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from ..launchers.base import LauncherOptionError
+
 # The config decides the world; submitit the output files, the signal and the task command.
 _FROM_CONFIG = {"nodes", "ntasks_per_node", "ntasks"}
 _OWN_OPTIONS = _FROM_CONFIG | {"output", "error", "open_mode", "signal", "wrap", "parsable", "wait", "array",
@@ -18,7 +20,7 @@ _OPTION_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z")
 
 
-class SlurmOptionError(ValueError):
+class SlurmOptionError(LauncherOptionError):
     """A bad sbatch option: names the option, the value and what is allowed."""
 
 
