@@ -181,8 +181,24 @@ def test_the_table_notes_and_plot_read_the_records_and_the_words_are_as_before(t
     assert shade[1] == shade[2] == colors.to_hex(WITHHELD_COLOR) and shade[0] == shade[3] != shade[1], shade
 
 
+def test_a_walks_race_whose_leader_straddles_the_bar_is_undecided_in_a_record_the_walk_reads():
+    from nbtrain.walk.walker import run_walk
+    from landscapes import LANDSCAPES
+    from simulated_machine import SimulatedMachine
+    noisy = dataclasses.replace(LANDSCAPES[5], name="noisy", noise=0.12, drift=0.06)  # a shared machine's noise
+    walk = run_walk(m := SimulatedMachine(noisy, seed=0), budget_s=60, clock=m.clock)
+    held = [item for item in walk.items if item.withheld is not None]
+    assert held, walk.table()
+    for item in held:
+        w = item.withheld
+        assert w.kind == "undecided" and item.note == w.words and w.words == f"too noisy to tell: {w.cell}"
+        assert w.number("low") <= w.number("bar") < w.number("high") and w.number("ratio") > w.number("bar")
+        assert "blocks varied most" in w.cell and item.verdict_text().count("too noisy to tell") == 1, \
+            item.verdict_text()
+
+
 def test_every_kind_of_the_vocabulary_is_produced_by_a_reading_above():
-    produced = {case[0] for case in VERDICTS + CEILINGS + RUNS} | {"set_aside"}
+    produced = {case[0] for case in VERDICTS + CEILINGS + RUNS} | {"set_aside", "undecided"}
     assert produced == set(KINDS)
 
 
@@ -203,18 +219,20 @@ def test_the_panel_reads_the_records_words_as_before():
 
 # The rules' names (the predicates that lived in six places: verdict.py, load.py, runs/apart.py, runs/repeats.py,
 # ABResult.set_aside, Ceilings.noise) and their thresholds: defined in withheld.py and nowhere else.
-RULES = {"noise", "noise_text", "set_aside", "comparable_pairs", "could_move", "explains",
+RULES = {"undecided", "noise", "noise_text", "set_aside", "comparable_pairs", "could_move", "explains",
          "cores_explain", "waits_explain", "explains_by_windows", "covers", "too_short", "busier_machine",
          "within_spread", "beyond_machine", "between_runs", "of_verdict", "of_ceilings"}
 THRESHOLDS = {"TOO_WIDE", "FEWEST_PAIRS", "APART_MIN_S", "BEYOND_LOADED"}
 # The words a withholding says: written by withheld.py alone, so no other module writes, or reads back, a reason.
 WORDS = ("too few pairs to tell", "too few measurements to tell", "too few steps to tell", "too noisy to tell (",
          "pairs set aside", "too short to compare", "the machine was", "within the machine's own spread",
-         "same settings (A/A)", "the same settings as far as nbtrain can read", "A/A check: ", "A/A check, one")
-# Who asks it: the verdict (its own interval), ab (its pairs), the bottleneck (the ceilings' readings), and the
-# comparison of runs taken apart (runs/apart.py; runs/repeats.py for runs alike yet apart).
+         "same settings (A/A)", "the same settings as far as nbtrain can read", "A/A check: ", "A/A check, one",
+         "blocks varied most")
+# Who asks it: the verdict (its own interval), ab (its pairs), the bottleneck (the ceilings' readings), the
+# comparison of runs taken apart (runs/apart.py; runs/repeats.py for runs alike yet apart) and the walk (a race's
+# undecided leader; its result reads the record).
 ASKERS = {"nbtrain.measure.verdict", "nbtrain.measure.ab", "nbtrain.measure.bottleneck", "nbtrain.runs.apart",
-          "nbtrain.runs.repeats"}
+          "nbtrain.runs.repeats", "nbtrain.walk.walker", "nbtrain.walk.result"}
 
 
 def _strings(tree) -> list[tuple[int, str]]:
@@ -245,7 +263,7 @@ def test_no_module_but_withheld_defines_a_rule_names_a_threshold_or_writes_a_rea
     assert not found, "\n".join(found)
 
 
-def test_the_modules_that_ask_withheld_are_the_verdict_ab_the_bottleneck_and_the_comparison_of_runs():
+def test_the_modules_that_ask_withheld_are_the_verdict_ab_the_bottleneck_the_comparison_of_runs_and_the_walk():
     graph = import_graph(PACKAGE)
     assert {module for module, targets in graph.items() if HOME in targets} == ASKERS
     # the table, the panel and the plot read the comparison's record (runs/apart.Against), never a rule

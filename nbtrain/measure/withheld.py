@@ -34,6 +34,7 @@ KINDS = {
     "same_settings": "two runs of the same settings: how far apart they read is the machine's",
     "apart": "two runs alike as far as nbtrain reads, yet further apart than the machine moves a run",
     "within_spread": "a difference within how far repeats of one settings read apart here",
+    "undecided": "a race's leader whose interval straddles the smallest gain worth keeping",
 }
 
 TOO_WIDE = 1.5  # an interval wider than this factor (e.g. 0.82-1.25) that holds 1 is "too noisy to tell"
@@ -256,6 +257,24 @@ def _ceiling_readings(c, binding: str) -> Withheld | None:
                             f"{si(after)}FLOP/s after it: the machine's load changed while it was read",
                             (("before", before), ("after", after)))
     return None
+
+
+# --- the walk's races ------------------------------------------------------------------------------------
+
+def undecided(verdict, min_gain: float, why: str, spreads: tuple[float, float]) -> Withheld | None:
+    """A race's leader whose ratio is above the smallest gain worth keeping (1 + `min_gain`) while its interval
+    straddles it: too noisy to keep or to drop. `why`: how the race ended; `spreads`: the current config's and
+    the candidate's blocks' interquartile range over median (0.05: 5%), the side that varied most named."""
+    v = verdict
+    if not (math.isfinite(v.low) and v.low <= 1 + min_gain < v.high and v.ratio > 1 + min_gain):
+        return None
+    base, own = spreads
+    side = "the current config's" if base >= own else "the candidate's"
+    reason = (f"{why}; {side} blocks varied most (current {100 * base:.0f}%, candidate {100 * own:.0f}% "
+              f"interquartile range)")
+    return Withheld("undecided", f"too noisy to tell: {reason}",
+                    _interval(v) + (("bar", 1 + min_gain), ("current_spread", base), ("candidate_spread", own)),
+                    cell=reason)
 
 
 # --- runs taken at different times ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ..config import TrainConfig
 from ..format import PrintsAsTable
 from ..measure.verdict import UNMEASURED, Verdict
+from ..measure.withheld import Withheld
 from .items import Tried
 
 
@@ -23,6 +24,7 @@ class ItemResult:
     verdict: Verdict = UNMEASURED   # the leading candidate over the current config, with its interval
     compared: str = ""              # the leading candidate
     note: str = ""                  # why no verdict (e.g. no candidate ran), or why it stayed too noisy to tell
+    withheld: Withheld | None = None  # why its race's leader stayed undecided (withheld.undecided): what the walk reads
     apart: bool = False             # the verdict compares runs measured apart (DDP), not paired blocks
     bottleneck: str = ""            # the binding ceiling when it was tried ("" where none was read)
     current_rate: float = float("nan")  # the current config's samples/s beside the candidates, in the same race
@@ -47,12 +49,9 @@ class ItemResult:
         if not why:
             return text
         note = self.note
-        if text.startswith(_NOISY) and note.startswith(_NOISY + ": "):  # said once: "too noisy to tell (..): why"
-            note = note[len(_NOISY) + 2:]
+        if self.verdict.too_noisy and self.withheld is not None and note == self.withheld.words:
+            note = self.withheld.cell  # said once: "too noisy to tell (..): why"
         return text + (f": {note}" if note else "")
-
-
-_NOISY = "too noisy to tell"
 
 
 @dataclass(kw_only=True)

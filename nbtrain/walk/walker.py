@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from ..measure.race import Entrant, race
+from ..measure.withheld import Withheld, undecided
 from ..tools import trial
 from ..tools.failure_causes import none_ran
 from ..tools.tool_options import ToolRefusal
@@ -188,7 +189,7 @@ def _undecided(results: list, name: str) -> bool:
     ratio above the bar."""
     kept_at = max((k for k, r in enumerate(results) if r.kept), default=-1)
     last = max((k for k, r in enumerate(results) if r.name == name), default=-1)
-    return last > kept_at and results[last].note.startswith("too noisy to tell")
+    return last > kept_at and (held := results[last].withheld) is not None and held.kind == "undecided"
 
 
 def walk_items(walk: Walk, items: list, skipped: dict, lr_checks: list) -> list:
@@ -309,13 +310,13 @@ def _decide(walk: Walk, item, tried: list) -> ItemResult:
         verdict = dataclasses.replace(verdict, one_config=True)
     paired_enough = verdict.paired and verdict.pairs >= _ROUNDS[0]  # screens and two pairs only ever drop
     keep = item.keep_regardless or (verdict.above(walk.min_gain) and (paired_enough or best.apart))
-    note = "" if keep or best.apart else _why_undecided(walk, best)
+    held = None if keep or best.apart else _why_undecided(walk, best)
     # Rates measured in this race (or trial), never carried over from earlier ones: the current config's beside
     # the candidates, and the kept candidate's own; no product of earlier ratios.
     before = walk.race_base if math.isfinite(walk.race_base) else rate
     return ItemResult(item.name, tried, before, best.samples_per_s if keep else before, keep,
-                      best.label if keep else "", verdict, best.label, note=note, apart=best.apart,
-                      current_rate=walk.race_base)
+                      best.label if keep else "", verdict, best.label, note=held.words if held else "",
+                      withheld=held, apart=best.apart, current_rate=walk.race_base)
 
 
 def _spread(rates) -> float:
@@ -327,19 +328,14 @@ def _spread(rates) -> float:
     return (q3 - q1) / q2 if q2 else float("nan")
 
 
-def _why_undecided(walk: Walk, best: Tried) -> str:
-    """Why a leader whose interval straddles the bar stayed undecided ("" where the verdict is clear)."""
-    v = best.verdict
-    if not (math.isfinite(v.low) and v.low <= 1 + walk.min_gain < v.high and v.ratio > 1 + walk.min_gain):
-        return ""
+def _why_undecided(walk: Walk, best: Tried) -> Withheld | None:
+    """Why a leader whose interval straddles the bar stayed undecided (withheld.undecided decides; None where the
+    verdict is clear), from the walk's last race: how it ended and how much each side's blocks varied."""
     race = getattr(walk, "last_race", None)
     if race is None:
-        return ""
-    base, own = _spread(race.base_rates), _spread(best.blocks)
-    side = "the current config's" if base >= own else "the candidate's"
+        return None
     why = "the budget ended the race" if race.stopped_by == "budget" else f"{race.rounds} rounds did not settle it"
-    return (f"too noisy to tell: {why}; {side} blocks varied most (current {100 * base:.0f}%, "
-            f"candidate {100 * own:.0f}% interquartile range)")
+    return undecided(best.verdict, walk.min_gain, why, (_spread(race.base_rates), _spread(best.blocks)))
 
 
 def run_walk(bench: Bench, *, budget_s: float, trial_s: float | None = None, min_gain: float = 0.03,
