@@ -119,8 +119,8 @@ class Quality:
             return f"what it learns was not measured: {self.note or 'too few equal-time races'}"
         v = self.verdict
         if self.stalled:
-            head = (f"learns worse in the same time: it never got below the starting weights' {self.start:.3g}, "
-                    f"where the current config did every time")
+            head = (f"learns worse in the same time: it never got {MIN_EFFECT:.0%} below the starting weights' "
+                    f"{self.start:.3g}, where the current config did every time")
         elif self.worse:
             head = "learns worse in the same time"
         elif v.measurable:
