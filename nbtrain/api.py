@@ -35,7 +35,7 @@ def _attach(model, engine) -> None:
 
 def engine_for(recipe: Recipe, config: TrainConfig, *, settled: bool = False) -> Engine:
     """The live engine of `recipe.model`, adopting the recipe's data, loss and config: a live one switches to
-    `config` as it is (Engine.reconfigure). `settled`: the caller has, in this call, given `config` the recipe's
+    `config` as it is (Engine.take). `settled`: the caller has, in this call, given `config` the recipe's
     DataLoader settings (Recipe.adopt_settings) and checked that this machine runs it (check_runnable), as
     nbtrain.fit does once per call; otherwise both happen here, once."""
     if not settled:
@@ -46,8 +46,7 @@ def engine_for(recipe: Recipe, config: TrainConfig, *, settled: bool = False) ->
         engine = Engine(recipe, config, machine_checked=True)
         _attach(recipe.model, engine)
         return engine
-    engine.adopt(recipe)  # what carries on is decided by what the recipe's parts are (Engine.adopt)
-    engine.reconfigure(config, machine_checked=True)
+    engine.take(recipe, config, machine_checked=True)  # checked against these parts, then adopted (Engine.take)
     return engine
 
 

@@ -76,3 +76,42 @@ def test_a_refused_switch_names_the_option_and_leaves_the_engine_as_it_was(rule,
     assert live_engine(model) is engine and engine.pending is None
     # Mid-run, the run's own call gave its config again (equal values); elsewhere nothing was switched at all.
     assert engine.config == config if door == "request mid-run" else engine.config is config
+
+
+NEW_PARTS = {  # a call given again with these parts, each other than the live ones (and a config refused)
+    "optimizer": lambda data: {"optimizer": lambda p: torch.optim.Adam(p, lr=0.01)},
+    "scheduler": lambda data: {"scheduler": lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5)},
+    "data": lambda data: {"train_data": regression_data(n=64, seed=1)},
+    "loss": lambda data: {"loss_fn": nn.L1Loss()},
+}
+
+
+def live_and_twin():
+    """Two models trained alike (SGD with momentum: state a fresh optimizer would lose), one step each."""
+    made = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = nn.Linear(8, 1)
+        data = regression_data(n=64)
+        parts = dict(train_data=data, loss_fn=nn.MSELoss(), accelerator="cpu", batch_size=16, seed=0,
+                     optimizer=lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+        nbtrain.fit(model, max_steps=1, **parts)
+        made.append((model, parts))
+    return made
+
+
+@pytest.mark.parametrize("part", NEW_PARTS)
+def test_a_refused_call_with_new_parts_leaves_the_live_parts_as_they_were(part):
+    """The switch's rules are checked against the call's own parts before any is adopted: a call refused for an
+    epoch with no full batch of its data leaves the live optimizer (and its state), schedule, data and position,
+    and the next call trains on bit for bit as a twin's that was never refused."""
+    (live, parts), (twin, twin_parts) = live_and_twin()
+    engine = live_engine(live)
+    optimizer, schedule, recipe = engine.optimizer, engine.schedule, engine.recipe
+    with pytest.raises(ConfigError, match="batch_size=100: with drop_last=True an epoch of 64 samples"):
+        nbtrain.fit(live, max_steps=1, **{**parts, **NEW_PARTS[part](parts["train_data"]), "batch_size": 100,
+                                          "drop_last": True})
+    assert (engine.optimizer, engine.schedule, engine.recipe) == (optimizer, schedule, recipe)
+    nbtrain.fit(live, max_steps=2, **parts)
+    nbtrain.fit(twin, max_steps=2, **twin_parts)
+    assert same_weights(weights(live), weights(twin))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 
 import torch
+from torch.utils.data import IterableDataset
 
 from . import fsdp, toggles
 from ..config import TrainConfig, check_runnable
 from ..options import ConfigError, Problem
 from ..user_loader import FIXED_OPTIONS, fixed_reason
 from ..records import ChangeEvent
+from .epoch_order import EpochSampler
 from .split import device_map
 from .support import plain
 
@@ -52,12 +54,13 @@ def compiled(engine, wrapped):
     return wrapped if mode == "none" else torch.compile(wrapped, mode=mode)
 
 
-def check_request(engine, new: TrainConfig, *, machine_checked: bool = False) -> None:
+def check_request(engine, new: TrainConfig, recipe=None, *, machine_checked: bool = False) -> None:
     """A config this process can switch to, asked for mid-run or given between runs (ValueError / ConfigError
-    when not). `machine_checked`: the caller has checked in this call that this machine runs `new`."""
+    when not); `recipe`: the parts it will train (default: the live ones), checked before any is adopted.
+    `machine_checked`: the caller has checked in this call that this machine runs `new`."""
     if not machine_checked:
         check_runnable(new)
-    check_batches(engine, new)
+    check_batches(engine, new, recipe)
     out_of_process = set(new.changed_from(engine.config)) & OUT_OF_PROCESS
     if out_of_process:
         raise ValueError(f"{', '.join(sorted(out_of_process))} cannot change inside a running process; "
@@ -81,18 +84,21 @@ def change_event(engine, changes: dict) -> ChangeEvent:
                        changes={k: [plain(a), plain(b)] for k, (a, b) in changes.items()})
 
 
-def check_batches(engine, config: TrainConfig) -> None:
-    """Refuse a config whose epoch holds no batch (it would loop over empty epochs forever), and a
-    batching change on a DataLoader whose own sampler decides the batches."""
-    fixed = engine.recipe.fixed_loader
+def check_batches(engine, config: TrainConfig, recipe=None) -> None:
+    """Refuse a config whose epoch of `recipe`'s data (default: the live recipe's) holds no batch (it would loop
+    over empty epochs forever), and a batching change on a DataLoader whose own sampler decides the batches."""
+    recipe = recipe or engine.recipe
+    fixed = recipe.fixed_loader
     if fixed is not None:
         changed = [o for o in FIXED_OPTIONS if getattr(config, o) != getattr(engine.config, o)]
         if changed:
             raise ConfigError([Problem(o, getattr(config, o), fixed_reason(fixed)) for o in changed])
         return
-    per_rank = engine.loader.sampler.per_epoch
-    if per_rank is None:  # a stream: its length is known only when it ends
+    if isinstance(recipe.train_data, IterableDataset):  # a stream: its length is known only when it ends
         return
+    # This rank's samples of an epoch as the loaders order them (data.py), read from the data itself: the data a
+    # call gives is checked before the engine builds a loader of it.
+    per_rank = EpochSampler(recipe.train_data, engine.world, False, 0).per_epoch
     batch = config.batch_size * (config.devices if config.strategy == "dp" else 1)
     if config.drop_last and per_rank < batch:
         shown = f"{per_rank} samples per rank" if engine.world.size > 1 else f"{per_rank} samples"

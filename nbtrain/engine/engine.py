@@ -198,6 +198,15 @@ class Engine:
         else:
             self.note("training data", self.follow_data_changes())
 
+    def take(self, recipe: Recipe, config: TrainConfig, *, machine_checked: bool = False) -> None:
+        """A call given again (api.engine_for): train `recipe` under `config` from now on. The rules of a switch are
+        checked against the call's own parts first (changes.check_request), so a refused call leaves the live
+        optimizer, schedule, data and position as they were; then the parts are adopted (adopt) and the engine
+        switches to `config` as it is. `machine_checked`: as for reconfigure."""
+        changes.check_request(self, config, recipe, machine_checked=machine_checked)
+        self.adopt(recipe)
+        self.switch_to(config)
+
     def follow_new_data_object(self, old) -> str | None:
         """Another data set object given: its epoch goes on where the last one's stood only where nbtrain shows
         it reads the same samples (data_identity.same_data: the same structure over the same tensors or equal
