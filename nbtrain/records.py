@@ -54,6 +54,13 @@ class Record:
         raise AttributeError(f"{type(self).__name__} has no field {name!r}; its fields: "
                              f"{', '.join(f.name for f in dataclasses.fields(self))}")
 
+    def __getitem__(self, name):
+        """A record read as a dict (as nbtrain's records once were): one error saying how to read it now."""
+        hint = f"{type(self).__name__.lower()}.{name}" if isinstance(name, str) and name.isidentifier() else \
+            f"getattr(record, {name!r})"
+        raise TypeError(f"{type(self).__name__} is read by its fields, not as a dict: {hint} (or .to_dict() for a "
+                        f"dict of every field)")
+
 
 def _plain(value):
     if dataclasses.is_dataclass(value):
