@@ -1,4 +1,6 @@
-"""What a run trains beyond its config, as one digest: two runs with the same digest and the same config ran
+"""The workload digest, one idea: one walk over what a run trains, its fast paths beside the readings they restate.
+
+What a run trains beyond its config, as one digest: two runs with the same digest and the same config ran
 the same code on the same shapes as far as nbtrain can read, so a difference in their speed may be the
 machine's (runs/repeats.py, where an observed difference too wide for the machine still wins over it).
 
@@ -17,6 +19,10 @@ shapes, dtypes, devices and layouts are. A library's code (torch, numpy, anythin
 version's; its objects are read by their public attributes. Where a part cannot be read (an object with no
 attributes to read and no known kind, a graph too large to follow), the digest is None: unknown, never
 "the same settings".
+
+A run reads its digest at every call, so a data set's thousands of rows are read fast: an exact dict of string
+keys by `_Reader._dict`, which adds the parts the general reading (`_follow`) would, and a run of items that read
+alike as one reading and a count (`_Reader._items`). The two readings stay in this module so they cannot drift.
 """
 from __future__ import annotations
 
