@@ -83,7 +83,8 @@ def kernel_nbtrain() -> dict:
     import nbtrain  # noqa: F401  (a kernel that has imported nbtrain, as a notebook has)
     from nbtrain import MetricsLog, TrainConfig
     from nbtrain.demo import digits_recipe
-    from nbtrain.distributed.launch import ZYGOTE, fit_distributed
+    from nbtrain.distributed.launch import fit_distributed
+    from nbtrain.distributed.pool import ZYGOTE
     config = TrainConfig(devices=2, accelerator="cpu", max_steps=STEPS, batch_size=32, log_every_n_steps=1,
                          shuffle=False)
 

@@ -55,7 +55,7 @@ def _export(args) -> int:
     """`nbtrain export FOLDER --recipe pkg.module:factory [config flags] [--sbatch partition=gpu ...]`."""
     import importlib
     import shlex
-    from .slurm.standalone import export
+    from .distributed.slurm_export import export
     module_name, _, function = args.recipe.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), function)

@@ -66,9 +66,9 @@ def kernel_engine(recipe: Recipe, config: TrainConfig) -> Engine | None:
 def _checked_target(config: TrainConfig, options: dict | None):
     """The launcher target `config` names, with `options`, once it checked that it runs `config` (not this
     machine, for a remote one); refused, it lets go of what it took (a Ray cluster it started)."""
-    from .launchers import launcher_for
+    from .distributed.launchers import launcher_for
     if options is not None and not isinstance(options, dict):
-        from .launchers.base import LauncherOptionError
+        from .distributed.launchers.base import LauncherOptionError
         raise LauncherOptionError(f"launcher_options={options!r}: allowed: a dict of the launcher's options, or None")
     target = launcher_for(config, **(options or {}))
     try:
@@ -137,7 +137,7 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
             before = began - called - result.summary.time_split.get("start-up", 0.0)
     else:  # this machine runs it: its settings adopted above, the machine checked here, once
         if launcher_options:
-            from .launchers.base import LauncherOptionError
+            from .distributed.launchers.base import LauncherOptionError
             raise LauncherOptionError(f"launcher_options={launcher_options!r}: allowed: None when the run trains in "
                                       "this process (devices=1, num_nodes=1, no launcher named)")
         check_runnable(config)

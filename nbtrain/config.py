@@ -27,7 +27,7 @@ _PRECISION_ALIASES = {
 }
 ACCELERATORS = ("auto", "cpu", "cuda", "mps")
 STRATEGIES = ("auto", "ddp", "dp", "fsdp")
-LAUNCHERS = ("local", "torchrun", "slurm", "ray", "debug")  # where ranks run: nbtrain/launchers/<name>.py
+LAUNCHERS = ("local", "torchrun", "slurm", "ray", "debug")  # where ranks run: nbtrain/distributed/launchers/<name>.py
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for a collective
 LR_RULES = ("none", "linear", "sqrt")
 SCHEDULE_COUNTS = ("steps", "samples")  # what a schedule stepped every step counts under a changed global batch

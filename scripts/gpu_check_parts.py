@@ -34,7 +34,7 @@ def sequence() -> int:
     import nbtrain
     from nbtrain import TrainConfig
     from nbtrain.demo import digits_recipe
-    from nbtrain.distributed.launch import ZYGOTE
+    from nbtrain.distributed.pool import ZYGOTE
     if not _gpus():
         print("skipped: no CUDA device here (the sequence needs one to initialise CUDA in this process)")
         return 0

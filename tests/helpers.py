@@ -109,6 +109,6 @@ def fit_on_two_local_nodes(recipes, **options):
 def kernel_helpers() -> set:
     """The kernel's own long-lived child processes, not ones a run left behind: the warm worker starter (the
     zygote) and the live plot's drawing process, each started once and living as long as the kernel, by design."""
-    from nbtrain.distributed.launch import ZYGOTE
+    from nbtrain.distributed.pool import ZYGOTE
     from nbtrain.notebook.views import FRAMES
     return set(ZYGOTE.pids()) | ({FRAMES.pid} - {None})

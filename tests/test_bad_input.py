@@ -28,7 +28,8 @@ from nbtrain import TrainConfig
 from nbtrain.config import check_runnable
 from nbtrain.options import ConfigError
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import WorkerError, fit_distributed, launch
+from nbtrain.distributed.launch import fit_distributed, launch
+from nbtrain.distributed.launchers.base import WorkerError
 from nbtrain.recipe import Recipe
 
 from helpers import kernel_helpers

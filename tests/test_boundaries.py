@@ -17,7 +17,7 @@ def test_engine_modules_import_neither_ipython_nor_ipywidgets():
             "for name in ('nbtrain.distributed.launch', 'nbtrain.distributed.worker', 'nbtrain.slurm', 'nbtrain.tools.diagnose', 'nbtrain.tools.tune',"
             " 'nbtrain.walk.tool', 'nbtrain.runs.store'):\n"
             "    if importlib.util.find_spec(name): __import__(name)\n"
-            "if importlib.util.find_spec('ray'): __import__('nbtrain.launchers.ray')  # the extra, where installed\n"
+            "if importlib.util.find_spec('ray'): __import__('nbtrain.distributed.launchers.ray')  # the extra, where installed\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel')]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -67,7 +67,7 @@ FLOORS = [
     ("measure and records", ("nbtrain.measure", "nbtrain.records", "nbtrain.plotting", "nbtrain.progress")),
     ("run records", ("nbtrain.runs",)),
     ("engine", ("nbtrain.engine", "nbtrain.adapters")),
-    ("launchers", ("nbtrain.distributed", "nbtrain.launchers", "nbtrain.slurm")),
+    ("launchers", ("nbtrain.distributed", "nbtrain.slurm")),
     ("session", ("nbtrain.api", "nbtrain.session")),
     ("trial", ("nbtrain.tools.trial", "nbtrain.tools.tool_options", "nbtrain.tools.failure_causes")),
     ("tools and the walk", ("nbtrain.tools", "nbtrain.walk")),

@@ -8,7 +8,7 @@ from torch.utils.data import TensorDataset
 
 import nbtrain
 from nbtrain import TrainConfig
-from nbtrain.distributed.launch import ZYGOTE
+from nbtrain.distributed.pool import ZYGOTE
 
 
 @pytest.mark.slow

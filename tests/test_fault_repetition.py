@@ -18,7 +18,8 @@ import pytest
 
 from nbtrain import MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import WorkerError, fit_distributed, launch
+from nbtrain.distributed.launch import fit_distributed, launch
+from nbtrain.distributed.launchers.base import WorkerError
 
 from helpers import kernel_helpers
 

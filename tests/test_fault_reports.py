@@ -22,7 +22,8 @@ from torch.utils.data import Dataset
 import nbtrain
 from nbtrain import Recipe, TrainConfig
 from nbtrain.flags import add_config_flags, config_from_flags
-from nbtrain.distributed.launch import WorkerError, launch
+from nbtrain.distributed.launch import launch
+from nbtrain.distributed.launchers.base import WorkerError
 from nbtrain.recipe import BATCH_NOTE
 from nbtrain.distributed.tracebacks import error_line, user_traceback
 

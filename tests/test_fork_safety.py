@@ -18,7 +18,7 @@ import nbtrain
 from nbtrain import TrainConfig, hardware
 from nbtrain.demo import digits_recipe
 from nbtrain.distributed import launch as launching
-from nbtrain.launchers import local as local_launcher
+from nbtrain.distributed.launchers import local as local_launcher
 from nbtrain.distributed.pool import Zygote
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -11,7 +11,8 @@ import torch
 import nbtrain
 from nbtrain import Engine, MetricsLog, TrainConfig
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import ZYGOTE, fit_distributed, launch
+from nbtrain.distributed.launch import fit_distributed, launch
+from nbtrain.distributed.pool import ZYGOTE
 
 from helpers import fit_on_two_local_nodes, kernel_helpers, same_weights, weights
 
@@ -217,7 +218,7 @@ def test_bad_launch_options_name_the_option_the_value_and_what_is_allowed():
 @pytest.mark.slow
 def test_launcher_worker_and_zygote_import_neither_ipython_nor_ipywidgets():
     code = ("import sys, nbtrain.distributed.launch, nbtrain.distributed.worker, nbtrain.distributed.zygote, nbtrain.distributed.pool, nbtrain.distributed.rundir, nbtrain.engine.split, "
-            "nbtrain.launchers.local, nbtrain.launchers.torchrun\n"
+            "nbtrain.distributed.launchers.local, nbtrain.distributed.launchers.torchrun\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('IPython', 'ipywidgets', 'ipykernel')]\n"
             "assert not bad, bad\n")
     import subprocess

@@ -8,7 +8,7 @@ import nbtrain
 from nbtrain import ConfigError, TrainConfig
 from nbtrain.__main__ import main as command_line
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import WorkerError
+from nbtrain.distributed.launchers.base import WorkerError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

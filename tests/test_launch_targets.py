@@ -20,9 +20,8 @@ from nbtrain import TrainConfig
 from nbtrain.config import check_runnable
 from nbtrain.options import ConfigError
 from nbtrain.demo import digits_recipe
-from nbtrain.distributed.launch import WorkerError
-from nbtrain.launchers import launcher_for
-from nbtrain.launchers.base import LauncherOptionError, Target
+from nbtrain.distributed.launchers import launcher_for
+from nbtrain.distributed.launchers.base import LauncherOptionError, Target, WorkerError
 from nbtrain.slurm import SlurmError, SlurmOptionError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks unpickle this module's functions by value
@@ -172,7 +171,8 @@ def test_launcher_reaches_a_ranks_start_through_at_most_ten_files():
 
     debug = _files_carrying_the_launcher(fit("debug", 1), "run_job")
     local = _files_carrying_the_launcher(fit("local", 2), "fork")
-    assert set(debug) == {"api.py", "launchers/__init__.py", "launchers/base.py", "distributed/plan.py",
-                          "distributed/launch.py", "distributed/rundir.py", "launchers/debug.py",
+    assert set(debug) == {"api.py", "distributed/launchers/__init__.py", "distributed/launchers/base.py",
+                          "distributed/plan.py", "distributed/launch.py", "distributed/rundir.py",
+                          "distributed/launchers/debug.py",
                           "distributed/worker.py"}, debug
     assert len(local) <= 10 and local[-1] == "distributed/pool.py", local

@@ -13,8 +13,8 @@ import nbtrain
 from nbtrain import TrainConfig
 from nbtrain.config import check_runnable
 from nbtrain.options import ConfigError
-from nbtrain.distributed.launch import WorkerError
-from nbtrain.launchers import launcher_for
+from nbtrain.distributed.launchers.base import WorkerError
+from nbtrain.distributed.launchers import launcher_for
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install \"nbtrain[ray]\" (scripts/test.sh does)")
 pytestmark = pytest.mark.slow

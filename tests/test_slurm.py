@@ -112,7 +112,7 @@ def test_without_sbatch_on_path_the_error_says_slurm_was_not_found_and_how_to_dr
 
 
 def test_time_limits_are_read_as_slurm_writes_them():
-    from nbtrain.slurm.options import minutes
+    from nbtrain.distributed.slurm_options import minutes
     assert [minutes(t) for t in ("5", "5:30", "01:00:00", "1-02", "1-00:00:01", "infinite")] == [5, 6, 60, 1560, 1441, 0]
 
 

@@ -7,7 +7,7 @@ Never fork the kernel: it may hold CUDA. A notebook's classes travel by cloudpic
 the run directory (rundir.py), beside the run's launch plan (plan.py): every decision about
 how the ranks start is made once, there, and the ranks read nothing else about it. On one
 machine the ranks are forked from a warm zygote; across machines each node runs torchrun; a Ray
-cluster runs them as actors: the plan names the launcher (nbtrain/launchers/), and this module drives
+cluster runs them as actors: the plan names the launcher (launchers/), and this module drives
 any of them through one contract (launchers/base.py): it replays rank 0's events into the kernel's
 MetricsLog as they are written, prints every rank's output with a `[rank N]` prefix, and a failing
 rank, an interrupt or a collective timeout stops all of them.
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import time
 
-from .. import launchers
+from . import launchers
 from ..engine import fsdp
 from ..config import TrainConfig
-from ..launchers.base import WorkerError, supervise  # noqa: F401  (WorkerError: what a failed rank raises)
-from ..launchers.local import LocalTarget
+from .launchers.base import supervise
+from .launchers.local import LocalTarget
 from ..metrics import MetricsLog
 from . import carry, plan as plans
-from .pool import ZYGOTE  # noqa: F401  (the local launcher's zygote: prewarmed and closed through this module)
 from ..recipe import Recipe
 from ..records import start_info
 from ..runs.result import RunResult, summarize

@@ -4,7 +4,7 @@ A run's plan is derived when the run starts, from its TrainConfig (plus the keyw
 fit_distributed and launch take), written into the run directory as launch.json (rundir.py),
 and is the only thing a worker or a torchrun agent reads for these decisions:
 
-    launcher                where the ranks run: local | torchrun | slurm | ray | debug (nbtrain/launchers/)
+    launcher                where the ranks run: local | torchrun | slurm | ray | debug (launchers/)
     backend                 gloo | nccl, decided by backend_for() for every kind of run
     nodes, procs_per_node   the world; threads_per_rank: each rank's torch threads
     timeout_s               how long a rank may wait in one collective
@@ -25,7 +25,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..config import DEFAULT_TIMEOUT_S, ConfigError, TrainConfig
+from ..config import DEFAULT_TIMEOUT_S, TrainConfig
+from ..options import ConfigError
 
 BACKENDS = ("gloo", "nccl")
 LOOPBACK = ("127.0.0.1", "localhost")

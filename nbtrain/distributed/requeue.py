@@ -1,7 +1,7 @@
 """Checkpoint at a step boundary on a requeue signal, resume after it (the worker side of a SLURM requeue).
 
 Each rank of a SLURM job turns the scheduler's signal into a file, `requeue-requested`, in the
-run directory (slurm/task.py). Ranks must stop after the *same* optimizer step or the
+run directory (slurm_task.py). Ranks must stop after the *same* optimizer step or the
 survivors hang in an all-reduce, so no rank acts on the file alone: at every log window
 (the engine emits a "steps" event at the same step on every rank) each rank looks for
 the file and the ranks agree with one all-reduce. Then the engine stops at that step

@@ -55,7 +55,7 @@ def wanted(args, tool: str | None) -> bool:
 
 def sbatch_options(args) -> dict:
     """The sbatch options the flags name, checked by nbtrain.slurm's own rules."""
-    from ..slurm.options import SlurmOptionError, check_options as check
+    from ..distributed.slurm_options import SlurmOptionError, check_options as check
     options = {d: getattr(args, d) for d in ("partition", "time") if getattr(args, d) is not None}
     for item in args.sbatch or []:
         name, has_value, value = item.partition("=")

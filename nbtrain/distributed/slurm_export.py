@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 from ..config import TrainConfig
-from ..distributed.plan import LaunchPlan, for_batch_job
-from ..distributed.rundir import CONFIG, LAUNCH, RECIPE, RunDir
-from .options import check_options
+from .plan import LaunchPlan, for_batch_job
+from .rundir import CONFIG, LAUNCH, RECIPE, RunDir
+from .slurm_options import check_options
 
 TRAIN_PY = '''#!/usr/bin/env python3
 """{title}: a training recipe exported by nbtrain; config.json and recipe.pkl sit beside this file.

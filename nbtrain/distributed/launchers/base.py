@@ -30,14 +30,14 @@ import signal
 import time
 from typing import Protocol
 
-from .. import hardware
-from ..config import TrainConfig, check_runnable
-from ..distributed import plan as plans
-from ..distributed.plan import LaunchPlan
-from ..distributed.rundir import RunDir
-from ..distributed.tracebacks import error_line, with_user_source
-from ..hardware import Inventory
-from ..metrics import MetricsLog
+from ... import hardware
+from ...config import TrainConfig, check_runnable
+from .. import plan as plans
+from ..plan import LaunchPlan
+from ..rundir import RunDir
+from ..tracebacks import error_line, with_user_source
+from ...hardware import Inventory
+from ...metrics import MetricsLog
 
 PEER_SYMPTOM = re.compile(r"connection (closed|reset) by peer|connectFullMesh failed", re.I)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ..launchers.base import LauncherOptionError
+from .launchers.base import LauncherOptionError
 
 # The config decides the world; submitit the output files, the signal and the task command.
 _FROM_CONFIG = {"nodes", "ntasks_per_node", "ntasks"}

@@ -3,9 +3,9 @@ rendezvous at the plan's endpoint. The same call runs on every node; the agent s
 and its output carries theirs, each line prefixed `[rank N]` by the rank itself (plan.prefix_output)."""
 from __future__ import annotations
 
-from ..distributed.plan import LaunchPlan
-from ..distributed.pool import Relay, start, worker_env
-from ..distributed.rundir import RunDir
+from ..plan import LaunchPlan
+from ..pool import Relay, start, worker_env
+from ..rundir import RunDir
 from .base import Target
 from .processes import ProcessRanks
 

@@ -6,7 +6,7 @@ import re
 import sys
 import time
 
-from ..distributed.pool import Relay, terminate
+from ..pool import Relay, terminate
 from .base import WorkerError, first_raised, signal_error
 
 

@@ -25,11 +25,11 @@ import os
 import sys
 import time
 
-from ..distributed.plan import LaunchPlan
-from ..distributed.pool import FileTail, worker_env
-from ..distributed.rundir import INPUTS, OUTPUTS, RunDir
-from ..config import TrainConfig
-from ..hardware import Inventory
+from ..plan import LaunchPlan
+from ..pool import FileTail, worker_env
+from ..rundir import INPUTS, OUTPUTS, RunDir
+from ...config import TrainConfig
+from ...hardware import Inventory
 from .base import LauncherOptionError, Target, WorkerError, first_raised
 
 try:
@@ -61,7 +61,7 @@ class RankActor:
             return ray.util.get_node_ip_address(), probe.getsockname()[1]
 
     def run_rank(self, env: dict) -> int:
-        from ..distributed.worker import run_job
+        from ..worker import run_job
         os.environ.update(env)
         for fd, name in ((1, "out"), (2, "err")):  # the rank's output, C libraries' included, for the kernel
             sys.stdout.flush() if fd == 1 else sys.stderr.flush()

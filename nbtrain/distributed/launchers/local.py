@@ -11,9 +11,9 @@ import socket
 import sys
 from datetime import timedelta
 
-from ..distributed.plan import LaunchPlan
-from ..distributed.pool import ZYGOTE, FileTail, ForkRefused, Relay, start_rank, terminate, worker_env
-from ..distributed.rundir import RunDir
+from ..plan import LaunchPlan
+from ..pool import ZYGOTE, FileTail, ForkRefused, Relay, start_rank, terminate, worker_env
+from ..rundir import RunDir
 from .base import Target
 from .processes import ProcessRanks
 

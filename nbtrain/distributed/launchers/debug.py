@@ -12,8 +12,8 @@ import os
 import socket
 from datetime import timedelta
 
-from ..distributed.plan import LaunchPlan
-from ..distributed.rundir import RunDir
+from ..plan import LaunchPlan
+from ..rundir import RunDir
 from .base import Target, WorkerError, first_raised
 
 # What a rank reads of its place in the world (as torchrun sets it): set while rank 0 runs here, then put back.
@@ -59,7 +59,7 @@ class DebugTarget(Target):
     def start(self, run: RunDir, plan: LaunchPlan, shipped: tuple = ()) -> DebugRanks:
         import torch
         import torch.distributed as torch_dist
-        from ..distributed.worker import run_job
+        from ..worker import run_job
         if torch_dist.is_initialized():
             raise ValueError("launcher='debug': this process is already in a process group (a rank of another "
                              "run); allowed: launcher='local' from a process outside one")

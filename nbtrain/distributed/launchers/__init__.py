@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from ..config import LAUNCHERS, TrainConfig
+from ...config import LAUNCHERS, TrainConfig
 from .base import Target
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import submitit
 
-from ..distributed import requeue
-from ..distributed.rundir import RunDir
+from . import requeue
+from .rundir import RunDir
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 _KILLED_BY_REQUEUE_S = 120.0  # how long a rank waits for the requeue to end it before saying so
@@ -42,7 +42,7 @@ class RankTask(submitit.helpers.Checkpointable):
         self.run_dir = str(run_dir)
 
     def __call__(self) -> None:
-        from ..distributed.worker import run_job
+        from .worker import run_job
         env = submitit.JobEnvironment()
         rank = env.global_rank
         _set_distributed_env(env)

@@ -1,10 +1,10 @@
 """The SLURM launcher: the plan's ranks as one batch job, submitted and followed through submitit.
 
 submitit does the job's life: its SlurmExecutor writes the batch script (one `srun` task per
-rank, each running slurm/task.py's RankTask on the run directory) and submits it; its Job reads
+rank, each running distributed/slurm_task.py's RankTask on the run directory) and submits it; its Job reads
 the state from SLURM's accounting (sacct), cancels, and requeues on preemption. nbtrain adds
 what submitit does not do: the run directory's live events, the step all ranks stop and
-checkpoint at (slurm/task.py), each rank's readable traceback, and the rank and node that a
+checkpoint at (distributed/slurm_task.py), each rank's readable traceback, and the rank and node that a
 hard kill ended (srun's own line).
 
 Where a batch job's life differs from the contract (base.py):
@@ -32,11 +32,11 @@ from pathlib import Path
 import submitit
 from submitit.slurm import slurm as submitit_slurm
 
-from ..distributed.plan import LaunchPlan
-from ..distributed.rundir import CONFIG, ENGINE_IN, ENGINE_OUT, FUNCTION, LAUNCH, MODEL, RECIPE, RESULT, RETURN, RunDir
-from ..slurm.options import SlurmOptionError, check_options, minutes
-from ..slurm.task import RankTask
-from ..hardware import Inventory
+from ..plan import LaunchPlan
+from ..rundir import CONFIG, ENGINE_IN, ENGINE_OUT, FUNCTION, LAUNCH, MODEL, RECIPE, RESULT, RETURN, RunDir
+from ..slurm_options import SlurmOptionError, check_options, minutes
+from ..slurm_task import RankTask
+from ...hardware import Inventory
 from .base import Target, WorkerError, first_raised
 
 SIGNAL_DELAY_S = 90  # submitit signals the job this long before its time limit: the ranks checkpoint and requeue

@@ -24,12 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-from .. import launchers
+from . import launchers
 from ..config import TrainConfig
-from ..distributed import carry
-from ..distributed.rundir import RunDir
-from ..launchers.base import supervise
-from ..launchers.slurm import SIGNAL_DELAY_S, JobState, SlurmError, SlurmRanks
+from . import carry
+from .rundir import RunDir
+from .launchers.base import supervise
+from .launchers.slurm import SIGNAL_DELAY_S, JobState, SlurmError, SlurmRanks
 from ..metrics import MetricsLog
 from ..runs.result import RunResult
 
@@ -169,7 +169,7 @@ class JobHandle:
         return self._model
 
     def _finish(self) -> RunResult:
-        from ..distributed.launch import gathered_result
+        from .launch import gathered_result
         weights = self.run.load_model()
         notes = []
         if weights is not None:
