@@ -410,15 +410,15 @@ class _Reader:
             self.add(name)
             self.klass(type(module))
             for hooks in _MODULE_HOOKS:
-                if getattr(module, hooks, None):
-                    self.hooks(hooks, getattr(module, hooks))
+                if own_hooks := getattr(module, hooks, None):
+                    self.hooks(hooks, own_hooks)
             # a user's module: every setting it keeps (a wait, a dataclass config); torch's: its public ones
             library = _library(type(module))
-            for attribute, value in sorted(vars(module).items()):
-                if attribute in _MODULE_INTERNALS or (library and attribute.startswith("_")):
-                    continue
-                self.add(attribute)
-                self.value(value)
+            own = vars(module)
+            for attribute in sorted(own.keys() - _MODULE_INTERNALS):  # ~20 internals a module, set aside at once
+                if not (library and attribute.startswith("_")):
+                    self.add(attribute)
+                    self.value(own[attribute])
 
     def hooks(self, name: str, hooks) -> None:
         """A hooks dict's functions in order (their handles' ids differ run to run; their order does not)."""
