@@ -59,8 +59,9 @@ def test_stored_notebook_reads_well_on_github(name):
     # hundred KB is still quick to render on GitHub.
     # a few 120-dpi figures and their tables; a rebuild moves the size by a few KB (notebook 10, three tools
     # with their tables and plots: the breakdown twice, the four ceilings of three models, the walk with its
-    # final head to head and one row per item, ~350 KB)
-    assert path.stat().st_size < 400_000, f"{name} is {path.stat().st_size:,} bytes; keep outputs small"
+    # final head to head and one row per item, ~390 KB; and the start against the walk's choice in held-out loss
+    # per second, ~440 KB)
+    assert path.stat().st_size < 450_000, f"{name} is {path.stat().st_size:,} bytes; keep outputs small"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), "starts with a title"
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(o.output_type != "error" for c in code for o in c.outputs), f"{name} was stored with an error"
