@@ -92,15 +92,26 @@ def descendants(process: psutil.Process) -> list[psutil.Process]:
 def _waited_s(process: psutil.Process, below: list[psutil.Process]) -> float:
     """Seconds the threads of this process tree spent runnable but waiting for a CPU (the run queue's
     wait in /proc/<pid>/task/<tid>/schedstat; NaN where the kernel does not keep it)."""
-    total = 0.0
+    total = 0
     for p in [process] + below:
         try:
-            for thread in p.threads():
-                with open(f"/proc/{p.pid}/task/{thread.id}/schedstat") as stat:
-                    total += int(stat.read().split()[1]) / 1e9
-        except (psutil.Error, OSError, IndexError, ValueError):
+            total += _waited_ns(p.pid)
+        except (OSError, IndexError, ValueError):
             if p is process:
                 return float("nan")
+    return total / 1e9
+
+
+def _waited_ns(pid: int) -> int:
+    """The run-queue wait of each thread of `pid`, summed. The task folder listed and each schedstat read by
+    os calls: psutil's threads() also reads every thread's stat, which is 4/5 of a reading's cost."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        fd = os.open(f"/proc/{pid}/task/{tid}/schedstat", os.O_RDONLY)
+        try:
+            total += int(os.read(fd, 256).split()[1])
+        finally:
+            os.close(fd)
     return total
 
 
@@ -154,17 +165,26 @@ class Meter:
         self.last = self.reading()
 
     def reading(self) -> Load:
-        wall = time.perf_counter() - self.started
+        ended = time.perf_counter()
+        wall = ended - self.started
         below = descendants(self._process)
         ours = {self._process.pid} | {p.pid for p in below}
-        own = _tree_s(self._process, below) - self.tree_s
-        other = (_busy_system_s() - self.system_s) - own
+        system_s, tree_s, waited_s = _busy_system_s(), _tree_s(self._process, below), _waited_s(self._process, below)
+        self._ended = (ended, int(time.time() * 1e6), system_s, tree_s, waited_s)
+        own = tree_s - self.tree_s
+        other = (system_s - self.system_s) - own
         cores = psutil.cpu_count() or 1
         # /proc/stat counts in ticks of 10 ms: a short reading's difference can dip below zero or above the machine
         other_cores = min(max(other / wall, 0.0), cores) if wall > 0 else float("nan")
         per_wall = (lambda seconds: seconds / wall) if wall > 0 else (lambda seconds: float("nan"))
         return Load(other_cores, cores, wall, gpu_others(self.gpu_index, self.gpu_since_us, ours), per_wall(own),
-                    per_wall(max(_waited_s(self._process, below) - self.waited_s, 0.0)), _torch_threads())
+                    per_wall(max(waited_s - self.waited_s, 0.0)), _torch_threads())
+
+    def restart(self) -> "Meter":
+        """Start the next reading where the last `reading()` ended, from the counters it read: the same
+        moment's counters, not read a second time a few microseconds later."""
+        self.started, self.gpu_since_us, self.system_s, self.tree_s, self.waited_s = self._ended
+        return self
 
 
 def _torch_threads() -> int | None:
@@ -194,7 +214,7 @@ class Windows:
         out = {name: [NO_READING] * n for name in WINDOW_COLUMNS}
         if n and time.perf_counter() - self.meter.started >= WINDOW_S:
             reading = self.meter.reading()
-            self.meter.start()
+            self.meter.restart()  # the next window begins where this one ended
             for name in WINDOW_COLUMNS:  # one not known here (a wait off Linux): NO_READING too
                 value = getattr(reading, name)
                 out[name][-1] = value if math.isfinite(value) else NO_READING
