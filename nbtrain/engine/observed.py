@@ -18,6 +18,7 @@ import dis
 import functools
 import numbers
 import types
+import weakref
 import zlib
 
 import numpy as np
@@ -212,13 +213,28 @@ def _function(f: types.FunctionType, name: str, unknown: _Read, depth: int):
             cells.append(cell.cell_contents)
         except ValueError:  # a cell not yet filled
             cells.append(None)
-    read = sorted(n for n in _global_names(code) if n in f.__globals__)
+    code_key, global_names = _code_reading(code)
+    read = sorted(n for n in global_names if n in f.__globals__)
     captured = tuple(_Named(f"captured `{n}`", _key(v, f"{name} captures `{n}`, which", unknown, depth), _text(v))
                      for n, v in zip(code.co_freevars, cells))
-    return ("function", _code_key(code), captured,
+    return ("function", code_key, captured,
             _key(f.__defaults__, name, unknown, depth), _key(f.__kwdefaults__, name, unknown, depth),
             tuple((n, _Named(f"reads `{n}`", _key(f.__globals__[n], f"{name} reads `{n}`, which", unknown, depth),
                              _text(f.__globals__[n]))) for n in read))
+
+
+# A code object cannot change once made, so what it reads and computes is read once per code object (kept
+# while the code lives): disassembling a training step's code at every call was most of an adoption's cost.
+_READ_CODE: "weakref.WeakKeyDictionary[types.CodeType, tuple[tuple, frozenset]]" = weakref.WeakKeyDictionary()
+
+
+def _code_reading(code: types.CodeType) -> tuple[tuple, frozenset]:
+    """(_code_key, _global_names) of `code`, read at its first look."""
+    try:
+        return _READ_CODE[code]
+    except KeyError:
+        read = _READ_CODE[code] = (_code_key(code), frozenset(_global_names(code)))
+        return read
 
 
 def _code_key(code: types.CodeType) -> tuple:
