@@ -69,7 +69,7 @@ class Engine:
         self.saved_at = float("-inf")  # when the last checkpoint was written (perf_counter)
         # A split model (split.py) stays where its parts are; batches go to its first part.
         self.device = input_device(self.model) or dist.device_for(self.config.device_type, self.world)
-        if device_map(self.model) is None:
+        if device_map(self.model) is None and not toggles.moves_nothing(self.model, device=self.device):
             self.model.to(self.device)
         # The module the loop calls: the model, or its wrapper (a copy's is the original's: the same model, config)
         self.train_model = like.train_model if like is not None else changes.wrap(self, self.model)
