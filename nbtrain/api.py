@@ -63,6 +63,34 @@ def kernel_engine(recipe: Recipe, config: TrainConfig) -> Engine | None:
     return engine
 
 
+def check_schedule_before_ranks(recipe: Recipe, config: TrainConfig) -> None:
+    """What every rank's engine refuses of the recipe's schedule before training (its optimizer and scheduler
+    built as given; Schedule.check: a plateau schedule under DDP), refused here before any rank starts, without
+    an engine: a factory is called over a copy of the user's optimizer instance, never the instance itself."""
+    from .engine.schedule import Schedule, is_scheduler
+    from .engine.state import copy_optimizer
+    if recipe.scheduler is None:
+        return
+    optimizer = recipe.build_optimizer(recipe.model.parameters())
+    if not is_scheduler(recipe.scheduler) and optimizer is getattr(recipe.optimizer, "instance", None):
+        optimizer = copy_optimizer(optimizer)  # a factory sets its rates (initial_lr) in the groups it is given
+    Schedule.build(recipe, optimizer).check(config, recipe.val_data is not None, config.world_size)
+
+
+def kernel_side(recipe: Recipe, config: TrainConfig):
+    """(engine, first) for a run elsewhere: the kernel's live engine that its ranks continue (kernel_engine), or,
+    where the model has none, no engine built only to carry state: a carry.FirstCall, whose engine is made from
+    what the ranks bring back. (None, None) under fsdp: sharded optimizer state stays with its ranks."""
+    from .distributed import carry
+    if config.strategy == "fsdp":
+        return None, None
+    if carry.live_engine(recipe.model) is not None:
+        return kernel_engine(recipe, config), None
+    check_schedule_before_ranks(recipe, config)
+    return None, carry.FirstCall(config, lambda: engine_for(
+        recipe, carry.kernel_config(config, recipe.model, live_engine(recipe.model))))
+
+
 def _checked_target(config: TrainConfig, options: dict | None):
     """The launcher target `config` names, with `options`, once it checked that it runs `config` (not this
     machine, for a remote one); refused, it lets go of what it took (a Ray cluster it started)."""
@@ -124,12 +152,12 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         target = _checked_target(config, launcher_options)  # where the ranks run checks it, once
         from .distributed.launch import fit_distributed
         try:
-            engine = kernel_engine(recipe, config)
+            engine, first = kernel_side(recipe, config)
         except BaseException:
             target.release()
             raise
         before = time.perf_counter() - called
-        result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine, target=target)
+        result = fit_distributed(recipe, config, log=log, stop=stop, engine=engine, first=first, target=target)
         began = result.extras.pop("run_began", None)
         if began is not None and result.summary.time_split is not None:
             # Starting the ranks (processes, imports, rendezvous, each rank's engine) is start-up, not "other":

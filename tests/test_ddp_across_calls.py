@@ -7,7 +7,6 @@ A scheduler shipped to the ranks with its optimizer steps there without torch's 
 """
 from __future__ import annotations
 
-import copy
 import sys
 import warnings
 
@@ -51,14 +50,15 @@ def linear() -> nn.Module:
     return nn.Linear(8, 3)
 
 
-def plain_loop(model: nn.Module, calls) -> list[float]:
+def plain_loop(model: nn.Module, calls, rate=None, order=None) -> list[float]:
     """The calls `(ranks, batch per rank, steps)` as one hand-written loop in one process: a step averages
     the ranks' gradients, each the mean over its share (the sampler deals samples round-robin), as DDP's
     all-reduce does; a call on R ranks starts at the multiple of R at or below where the last one
-    stopped. Returns the rate of every step."""
+    stopped. `rate`: step -> its rate, in place of the StepLR schedule; `order`: the epoch's global order of
+    samples (a shuffled one; one epoch only), else 0..N-1. Returns the rate of every step."""
     x, y = DATA.tensors
     optimizer = sgd_momentum(model.parameters())
-    schedule = step_lr(optimizer)
+    schedule = step_lr(optimizer) if rate is None else None
     done, rates = 0, []  # samples of the epoch's order already used
     for ranks, batch, steps in calls:
         done -= done % ranks
@@ -66,18 +66,26 @@ def plain_loop(model: nn.Module, calls) -> list[float]:
             share = done // ranks
             grads = []
             for rank in range(ranks):
-                rows = list(range(rank, N, ranks))[share:share + batch]
+                rows = list(range(N) if order is None else order)[rank::ranks][share:share + batch]
                 model.zero_grad()
                 nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
                 grads.append([p.grad.clone() for p in model.parameters()])
             for p, *per_rank in zip(model.parameters(), *grads):
                 p.grad = sum(g / ranks for g in per_rank)
+            if rate is not None:
+                optimizer.param_groups[0]["lr"] = rate(len(rates))
             rates.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
-            schedule.step()
+            if schedule is not None:
+                schedule.step()
             done += min(batch, N // ranks - share) * ranks
             done = 0 if done >= N else done
     return rates
+
+
+def assert_same_weights(model: nn.Module, reference: nn.Module) -> None:
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b), (a - b).abs().max()
 
 
 def fit(model, ranks: int, batch: int, steps: int, **options):
@@ -98,8 +106,7 @@ def test_calls_on_one_or_two_ranks_continue_each_other_as_one_plain_loop(calls):
     expected = plain_loop(reference, calls)
     results = [fit(model, *call) for call in calls]
     assert [lr for r in results for lr in r.log.columns["lr"]] == pytest.approx(expected, rel=1e-12)
-    for a, b in zip(model.parameters(), reference.parameters()):
-        assert torch.equal(a, b), (a - b).abs().max()
+    assert_same_weights(model, reference)
     notes = [note for r in results for note in r.summary.notes]
     read_again = [note for note in notes if note.startswith("data position")]
     if calls[0][:2] == (1, 15):  # 45 samples used: two ranks start at 44, and the summary says so
@@ -129,8 +136,7 @@ def test_two_ddp_calls_train_bit_for_bit_as_one_with_shuffled_data_and_dropout()
     one = fit(whole, 2, 16, 10, shuffle=True)
     assert first.log.columns["lr"] + second.log.columns["lr"] == one.log.columns["lr"]
     assert [0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.0125] == pytest.approx(one.log.columns["lr"])
-    for a, b in zip(split.parameters(), whole.parameters()):
-        assert torch.equal(a, b), (a - b).abs().max()
+    assert_same_weights(split, whole)
 
 
 def test_a_scheduler_shipped_with_its_optimizer_steps_without_torchs_override_warning():
@@ -182,8 +188,7 @@ def test_two_lightningmodule_cells_on_two_devices_continue_as_one_plain_loop_wit
                     "pass")
     results = [ip.user_ns[name] for name in ("first", "second")]
     assert [lr for r in results for lr in r.log.columns["lr"]] == pytest.approx(rates, rel=1e-12)
-    for a, b in zip(ip.user_ns["model"].parameters(), reference.parameters()):
-        assert torch.equal(a, b), (a - b).abs().max()
+    assert_same_weights(ip.user_ns["model"], reference)
     assert "has been overridden after learning rate scheduler initialization" not in "".join(capfd.readouterr())
 
 
@@ -198,3 +203,66 @@ def test_the_kernel_holds_a_ddp_call_as_one_process_of_the_same_global_batch_whe
     held = carry.kernel_config(config.replace(precision="bf16-mixed", accelerator="auto", preload_data=None),
                                engine.model, engine)
     assert (held.accelerator, held.precision, held.preload_data) == ("cpu", "bf16-mixed", True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_first_ddp_call_builds_no_engine_in_the_kernel_before_its_ranks_start_and_leaves_one_that_continues(
+        monkeypatch):
+    from nbtrain.distributed.launchers.local import LocalTarget
+    built, at_start = [], []
+    engine_init, start = nbtrain.Engine.__init__, LocalTarget.start
+
+    def counted_init(self, *args, **kwargs):
+        built.append(self)
+        engine_init(self, *args, **kwargs)
+
+    def noted_start(self, *args, **kwargs):
+        at_start.append(len(built))
+        return start(self, *args, **kwargs)
+
+    monkeypatch.setattr(nbtrain.Engine, "__init__", counted_init)
+    monkeypatch.setattr(LocalTarget, "start", noted_start)
+    model, reference = linear(), linear()
+    calls = ((2, 16, 3), (1, 32, 2))  # a first DDP call, then the kernel continues it
+    expected = plain_loop(reference, calls)
+    first = fit(model, *calls[0])
+    assert at_start == [0]  # the ranks started before any Engine was built in the kernel
+    live = nbtrain.api.live_engine(model)
+    assert live is not None and built == [live] and live.step == 3  # made from what the ranks brought back
+    second = fit(model, *calls[1])
+    assert first.log.columns["lr"] + second.log.columns["lr"] == pytest.approx(expected, rel=1e-12)
+    assert_same_weights(model, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_first_ddp_call_trains_the_users_optimizer_instance_at_the_lr_rules_warmed_up_rates():
+    # The ranks get the user's optimizer as given. Before, a kernel engine built first had already set the
+    # instance's rate to its first warmed-up one (0.2 / 3), which the ranks then took for the user's own rate:
+    # they trained at 0.067, 0.089, 0.133, 0.133 instead of 0.067, 0.133, 0.2, 0.2.
+    model, reference = linear(), linear()
+    rule = lambda step: 0.1 * 2 * min(1.0, (step + 1) / 3)  # noqa: E731  linear rule: global batch 32 / 16
+    expected = plain_loop(reference, ((2, 16, 4), (2, 16, 2)), rate=rule)
+    optimizer = sgd_momentum(model.parameters())
+    results = [nbtrain.fit(model, DATA, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer, devices=2, batch_size=16,
+                           max_steps=steps, accelerator="cpu", shuffle=False, warmup_steps=3, scale_lr="linear",
+                           base_batch_size=16) for steps in (4, 2)]
+    assert [lr for r in results for lr in r.log.columns["lr"]] == pytest.approx(expected, rel=1e-12)
+    assert expected[:4] == pytest.approx([0.2 / 3, 0.4 / 3, 0.2, 0.2])
+    assert_same_weights(model, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_ranks_of_a_first_unseeded_ddp_call_shuffle_by_one_seed_the_kernel_keeps():
+    # seed=None: the kernel draws one for every rank (a rank drawing its own would deal the epoch's
+    # samples by another permutation than its peers'); the kernel's engine keeps it for the next call.
+    # torchrun: each rank a fresh interpreter (ranks forked from one zygote would draw alike by chance).
+    model, reference = linear(), linear()
+    result = fit(model, 2, 16, 3, shuffle=True, seed=None, launcher="torchrun")
+    seed = nbtrain.api.live_engine(model).seed
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(seed)).tolist()  # DistributedSampler's, epoch 0
+    expected = plain_loop(reference, ((2, 16, 3),), order=order)
+    assert list(result.log.columns["lr"]) == pytest.approx(expected, rel=1e-12)
+    assert_same_weights(model, reference)

@@ -8,6 +8,9 @@ kernel's live engine is the one place its training lives between calls, whicheve
                               process, the same global batch, where the live engine or the model is
     sent(engine)              the kernel's engine state (optimizer, schedule, scaler, position, random
                               numbers), the weights left out (they travel in the recipe)
+    FirstCall(config, make)   a call on a model the kernel holds no engine of: none is built before the
+                              ranks start; they get one seed and the kernel's random numbers (.state), and
+                              the kernel's engine is made (.make) once they completed, to continue theirs
     take_up(engine, state)    a rank's Engine continues from it (before its run)
     gathered(engine)          after the run, on every rank (a collective): the state each node's first
                               rank writes back
@@ -29,12 +32,14 @@ What each piece means across a rank count, with no guess:
 """
 from __future__ import annotations
 
+import random
 import weakref
 
 import torch
 import torch.distributed as torch_dist
 
-from ..engine.state import rng_state
+from ..engine.state import rng_kept, rng_state, set_rng_state
+from ..engine.support import seed_torch
 from ..slots import ENGINE, held
 
 # The kernel's engine -> what only the ranks of the DDP run it last continued from hold: {"step": the
@@ -88,8 +93,29 @@ def sent(engine) -> dict:
     return state
 
 
+class FirstCall:
+    """The kernel's side of a DDP call on a model it holds no live engine of. A kernel engine built then would only
+    carry a fresh engine's state, which every rank's own engine already is, but for two things the ranks cannot
+    draw alone: one data order (the config's seed, else one drawn here for all) and one stream of random numbers
+    (the kernel's, seeded as an engine seeds them), so unseeded ranks agree. `state` is those two; the kernel's
+    own random numbers are left as they were. `make()` makes the kernel's live engine after the ranks completed,
+    which their state then continues (bring_back), as an engine built before them would."""
+
+    def __init__(self, config, make):
+        with rng_kept():
+            seed = config.seed if config.seed is not None else random.randrange(2**31)
+            if config.seed is not None:
+                seed_torch(config.seed)  # as Engine.__init__ seeds the process that builds it
+            self.state = {"first": True, "seed": seed, "rng": rng_state()}
+        self.make = make
+
+
 def take_up(engine, state: dict) -> None:
     """Continue `engine` (this rank's, before its run) from the kernel's `state` (see the module's rules)."""
+    if state.get("first"):  # FirstCall: this rank's fresh engine, on the run's one seed and random numbers
+        engine.set_position({**engine.position(), "seed": state["seed"]})
+        set_rng_state(state["rng"])
+        return
     world = engine.world
     position = dict(state["position"])
     total = position["epoch_offset"]  # samples of the epoch's global order already used

@@ -31,12 +31,15 @@ from .rundir import RunDir
 
 def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None = None, *,
                     timeout: float | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-                    host: str | None = None, echo: bool = True, stop=None, engine=None, target=None) -> RunResult:
+                    host: str | None = None, echo: bool = True, stop=None, engine=None, first=None,
+                    target=None) -> RunResult:
     """Train `recipe` with `config` as DDP (or FSDP) in fresh processes; its model gets the trained weights.
 
     engine: the kernel's live engine of `recipe.model` (DDP only): the ranks continue its optimizer,
     schedule, position and random numbers, and it continues from theirs once the run completes, as
     the model does from their weights (carry.py).
+    first: a carry.FirstCall where the kernel holds no engine of the model yet: the ranks start from its seed and
+    random numbers, and the kernel's engine is made once they completed, continuing from theirs.
 
     The launch options come from the config (timeout, node_rank, rdzv_endpoint, rdzv_host);
     the keywords, when given, override them:
@@ -60,7 +63,8 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         plan = target.plan(config, timeout=timeout, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, host=host)
         log = log if log is not None else MetricsLog()
         run = RunDir.create(plan, config=config, recipe=recipe,
-                            engine_state=carry.sent(engine) if engine is not None else None)
+                            engine_state=carry.sent(engine) if engine is not None else
+                            first.state if first is not None else None)
     except BaseException:
         target.release()
         raise
@@ -80,6 +84,8 @@ def fit_distributed(recipe: Recipe, config: TrainConfig, log: MetricsLog | None 
         notes += [target.checked] if target.checked else []
         if state is not None:
             recipe.model.load_state_dict(state)
+            if engine is None and first is not None:
+                engine = first.make()  # the kernel's live engine, from now on, continuing the ranks' run
             if engine is not None:
                 notes += carry.bring_back(engine, run.load_engine_state())
         result = gathered_result(config, log, run.load_result(), status)
