@@ -46,3 +46,17 @@ def test_a_processes_waits_for_a_cpu_sum_its_threads_schedstat_as_psutil_lists_t
     finally:
         stop.set()
         worker.join()
+
+
+def test_this_processes_cpu_is_read_from_the_kernels_times_as_psutil_reads_it_from_proc(monkeypatch):
+    me = psutil.Process()
+    sum(range(2_000_000))  # some CPU time to read
+    before = me.cpu_times()
+    ours = load._tree_s(me, [])
+    after = me.cpu_times()
+    seconds = lambda t: t.user + t.system + t.children_user + t.children_system  # noqa: E731
+    assert seconds(before) <= ours <= seconds(after)
+    reads = []
+    monkeypatch.setattr(psutil.Process, "cpu_times", lambda self: reads.append(self) or before)
+    load._tree_s(me, [])
+    assert reads == []  # this process's own is the times() call, not a parse of /proc/<pid>/stat
