@@ -21,6 +21,7 @@ from nbtrain import slurm
 from nbtrain.distributed.plan import for_batch_job
 from nbtrain.api import fit
 from nbtrain.demo import DigitsDataset, digits_recipe
+from nbtrain.recipe import Recipe
 from nbtrain.slurm import SlurmError, SlurmJobError, SlurmOptionError
 
 # Functions defined here travel to the workers by value, as a notebook's do.
@@ -435,3 +436,32 @@ def test_launcher_slurm_with_partition_and_time_continues_the_live_engine_as_loc
         lambda r: fit(recipe=r, config=TrainConfig(num_nodes=2, launcher="slurm", **ddp), launcher_options=options),
         lambda r: slurm.submit(r, TrainConfig(num_nodes=2, **ddp), **options).wait(echo=False, timeout=120))
     assert all(torch.equal(on_slurm[k], local[k]) for k in local)
+
+
+@pytest.mark.slow
+def test_a_first_call_through_nbtrain_slurm_submit_trains_and_continues_as_a_first_local_ddp_call(slurm_cluster, project):  # noqa: F811
+    """nbtrain.slurm.submit on a model the kernel holds no engine of: no kernel engine is built first (one set the
+    user's optimizer instance to its first warmed-up rate, which the ranks then took for the user's own), and the
+    kernel's engine made from the job's continues it: the rates and weights of a first local DDP call, then a
+    call in the kernel."""
+    ddp = {"batch_size": 16, "seed": 0, "max_steps": 3, "accelerator": "cpu", "warmup_steps": 3,
+           "scale_lr": "linear", "base_batch_size": 16}
+
+    def first_then_kernel(first) -> tuple[list, dict]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # an instance, as users write it
+        recipe = Recipe(model=model, train_data=DigitsDataset(train=True), loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=optimizer)
+        result = first(recipe)
+        assert result.status == "completed" and result.extras["weights_loaded"], result.message
+        after = fit(recipe=recipe, config=TrainConfig(batch_size=32, seed=0, max_steps=2, accelerator="cpu"))
+        rates = list(result.log.columns["lr"]) + list(after.log.columns["lr"])
+        return rates, {k: v.clone() for k, v in recipe.model.state_dict().items()}
+
+    local = first_then_kernel(lambda r: fit(recipe=r, config=TrainConfig(devices=2, **ddp)))
+    on_slurm = first_then_kernel(lambda r: slurm.submit(r, TrainConfig(num_nodes=2, **ddp), partition="debug",
+                                                        time="00:10:00").wait(echo=False, timeout=120))
+    assert local[0][:3] == pytest.approx([0.2 / 3, 0.4 / 3, 0.2])  # the linear rule (x2) warmed up over 3 steps
+    assert on_slurm[0] == local[0]
+    assert all(torch.equal(on_slurm[1][k], local[1][k]) for k in local[1])

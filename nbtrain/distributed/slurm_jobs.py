@@ -52,7 +52,8 @@ def project_dir() -> Path:
 
 def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: bool = False,
            run_root: str | os.PathLike | None = None, python: str | None = None,
-           signal_delay_s: int = SIGNAL_DELAY_S, log: MetricsLog | None = None, engine=None, **sbatch_options):
+           signal_delay_s: int = SIGNAL_DELAY_S, log: MetricsLog | None = None, engine=None, first=None,
+           **sbatch_options):
     """Submit `recipe` trained with `config` (num_nodes x devices) as a batch job; return its JobHandle.
 
     The job is the slurm launcher's (`fit(..., launcher="slurm", launcher_options={...})`) with these options:
@@ -61,7 +62,9 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     signal_delay_s: how long before the time limit the ranks are told to checkpoint and requeue.
     engine: the kernel's engine the job continues (optimizer, schedule, position, random numbers; the
     model's live engine when None, as fit and %%nbtrain --slurm pass it); it continues from the job's once
-    the handle's wait() completes. Without one the ranks start their own, from the weights.
+    the handle's wait() completes. first: a carry.FirstCall where the kernel holds no engine of the model yet
+    (nbtrain.slurm.submit passes one, as fit does): the ranks start from its seed and random numbers, and the
+    kernel's live engine is made from theirs once wait() completes. Without either the ranks start their own.
     """
     config = config.replace(launcher="slurm")
     target = launchers.launcher_for(config, job_name=job_name, run_root=run_root, python=python,
@@ -72,7 +75,8 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
     target.check(config)  # a node of the partition runs it, not this login node (sinfo; unknown: not checked)
     engine = engine if engine is not None else carry.live_engine(recipe.model)
     run = RunDir.create(plan, config=config, recipe=recipe, parent=str(target.prepared_root()),
-                        engine_state=carry.sent(engine) if engine is not None else None)
+                        engine_state=carry.sent(engine) if engine is not None else
+                        first.state if first is not None else None)
     try:
         job_id = target.submit(run, plan)
     except BaseException:
@@ -80,7 +84,7 @@ def submit(recipe, config: TrainConfig, *, job_name: str = "nbtrain", dry_run: b
         raise
     _remember(job_id, run.path, job_name, plan.world_size)
     return JobHandle(job_id, run.path, job_name=job_name, tasks=plan.world_size, model=recipe.model, log=log,
-                     engine=engine)
+                     engine=engine, first=first)
 
 
 def attach(job_id, *, model=None, log: MetricsLog | None = None) -> "JobHandle":
@@ -106,13 +110,13 @@ class JobHandle:
     """
 
     def __init__(self, job_id: str, run_dir, *, job_name: str, tasks: int = 1, model=None,
-                 log: MetricsLog | None = None, poll_s: float = 1.0, engine=None):
+                 log: MetricsLog | None = None, poll_s: float = 1.0, engine=None, first=None):
         self.job_id, self.job_name = str(job_id), job_name
         self.run = RunDir(run_dir)
         self.ranks = SlurmRanks(self.job_id, self.run, tasks, poll_s=poll_s, owned=False)
         self.job = self.ranks.job  # submitit's Job
         self.log = log if log is not None else MetricsLog()
-        self._model, self._engine = model, engine
+        self._model, self._engine, self._first = model, engine, first
 
     def __repr__(self) -> str:
         return f"<nbtrain SLURM job {self.job_id} {self.job_name!r}: {self.ranks.current}>"
@@ -174,10 +178,12 @@ class JobHandle:
         notes = []
         if weights is not None:
             self.model.load_state_dict(weights)
+            if self._engine is None and self._first is not None:
+                self._engine = self._first.make()  # the kernel's live engine from now on, continuing the job's run
             back = self.run.load_engine_state() if self._engine is not None else None
             if back is not None:  # the kernel's engine continues from the job's, as after any launcher's run
                 notes = carry.bring_back(self._engine, back)
-                self._engine = None  # brought back once: a second wait() must not load it again
+            self._engine = self._first = None  # brought back once: a second wait() must not load it again
         result = gathered_result(self.run.config(), self.log, self.run.load_result(), "completed")
         if notes:
             result.summary = result.summary.with_notes(notes)

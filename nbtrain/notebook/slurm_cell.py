@@ -85,14 +85,12 @@ def run(magics, recipe, config, args, taken: dict | None = None):
                   "nothing was submitted (also in _nbtrain_sbatch)\n")
             print(script)
             return None
-        from ..api import kernel_engine
         from ..metrics import MetricsLog
         log = MetricsLog()
-        # The job continues the kernel's live engine and it continues from the job, as with every launcher.
-        engine = kernel_engine(recipe, config)
         views = magics.live_views(log, args)
         state_line = JobStateLine()
-        handle = slurm.submit(recipe, config, job_name=job_name, log=log, engine=engine, **options)
+        # The job continues the kernel's side of the model and it continues from the job, as with every launcher.
+        handle = slurm.submit(recipe, config, job_name=job_name, log=log, **options)
         magics.shell.user_ns["_nbtrain_job"] = handle
         state_line.show(f"SLURM job {handle.job_id} submitted")
         result = handle.wait(on_state=state_line.update)
