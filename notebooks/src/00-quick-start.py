@@ -76,9 +76,13 @@ for run in (first, second):
           f"held-out accuracy {100 * run.summary.val_acc:.1f}%")
 
 # %% [markdown]
-# The larger batch trains more samples per second — the verdict's interval lies wholly above 1. But in the
-# same 3 epochs it took 18 optimizer steps against 135, and its held-out accuracy is lower. Notebook 2 is
-# about exactly this trade, and how scaling the learning rate answers it.
+# The verdict's last part counts samples: the larger batch trains more of them per second, its interval
+# wholly above 1. Its first parts answer what "faster" means to a user, the same model sooner: each side
+# also trained for the same seconds from the same weights, both scored on `val_data`, with how long each took
+# to reach the worse side's final held-out loss. On this tiny model those can go either way from one run to
+# the next, and they need not agree with samples/s: in the same 3 epochs the larger batch took 18 optimizer
+# steps against 135, and its held-out accuracy is lower. Notebook 2 is about exactly this trade, and how
+# scaling the learning rate answers it.
 #
 # Bad settings are refused before anything trains, each naming the flag, the value and what is
 # allowed — and the kernel stays as it was:
