@@ -76,3 +76,15 @@ def test_the_time_to_a_loss_is_bracketed_by_the_evaluations_around_it_and_a_side
     same = reaching([(a, a)] * 3, start=2.0)
     assert not same.measurable and same.verdict.low < 1 < same.verdict.high
     assert reaching([(a, [(1.0, math.nan)])], start=2.0) is None
+
+
+def test_times_both_known_only_to_lie_under_a_first_evaluation_are_said_not_to_be_told_apart():
+    # Both sides below the target at their first evaluation (0.25 s): each time lies anywhere in 0-0.25 s, so the
+    # ratio's range is 0 to unbounded; the verdict says so in words, not as "0.00 or more".
+    quick = [(0.25 * i, 0.5) for i in range(1, 5)]  # at its final loss from the first evaluation on
+    both = reaching([(quick, quick)] * 3, start=2.0)
+    assert not both.measurable and both.verdict.low == 0 and math.isinf(both.verdict.high)
+    text = both.text()
+    assert text.endswith("no measurable difference in that time (each side was there by its first evaluation in a "
+                         "round, so their times cannot be told apart)"), text
+    assert "or more" not in text and "0.00" not in text, text

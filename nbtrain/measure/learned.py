@@ -176,14 +176,22 @@ class Reaching:
         head = (f"to the worse side's final held-out {np.median(self.targets):.3g}: {current} {cur:.2g} s, "
                 f"{candidate} {cand:.2g} s (medians of {n} round{'s' if n != 1 else ''})")
         known = " over the rounds, each time known to within its evaluations"
+        if not self.measurable and v.low <= 0 and not math.isfinite(v.high):
+            return (f"{head}; no measurable difference in that time (each side was there by its first evaluation in "
+                    "a round, so their times cannot be told apart)")
         if not self.measurable:
-            spread = f"{v.low:.2f}-{v.high:.2f}" if math.isfinite(v.high) else f"{v.low:.2f} or more"
-            return f"{head}; no measurable difference in that time ({current}'s over {candidate}'s {spread}{known})"
+            return (f"{head}; no measurable difference in that time ({current}'s over {candidate}'s "
+                    f"{_spread(v.low, v.high)}{known})")
         if v.low > 1:
-            spread = f"{v.low:.2f}-{v.high:.2f}" if math.isfinite(v.high) else f"{v.low:.2f} or more"
-            return f"{head}; {candidate} {v.ratio:.2g}x sooner ({spread}{known})"
-        spread = f"{1 / v.high:.2f}-{1 / v.low:.2f}" if v.low > 0 else f"{1 / v.high:.2f} or more"
+            return f"{head}; {candidate} {v.ratio:.2g}x sooner ({_spread(v.low, v.high)}{known})"
+        spread = _spread(1 / v.high, 1 / v.low if v.low > 0 else math.inf)
         return f"{head}; {candidate} {1 / v.ratio:.2g}x later ({spread}{known})"
+
+
+def _spread(low: float, high: float) -> str:
+    """A ratio's range over the rounds; open above where a side was there by its first evaluation (its time known
+    only to lie between 0 and that evaluation)."""
+    return f"{low:.2f}-{high:.2f}" if math.isfinite(high) else f"{low:.2f} or more"
 
 
 def reaching(pairs, start: float = math.nan) -> Reaching | None:
