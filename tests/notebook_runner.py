@@ -90,6 +90,11 @@ _MEASURED = [
     (re.compile(r"^within the machine's own spread: .*$", re.M), ""),
     (re.compile(r"(?<=\))†"), ""),
     (re.compile(r"^† no run of either's settings.*$", re.M), ""),
+    # Which side reached the worse final held-out loss first: ab's rounds (measure/learned.py) and compare's runs
+    # (runs/held_out_time.py), with the brackets and ratios that say it
+    (re.compile(r"; (\w+ [\d.e+]+x (sooner|later)|no measurable difference in that time) \([^)]*\)"), "; REACHED"),
+    (re.compile(r"(learns (faster|slower)|no measurable difference) in wall time \((?:[^()]|\([^()]*\))*\)"),
+     "REACHED IN WALL TIME"),
     # Which way nbtrain.ab's race of what is learned in equal time went (measure/learned.py), or that it was not run
     (re.compile(r"learns (worse|better|as well) in the same time( \(no measurable difference in loss\))?"
                 r"|what it learns was not measured: [^(;]*"), "LEARNED"),

@@ -231,3 +231,35 @@ def test_which_way_abs_race_of_what_is_learned_went_is_a_measurement_not_the_cod
     assert stale_cells(worse, notebook("learns as well in the same time (no measurable difference in loss)")) == []
     assert stale_cells(worse, notebook("learns better in the same time")) == []
     assert len(stale_cells(worse, notebook("trains worse in the same time"))) == 1  # other words: the code changed
+
+
+@pytest.mark.parametrize("kind,ways", [
+    ("ab", ["no measurable difference in that time (A's over B's 0.57-0.99 over the rounds, each time known to within "
+            "its evaluations)", "B 2x later (1.50-2.67 over the rounds, each time known to within its evaluations)",
+            "B 1.5e+02x sooner (2.00 or more over the rounds, each time known to within its evaluations)",
+            "no measurable difference in that time (each side was there by its first evaluation in a round, so their "
+            "times cannot be told apart)"]),
+    ("compare", ["no measurable difference in wall time (one run each, so no interval over runs: each time known only "
+                 "to within the validations around it (0.026-0.035 s vs 0-0.098 s): first's time over this one's "
+                 "0-3.8x)", "learns faster in wall time (one run each, so no interval over runs: each time known only "
+                 "to within the validations around it (0.18-0.18 s vs 0.33-0.34 s): 1.8-1.9x sooner)",
+                 "learns slower in wall time (0.5x or more later over 3 and 2 runs of each settings, each time to "
+                 "within the validations around it)"]),
+])
+def test_which_side_reached_the_worse_final_loss_first_is_a_measurement_not_the_codes_words(kind, ways):
+    # Notebook 03 stored "no measurable difference in that time" and printed "B 2x later" the next time (stop 58).
+    if kind == "ab":
+        line = ("batch_size=64: learns worse in the same time (held-out (val_data) 0.03 vs 0.02; 1 s of training each; "
+                "learn_s= lengthens it); to the worse side's final held-out 0.0309: A 0.62 s, B 0.88 s (medians of 3 "
+                "rounds); {}; in samples/s 1.43x slower (95% interval 1.36-1.49) [29 pairs of blocks, 15 s]")
+    else:
+        line = "second  completed  18  held-out 0.7902 in 0.035 s vs 0.098 s for first: {}  batch_size=256"
+
+    def notebook(way: str):
+        nb = nbformat.v4.new_notebook()
+        nb.cells.append(nbformat.v4.new_code_cell("print(x)", outputs=[
+            nbformat.v4.new_output("stream", text=line.format(way) + "\n")]))
+        return nb
+    for way in ways[1:]:
+        assert stale_cells(notebook(ways[0]), notebook(way)) == [], way
+    assert len(stale_cells(notebook(ways[0]), notebook(ways[0].replace(" in ", " within ", 1)))) == 1  # other words

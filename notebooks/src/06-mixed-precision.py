@@ -163,24 +163,29 @@ plt.show()
 #
 # Two runs one after the other are no speed comparison on a shared machine. `nbtrain.ab` alternates short
 # blocks of each setting on the live model — for this CNN, and for the small MLP of notebook 0 — and, for
-# the CNN, `channels_last` alone and with bf16:
+# the CNN, `channels_last` alone and with bf16. Since bf16 changes the arithmetic, each bf16 line first says
+# what it learns: both sides trained for the same seconds from the same weights, scored on held-out data,
+# and which reached the worse side's final loss sooner; its samples/s comes after:
 
 # %%
 # A side and B side start from the live model's config (here the bf16 run above): fp32 is asked for by name.
 # bf16's blocks last seconds where PyTorch emulates it (and where other work slows the CNN's steps): the two
 # comparisons a claim rests on get 24 and 16 s, enough pairs for an interval there (at 12 and 8 s a busy
 # 2-core machine gave them 2-3 pairs: 17 and 19 of 20 held); they stop sooner where the interval narrows to
-# +-5%. channels_last alone, on which no claim rests on a CPU, gets 4 s.
+# +-5%. channels_last alone, on which no claim rests on a CPU, gets 4 s. What bf16 does to what is learned is
+# raced once for each model (cnn_bf16, mlp_bf16); the combinations are about speed alone (learn_s=0).
 fp32_64 = {"batch_size": 64, "precision": "32-true"}
 cnn_bf16 = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer, a=fp32_64,
                       b={"batch_size": 64, "precision": "bf16-mixed"}, budget_s=24, min_pairs=6)
 cnn_cl = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer, a=fp32_64,
                     b={**fp32_64, "channels_last": True}, budget_s=4, min_pairs=6)
 cnn_both = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer, a=fp32_64,
-                      b={"batch_size": 64, "precision": "bf16-mixed", "channels_last": True}, budget_s=16, min_pairs=6)
+                      b={"batch_size": 64, "precision": "bf16-mixed", "channels_last": True}, budget_s=16, min_pairs=6,
+                      learn_s=0)
 cl_on_bf16 = nbtrain.ab(model, train_data, loss_fn=loss_fn, optimizer=optimizer,
                         a={"batch_size": 64, "precision": "bf16-mixed"},
-                        b={"batch_size": 64, "precision": "bf16-mixed", "channels_last": True}, budget_s=4, min_pairs=6)
+                        b={"batch_size": 64, "precision": "bf16-mixed", "channels_last": True}, budget_s=4, min_pairs=6,
+                        learn_s=0)
 mlp_bf16 = nbtrain.ab(DigitsMLP(), DigitsDataset(train=True), loss_fn=loss_fn, a={"batch_size": 128},
                       b={"batch_size": 128, "precision": "bf16-mixed"}, budget_s=8, min_pairs=8)
 verdicts = {"CNN: bf16-mixed": cnn_bf16, "CNN: channels_last": cnn_cl, "CNN: both": cnn_both,
