@@ -176,10 +176,10 @@ class Reaching:
         head = (f"to the worse side's final held-out {np.median(self.targets):.3g}: {current} {cur:.2g} s, "
                 f"{candidate} {cand:.2g} s (medians of {n} round{'s' if n != 1 else ''})")
         known = " over the rounds, each time known to within its evaluations"
-        if not self.measurable and v.low <= 0 and not math.isfinite(v.high):
-            return (f"{head}; no measurable difference in that time (each side was there by its first evaluation in "
-                    "a round, so their times cannot be told apart)")
         if not self.measurable:
+            if v.low <= 0 and not math.isfinite(v.high):
+                return (f"{head}; no measurable difference in that time (each side was there by its first evaluation "
+                        "in a round, so their times cannot be told apart)")
             return (f"{head}; no measurable difference in that time ({current}'s over {candidate}'s "
                     f"{_spread(v.low, v.high)}{known})")
         if v.low > 1:
