@@ -6,6 +6,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 
 import pytest
@@ -168,6 +169,35 @@ WRITER = textwrap.dedent("""
     for i in range(15):
         assert store.record(result, name=f"w{worker}-{i}") is not None
 """)
+
+
+def test_a_first_record_waits_out_another_connections_write_lock_on_a_new_store(tmp_path, run):
+    # Two kernels' first runs in one new store: SQLite refuses the switch to WAL at once ("database is locked",
+    # no busy wait) while another connection holds the write lock; the first record waits it out instead.
+    path = tmp_path / "runs.sqlite"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    released = threading.Timer(0.3, other.execute, ("COMMIT",))
+    released.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an unusable store warns: none here
+            assert RunStore(path).record(run, name="first") is not None
+    finally:
+        released.join()
+        other.close()
+    assert [r.name for r in RunStore(path).runs()] == ["first"]
+
+
+def test_a_store_locked_past_its_timeout_warns_once_and_training_goes_on(tmp_path, run):
+    path = tmp_path / "runs.sqlite"
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.warns(RuntimeWarning, match="is unusable \\(database is locked\\)"):
+            assert RunStore(path, timeout=0.2).record(run, name="late") is None
+    finally:
+        other.close()
 
 
 @pytest.mark.slow

@@ -92,16 +92,33 @@ class RunStore:
         # isolation_level=None: transactions are opened explicitly, so each write is one unit.
         db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         try:
-            if db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("BEGIN IMMEDIATE")
-                for statement in _SCHEMA:
-                    db.execute(statement)
-                db.execute("COMMIT")
+            self._set_up(db)
         except BaseException:
             db.close()
             raise
         return db
+
+    def _set_up(self, db: sqlite3.Connection) -> None:
+        """A new file's schema and WAL mode. SQLite answers the switch to WAL with "locked" at once, without its
+        busy wait, where another connection holds the file's write lock (its rule against two waiters deadlocking:
+        two kernels' first runs in one new store), so the setup is tried again until the store's timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+                    return
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA:  # each one idempotent: a setup another connection finished is a no-op
+                    db.execute(statement)
+                db.execute("COMMIT")
+                return
+            except sqlite3.OperationalError as error:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if "locked" not in str(error) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
 
     def _warn_once(self, error: Exception) -> None:
         key = str(self.path.resolve())
