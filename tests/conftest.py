@@ -111,6 +111,7 @@ def pytest_runtest_logreport(report):
     _COUNTS[kind] += report.when == "setup"
 
 
+@pytest.hookimpl(trylast=True)  # after the slowest tests (pyproject's --durations): the suite's time ends the output
 def pytest_terminal_summary(terminalreporter):
     if not _COUNTS["fast"] + _COUNTS["slow"]:
         return  # nothing ran (--collect-only, or nothing selected)
