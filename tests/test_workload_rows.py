@@ -2,6 +2,8 @@
 alike are kept as one reading and a count, a tensor met twice in one walk is read once, and a dict's keys are put
 in order once per set of keys. None of it may hide a change: a row changed in place, in the middle of a run of
 alike rows or at its end, a tensor reshaped in place between two calls, a hook set on one module or parameter."""
+import collections
+
 import pytest
 import torch
 from torch import nn
@@ -113,3 +115,118 @@ def test_a_key_that_is_a_str_subclass_is_not_taken_for_the_equal_string():
     plain, named = [{"x": torch.zeros(2)}], [{_Name("x"): torch.zeros(2)}]
     first = _digest(plain)  # the order of the key "x" is kept first: an equal key of another type must not find it
     assert _digest(named) not in (first, None)
+
+
+class _OneByOne(_Reader):
+    """The reading every row gets when the column-wise one does not apply: the reference it must equal."""
+    def _alike_rows(self, items):
+        return False
+
+
+class _Marked(torch.Tensor):
+    pass
+
+
+def _generated_rows(seed: int) -> tuple[list, str]:
+    """A data set of dict rows that read alike except where one change, drawn by `seed`, makes one row differ in a
+    way the column-wise reading must see (or must leave to the row-by-row one)."""
+    import random
+    draw = random.Random(seed)
+    n, width = draw.choice([2, 3, 17]), draw.choice([1, 4])
+    dtype = draw.choice([torch.long, torch.float32])
+    shared = draw.random() < 0.5  # labels that are the input_ids tensor itself
+    keys = draw.choice([("input_ids", "labels"), ("labels", "input_ids"), ("x",)])
+    ids = torch.zeros(n, width, dtype=dtype)
+    rows = [{k: (row if shared or i == 0 else row.clone()) for i, k in enumerate(keys)} for row in ids]
+    at = draw.randrange(n)
+    change = draw.choice(["none", "shape", "dtype", "non-contiguous", "requires_grad", "key order", "str subclass key",
+                          "parameter", "tensor subclass", "number", "nested list", "same row twice", "dict subclass",
+                          "meta device", "sparse", "missing key"])
+    row, key = rows[at], keys[-1]
+    if change == "shape":
+        row[key] = torch.zeros(width + 1, dtype=dtype)
+    elif change == "dtype":
+        row[key] = torch.zeros(width, dtype=torch.float64)
+    elif change == "non-contiguous":
+        row[key] = torch.zeros(width, 2, dtype=dtype)[:, 0]
+    elif change == "requires_grad":
+        row[key] = torch.zeros(width).requires_grad_()
+    elif change == "key order":
+        rows[at] = dict(reversed(list(row.items())))
+    elif change == "str subclass key":
+        rows[at] = {_Name(k) if k == key else k: v for k, v in row.items()}
+    elif change == "parameter":
+        row[key] = nn.Parameter(torch.zeros(width))
+    elif change == "tensor subclass":
+        row[key] = torch.zeros(width, dtype=dtype).as_subclass(_Marked)
+    elif change == "number":
+        row[key] = 3
+    elif change == "nested list":
+        row[key] = [torch.zeros(width, dtype=dtype)]
+    elif change == "same row twice":
+        rows[at] = rows[(at + 1) % n]
+    elif change == "dict subclass":
+        rows[at] = collections.OrderedDict(row)
+    elif change == "meta device":
+        row[key] = torch.zeros(width, dtype=dtype, device="meta")
+    elif change == "sparse":
+        row[key] = torch.zeros(width, dtype=dtype).to_sparse()
+    elif change == "missing key":
+        del row[key]
+    return rows, change
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_the_column_wise_reading_of_rows_equals_the_row_by_row_one(seed):
+    rows, change = _generated_rows(seed)
+    # the rows alone, then met again after something else holds one of them (the references' numbers must agree)
+    for whole in (rows, [rows[-1], rows, {"again": rows}]):
+        fast, reference = _Reader(), _OneByOne()
+        fast.value(whole)
+        reference.value(whole)
+        assert fast.parts == reference.parts, change
+        assert fast.seen == reference.seen, change
+
+
+def test_the_column_wise_reading_applies_to_alike_rows_only():
+    calls = []
+
+    class Counting(_Reader):
+        def _alike_rows(self, items):
+            taken = super()._alike_rows(items)
+            calls.append(taken)
+            return taken
+    Counting().data(_rows(50))
+    assert calls == [True]
+    odd = _rows(50)
+    odd[10]["labels"] = torch.zeros(3, dtype=torch.long)
+    calls.clear()
+    Counting().data(odd)
+    assert calls == [False]
+
+
+class _Settings:
+    def __init__(self):
+        self.width = 8
+
+
+class _Meta(type):
+    pass
+
+
+class _Made(metaclass=_Meta):  # a class whose metaclass is not `type`
+    pass
+
+
+def test_an_object_met_again_reads_as_its_first_reading_whatever_its_kind():
+    shared, module = _Settings(), nn.Linear(2, 2)
+    whole = [shared, _Made, module, {"k": shared}, shared, _Made, module, [shared], _Settings]
+
+    class Asking(_Reader):  # the reading without the shortcut: every object met again asked its kind again
+        def _met_before(self, value, kind):
+            return False
+    fast, asking = _Reader(), Asking()
+    fast.value(whole)
+    asking.value(whole)
+    assert fast.parts == asking.parts
+    assert ("seen", fast.seen[id(shared)]) in fast.parts
