@@ -82,8 +82,8 @@ class Engine:
         self.kept_loaders: KeptLoaders | None = None  # loaders whose workers outlive a run (keeping_workers)
         self.loader = self.build_loader()
         if like is None:
-            self.replace_optimizer()
-            self.apply_toggles(changes.TOGGLE_OPTIONS)
+            self.replace_optimizer()  # with its optimizer_impl applied
+            self.apply_toggles(changes.TOGGLE_OPTIONS - {"optimizer_impl"})
         else:
             self.start_as_copy_of(like)
 

@@ -20,7 +20,7 @@ import warnings
 HEAVY = ("torch._dynamo",)  # what the first optimizer built imports lazily (sympy, mpmath come with it)
 _settled = False
 _NO_SOURCE: set = set()  # names without a package to import (see half_imported)
-_CLEAN: set = set()  # sys.modules' names when half_imported last found nothing: the same names, the same answer
+_CLEAN: list = [()]  # sys.modules' names, in order, when half_imported last found nothing: the same names, the same answer
 
 
 class StartUpNote(UserWarning):
@@ -55,17 +55,19 @@ def interrupts_held():
 def half_imported() -> list[str]:
     """The packages an interrupted import left behind: missing from sys.modules while submodules of theirs that
     finished are there (the shortest such name of each)."""
-    if sys.modules.keys() == _CLEAN:  # one comparison in C (~0.1 ms) instead of a walk of every name (~1 ms a call)
+    # One comparison in C instead of a walk of every name (~1 ms a call); of the names in order, each found to be
+    # the very string object it was (~0.03 ms), not looked up in a set by its hash (~0.2 ms in a large process).
+    # Names that came in another order are walked again, and kept in that order.
+    if tuple(sys.modules) == _CLEAN[0]:
         return []
-    names = set(sys.modules)
+    names = dict.fromkeys(sys.modules)  # a set in sys.modules' order
     missing = {n.rpartition(".")[0] for n in names if "." in n and n.rpartition(".")[0] not in names} - _NO_SOURCE
     for name in sorted(missing):  # a name some library put in sys.modules by hand has no package to import
         if not _importable(name):
             _NO_SOURCE.add(name)
     missing -= _NO_SOURCE
     if not missing:
-        _CLEAN.clear()
-        _CLEAN.update(names)
+        _CLEAN[0] = tuple(names)
     return sorted(m for m in missing if not any(m.startswith(o + ".") for o in missing))
 
 
