@@ -156,7 +156,9 @@ def reached(curve, target: float, start: float = math.nan) -> tuple[float, float
 class Reaching:
     """Per round: the worse side's final loss (`targets`) and (low, high, crossing) seconds each side took to reach it;
     `verdict`: the current side's time over the candidate's (> 1: the candidate reaches it sooner), the median of the
-    rounds' crossings, its interval the rounds' whole range with each time anywhere between its two evaluations."""
+    rounds' crossings, its interval the rounds' whole range with each time anywhere between its two evaluations. A
+    side there by its first evaluation in a round (a low of 0 s) leaves that range open; `text` then says so in words
+    and gives only the bound the brackets allow (`open_ratio`)."""
     targets: list
     current: list
     candidate: list
@@ -165,7 +167,7 @@ class Reaching:
     @property
     def measurable(self) -> bool:
         """Every round's crossing, anywhere between its evaluations, on one side of 1 by more than MIN_EFFECT (an
-        unbounded high: the candidate was there at its first evaluation)."""
+        unbounded high: the candidate was there by its first evaluation; a low of 0: the current side was)."""
         v = self.verdict
         return v.low > 1 + MIN_EFFECT or v.high < 1 / (1 + MIN_EFFECT)
 
@@ -175,23 +177,54 @@ class Reaching:
         cur, cand = (np.median([c for _, _, c in side]) for side in (self.current, self.candidate))
         head = (f"to the worse side's final held-out {np.median(self.targets):.3g}: {current} {cur:.2g} s, "
                 f"{candidate} {cand:.2g} s (medians of {n} round{'s' if n != 1 else ''})")
+        if v.low <= 0 and not math.isfinite(v.high):
+            return (f"{head}; no measurable difference in that time (each side was there by its first evaluation "
+                    "in a round, so their times cannot be told apart)")
+        if v.low <= 0 or not math.isfinite(v.high):  # one side there by its first evaluation: the ratio is open
+            known = f"in {n} round{'s' if n != 1 else ''}: {_took(current, self.current)}, " \
+                    f"{_took(candidate, self.candidate)}"
+            way, words = open_ratio(v.low, v.high)
+            return f"{head}; {candidate} {words} ({known})" if way else \
+                f"{head}; no measurable difference in that time ({known}, {words})"
         known = " over the rounds, each time known to within its evaluations"
         if not self.measurable:
-            if v.low <= 0 and not math.isfinite(v.high):
-                return (f"{head}; no measurable difference in that time (each side was there by its first evaluation "
-                        "in a round, so their times cannot be told apart)")
             return (f"{head}; no measurable difference in that time ({current}'s over {candidate}'s "
                     f"{_spread(v.low, v.high)}{known})")
         if v.low > 1:
             return f"{head}; {candidate} {v.ratio:.2g}x sooner ({_spread(v.low, v.high)}{known})"
-        spread = _spread(1 / v.high, 1 / v.low if v.low > 0 else math.inf)
-        return f"{head}; {candidate} {1 / v.ratio:.2g}x later ({spread}{known})"
+        return f"{head}; {candidate} {1 / v.ratio:.2g}x later ({_spread(1 / v.high, 1 / v.low)}{known})"
 
 
 def _spread(low: float, high: float) -> str:
-    """A ratio's range over the rounds; open above where a side was there by its first evaluation (its time known
-    only to lie between 0 and that evaluation)."""
-    return f"{low:.2f}-{high:.2f}" if math.isfinite(high) else f"{low:.2f} or more"
+    return f"{low:.2f}-{high:.2f}"
+
+
+def open_ratio(low: float, high: float) -> tuple[int, str]:
+    """Where a side was at the target by its first evaluation (its time anywhere from 0 to that evaluation's), the
+    ratio of the other's time over its own, `low`-`high`, is open on one side (0 below, or no bound above). Sooner
+    (1) or later (-1) only where the brackets part by more than MIN_EFFECT, by the bound they give ('at least 6x
+    sooner'), else (0) 'so their times cannot be told apart' (and 'by more than 2%' where they part by less).
+    ab's time to quality (Reaching.text) and compare's held-out in time (runs/held_out_time.py) read it alike."""
+    if low > 1 + MIN_EFFECT:
+        return 1, f"at least {low:.2g}x sooner"
+    if high < 1 / (1 + MIN_EFFECT):
+        return -1, f"at least {1 / high:.2g}x later"
+    return 0, "so their times cannot be told apart" + ("" if low <= 1 <= high else f" by more than {MIN_EFFECT:.0%}")
+
+
+def _took(who: str, brackets: list) -> str:
+    """When `who` reached the target over ab's rounds ((low, high, crossing) seconds each): 'A took 3-4 s', 'B was
+    there by its first evaluation each time (by 0.5 s)', 'B took up to 1 s, there by its first evaluation in 2 of
+    them'."""
+    low, high = min(b[0] for b in brackets), max(b[1] for b in brackets)
+    first = sum(b[0] <= 0 for b in brackets)
+    if not first:
+        return f"{who} took {low:.2g}-{high:.2g} s"
+    if len(brackets) == 1:
+        return f"{who} was there by its first evaluation (at {high:.2g} s)"
+    if first == len(brackets):
+        return f"{who} was there by its first evaluation each time (by {high:.2g} s)"
+    return f"{who} took up to {high:.2g} s, there by its first evaluation in {first} of them"
 
 
 def reaching(pairs, start: float = math.nan) -> Reaching | None:

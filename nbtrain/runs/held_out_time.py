@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from ..format import number
-from ..measure.learned import reached
+from ..measure.learned import open_ratio, reached
 from ..measure.verdict import MIN_EFFECT
 from ..plotting import held_out_series
 
@@ -84,16 +84,14 @@ def _first_validation(target, at, base_label, mine, theirs, low, high, repeat) -
     that validation's, so the ratio (`low`-`high`, base's time over this one's) is open on one side. What is known,
     in words; faster or slower only where the brackets part by more than MIN_EFFECT, by the bound they give."""
     known = f"{_when('this one', mine)}, {_when(base_label, theirs)}"
+    way, words = open_ratio(low, high)
     if repeat:
         head, how = f"same settings as {base_label}, so no verdict", \
             f"{known}: the machine's spread, not a difference of settings"
-    elif low > 1 + MIN_EFFECT:
-        head, how = "learns faster in wall time", f"{known}: at least {low:.2g}x sooner"
-    elif high < 1 / (1 + MIN_EFFECT):
-        head, how = "learns slower in wall time", f"{known}: at least {1 / high:.2g}x later"
+    elif way:
+        head, how = f"learns {'faster' if way > 0 else 'slower'} in wall time", f"{known}: {words}"
     else:
-        apart = "" if low <= 1 <= high else f" by more than {MIN_EFFECT:.0%}"
-        head, how = "no measurable difference in wall time", f"{known}, so their times cannot be told apart{apart}"
+        head, how = "no measurable difference in wall time", f"{known}, {words}"
     several = len(mine) > 1 or len(theirs) > 1
     over = f"over {len(mine)} and {len(theirs)} runs of each settings" if several else \
         "one run each, so no interval over runs"
