@@ -92,7 +92,9 @@ _MEASURED = [
     (re.compile(r"^† no run of either's settings.*$", re.M), ""),
     # Which side reached the worse final held-out loss first: ab's rounds (measure/learned.py) and compare's runs
     # (runs/held_out_time.py), with the brackets and ratios that say it
-    (re.compile(r"; (\w+ [\d.e+]+x (sooner|later)|no measurable difference in that time) \([^)]*\)"), "; REACHED"),
+    # ("B at least 6x sooner (in 3 rounds: ... (by 0.5 s))" where a side was there by its first evaluation)
+    (re.compile(r"; (\w+ (at least )?[\d.e+]+x (sooner|later)|no measurable difference in that time)"
+                r" \((?:[^()]|\([^()]*\))*\)"), "; REACHED"),
     (re.compile(r"(learns (faster|slower)|no measurable difference) in wall time \((?:[^()]|\([^()]*\))*\)"),
      "REACHED IN WALL TIME"),
     # Which way nbtrain.ab's race of what is learned in equal time went (measure/learned.py), or that it was not run

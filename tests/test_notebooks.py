@@ -238,13 +238,19 @@ def test_which_way_abs_race_of_what_is_learned_went_is_a_measurement_not_the_cod
             "its evaluations)", "B 2x later (1.50-2.67 over the rounds, each time known to within its evaluations)",
             "B 1.5e+02x sooner (2.00 or more over the rounds, each time known to within its evaluations)",
             "no measurable difference in that time (each side was there by its first evaluation in a round, so their "
-            "times cannot be told apart)"]),
+            "times cannot be told apart)",
+            "B at least 6.9x later (in 3 rounds: A was there by its first evaluation each time (by 0.13 s), B took "
+            "0.89-1 s)",
+            "no measurable difference in that time (in 3 rounds: A took 2-3 s, B was there by its first evaluation "
+            "each time (by 2.5 s), so their times cannot be told apart)"]),
     ("compare", ["no measurable difference in wall time (one run each, so no interval over runs: each time known only "
                  "to within the validations around it (0.026-0.035 s vs 0-0.098 s): first's time over this one's "
                  "0-3.8x)", "learns faster in wall time (one run each, so no interval over runs: each time known only "
                  "to within the validations around it (0.18-0.18 s vs 0.33-0.34 s): 1.8-1.9x sooner)",
                  "learns slower in wall time (0.5x or more later over 3 and 2 runs of each settings, each time to "
-                 "within the validations around it)"]),
+                 "within the validations around it)",
+                 "learns faster in wall time (one run each, so no interval over runs: this one was there by its first "
+                 "validation (at 0.5 s), slow took 3-4 s: at least 6x sooner)"]),
 ])
 def test_which_side_reached_the_worse_final_loss_first_is_a_measurement_not_the_codes_words(kind, ways):
     # Notebook 03 stored "no measurable difference in that time" and printed "B 2x later" the next time (stop 58).
