@@ -138,7 +138,13 @@ class Snapshot:
         """Put the state back, and the config it was taken under."""
         engine = self.engine
         held = engine.held_data
-        engine.reconfigure(self.config)  # the config the state was taken under, then the state itself
+        # The config the state was taken under, then the state itself. This machine was checked to run the config
+        # when it became the engine's, and that answer cannot have changed: a config is immutable and the machine's
+        # inventory is probed once a process (hardware._probe). What can change is checked again: the data set is
+        # the user's object (a shorter one may hold no full batch: refused, nothing changes), and loading the state
+        # checks it against the model (state.misfit), which user code can change meanwhile (a buffer registered in
+        # forward, a layer replaced from the kernel while a panel's tool trains in its thread).
+        engine.reconfigure(self.config, machine_checked=True)
         if held is not None and engine.held_data is None:
             self.spare_held = held  # the next trial that holds this data set again takes this copy
         engine.load_state_dict(self.state)

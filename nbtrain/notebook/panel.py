@@ -145,10 +145,12 @@ class Panel:
             self.say(f"{self._busy()} is still going: Stop it" + ("" if self.tools.running_tool else
                                                                ", or Apply now to change it"))
             return
-        config = check_runnable_here(self.controls.config_over(self.base))  # errors: the status line
+        # As nbtrain.fit does, once per call: the recipe's DataLoader settings given to the config and this machine
+        # checked here (errors: the status line), so engine_for does neither again (settled).
+        config = check_runnable_here(self.recipe.adopt_settings(self.controls.config_over(self.base)))
         record = RunRecord(len(self.runs) + 1, config)
         if config.world_size == 1:
-            self.engine = api.engine_for(self.recipe, config)
+            self.engine = api.engine_for(self.recipe, config, settled=True)
         record.log.subscribe(functools.partial(training.on_event, self, record))
         self.runs.append(record)
         self._current = record

@@ -98,11 +98,16 @@ def live_engine_of(model):
 def run_apart(lent: Trial, config: TrainConfig, steps: int):
     """`steps` steps of `config` as DDP in processes of their own, from the borrowed model's weights (the
     trial's `reset()` puts them back). Through the launcher itself, not nbtrain.fit: fit continues the live
-    engine across calls (distributed/carry.py), and a trial never reaches it."""
+    engine across calls (distributed/carry.py), and a trial never reaches it. `config`: the trial's (lent.engine's)
+    or one made from it, whose DataLoader settings borrow adopted once: the ranks run it as the trial's own engine
+    would, refused as that engine refuses a switch (a batching change on a DataLoader whose own sampler decides,
+    an epoch with no full batch), and checked against this machine."""
     from ..config import check_runnable
     from ..distributed.launch import fit_distributed
+    from ..engine.changes import check_batches
     recipe = lent.recipe or lent.engine.recipe
-    config = recipe.adopt_settings(config.replace(max_steps=steps, max_epochs=None))
+    config = config.replace(max_steps=steps, max_epochs=None)
+    check_batches(lent.engine, config, recipe)
     check_runnable(config)
     return fit_distributed(recipe, config, stop=tool_stop())  # a panel's Stop ends the ranks too
 
