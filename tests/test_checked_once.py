@@ -139,13 +139,13 @@ def test_a_snapshot_put_back_still_refuses_a_config_the_data_no_longer_fills_and
 
 @pytest.fixture
 def launched(monkeypatch):
-    """The configs trial.run_apart hands the DDP launcher (which is not started: the kernel's side is tested)."""
+    """The configs trial.run_apart hands the DDP launcher, which then really starts its ranks with them."""
     from nbtrain.distributed import launch
-    configs = []
+    configs, real = [], launch.fit_distributed
 
     def fit_distributed(recipe, config, **kwargs):
         configs.append(config)
-        return "launched"
+        return real(recipe, config, **kwargs)
     monkeypatch.setattr(launch, "fit_distributed", fit_distributed)
     return configs
 
@@ -157,17 +157,20 @@ def live_model(loader, **options):
     return model
 
 
+@pytest.mark.slow  # two real DDP ranks start
 def test_a_trials_run_apart_adopts_the_loaders_settings_once(launched, monkeypatch):
     model = live_model(DataLoader(regression_data(n=64), batch_size=16, shuffle=True))
     adoptions = counted_adoptions(monkeypatch)
     with trial.borrow(model) as lent:
         candidate = lent.engine.config.replace(devices=2)
-        assert trial.run_apart(lent, candidate, 5) == "launched"
+        result = trial.run_apart(lent, candidate, 5)
+    assert result.status == "completed" and result.summary.steps == 5, result.status
     assert len(adoptions) == 1  # the trial's config, in borrow; a candidate made from it is not adopted again
     assert launched == [candidate.replace(max_steps=5, max_epochs=None)]
     assert (launched[0].batch_size, launched[0].shuffle) == (16, True)  # the loader's, adopted for the trial
 
 
+@pytest.mark.slow  # two real DDP ranks start
 def test_a_trials_run_apart_runs_the_candidate_as_the_trials_own_engine_would(launched):
     """A candidate that turns workers on over a trial whose config gave none runs apart with the settings it names,
     as the trial's engine runs it in this process: not the DataLoader's worker settings taken again."""
@@ -179,10 +182,10 @@ def test_a_trials_run_apart_runs_the_candidate_as_the_trials_own_engine_would(la
         lent.engine.reconfigure(candidate)
         here = lent.engine.config
         lent.reset()
-        trial.run_apart(lent, candidate.replace(devices=2), 5)
-    apart = launched[0]
-    assert (apart.num_workers, apart.persistent_workers, apart.prefetch_factor) == \
-        (here.num_workers, here.persistent_workers, here.prefetch_factor)
+        result = trial.run_apart(lent, candidate.replace(devices=2), 5)
+    for apart in (launched[0], result.config):  # what the launcher was handed, and what its ranks ran
+        assert (apart.num_workers, apart.persistent_workers, apart.prefetch_factor) == \
+            (here.num_workers, here.persistent_workers, here.prefetch_factor)
 
 
 @pytest.mark.parametrize("case", ["a batching change on a DataLoader whose own sampler decides",
