@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy.special import stdtrit
 
 from .bottleneck import Remedy
 from .steady import SteadyRate, steady_steps
@@ -187,7 +187,7 @@ def run_range(readings: list[SteadyRate], windows: list[float]) -> tuple[float, 
     low, high = min(lows), max(highs)
     logs = np.log([w for w in windows if w > 0])
     if len(logs) >= 3:
-        half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) * math.sqrt(1 + 1 / len(logs))
+        half = stdtrit(len(logs) - 1, 0.975) * logs.std(ddof=1) * math.sqrt(1 + 1 / len(logs))
         low, high = min(low, math.exp(logs.mean() - half)), max(high, math.exp(logs.mean() + half))
     return low, high
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats
+from scipy.special import stdtrit
 
 from .verdict import UNMEASURED, Verdict, paired, unpaired
 
@@ -173,8 +173,8 @@ def _futility(e: Entrant, decide_at: float, max_rounds: int) -> str:
     # The t-interval's half-width (on the log scale) shrinks as t(n-1)/sqrt(n) with the pairs' spread held.
     half_now = math.log(v.ratio / v.low)
     n = v.pairs
-    half_last = half_now * (stats.t.ppf(0.975, max_rounds - 1) / math.sqrt(max_rounds)) \
-        / (stats.t.ppf(0.975, n - 1) / math.sqrt(n))
+    half_last = half_now * (stdtrit(max_rounds - 1, 0.975) / math.sqrt(max_rounds)) \
+        / (stdtrit(n - 1, 0.975) / math.sqrt(n))
     if math.log(v.ratio) - half_last <= math.log(1 + decide_at):
         return f"a small gain that {max_rounds} rounds would not show"
     return ""
