@@ -223,7 +223,8 @@ def test_a_job_that_can_never_start_is_reported_instead_of_waited_on(slurm_clust
                              check=True).stdout.strip()
     handle = slurm.submit(digits_recipe(), two_nodes(), dependency=f"afterok:{blocker}")
     subprocess.run(["scancel", blocker], check=True)  # afterok can no longer be met: the cluster ends the job
-    with pytest.raises(SlurmJobError, match=r"SLURM job \d+ CANCELLED before any rank started"):
+    # the state with its reason where the controller still gave one when the job ended ("CANCELLED (Dependency)")
+    with pytest.raises(SlurmJobError, match=r"SLURM job \d+ CANCELLED( \(\w+\))? before any rank started"):
         handle.wait(echo=False, timeout=30)
 
 
