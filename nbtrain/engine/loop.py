@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from . import checkpoint, data, epoch_order, fsdp, loggers, report, time_limit, workload
+from . import checkpoint, data, epoch_order, fsdp, loggers, rates, report, time_limit, workload
 from ..options import ConfigError, Problem
 from ..measure import load
 from .changes import check_batches
@@ -197,8 +197,7 @@ class Run:
         # accumulation (~8 us a step of the ~1 ms steps of a small model).
         scaling = scaler.is_enabled()
         plain_forward = k == 1 and precision.dtype is None  # every batch a whole step, no autocast
-        # A schedule counted in steps as written moves one step a step (rates.schedule_position)
-        steps_as_written = c.schedule_counts != "samples" or c.base_batch_size is None
+        steps_as_written = rates.steps_as_written(c)  # then no position look-ups: one schedule step a step
         iterator = epoch_order.start_pass(loader, engine.epoch_offset)  # with the user's loop's draw at offset 0
         micro = window = window_samples = 0
         data_s = h2d_s = forward_s = backward_s = 0.0

@@ -81,11 +81,16 @@ def build_schedule(recipe, optimizer, config: TrainConfig, base_lrs: list[float]
     return schedule
 
 
+def steps_as_written(config: TrainConfig) -> bool:
+    """Whether a schedule counted in steps moves one step an optimizer step (schedule_position is `step`)."""
+    return config.schedule_counts != "samples" or config.base_batch_size is None
+
+
 def schedule_position(config: TrainConfig, step: int) -> int:
     """Steps a schedule counted in steps has taken after `step` optimizer steps: `step` as written
     (schedule_counts='steps'); laid over samples, the steps of base_batch_size that as many samples hold,
     floor(step x global batch / base_batch_size), so a warm-up or decay covers the samples it was written for."""
-    if config.schedule_counts != "samples" or config.base_batch_size is None:
+    if steps_as_written(config):
         return step
     return step * config.global_batch_size // config.base_batch_size
 

@@ -70,7 +70,8 @@ _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 _ATOM_TYPES = frozenset(_ATOMS)  # exactly these (an IntEnum is an int whose class may be the user's)
 _NAMED = (torch.dtype, torch.device, torch.layout, torch.memory_format, np.dtype, re.Pattern, pathlib.PurePath)
 _DESCRIPTORS = (types.MemberDescriptorType, types.GetSetDescriptorType)  # a slot's: its value is the instance's
-# A tensor's reading's parts, read over a data set's column of exact tensors in C loops (_Reader._alike_rows)
+# A tensor's reading's parts beside its contiguity, one definition for its reading (_Reader._tensor_reading) and
+# for a data set's column of exact tensors read in C loops (_Reader._alike_rows): a part added here is in both
 _TENSOR_KIND = operator.attrgetter("shape", "dtype", "device", "layout", "requires_grad")
 _RANDOM = (torch.Generator, np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
 
@@ -221,9 +222,9 @@ class _Reader:
     def _tensor_reading(self, value: torch.Tensor) -> tuple:
         # One reading per tensor object in a walk (a row's labels are often its input_ids): nothing runs
         # between two readings of it in one walk, and `alive` keeps its id from naming another tensor.
-        reading = self.tensors[id(value)] = ("tensor", tuple(value.shape),
-                                             *_kind_text(value.dtype, value.device, value.layout),
-                                             value.is_contiguous(), value.requires_grad)
+        shape, dtype, device, layout, requires_grad = _TENSOR_KIND(value)
+        reading = self.tensors[id(value)] = ("tensor", tuple(shape), *_kind_text(dtype, device, layout),
+                                             value.is_contiguous(), requires_grad)
         self.alive.append(value)
         return reading
 
