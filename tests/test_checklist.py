@@ -9,6 +9,7 @@ import torch
 
 from nbtrain import TrainConfig
 from nbtrain.api import engine_for
+from nbtrain.measure.withheld import FEWEST_PAIRS
 from nbtrain.walk import items as walk_items
 from nbtrain.walk.items import ITEMS, REGISTRY, batch_candidates, ddp_candidate
 from nbtrain.walk.tool import checklist
@@ -67,7 +68,9 @@ def test_an_item_is_kept_only_when_its_head_to_head_interval_lies_above_the_thre
     walk = checklist(recipe, budget_s=10, clock=lambda: 0.0, min_gain=0.03, **WALK)
     table = walk.table()
     for item in walk.items:
-        assert item.verdict_text() in table and item.verdict.interval_text() in table, table
+        assert item.verdict_text() in table, table
+        if item.verdict.pairs >= FEWEST_PAIRS:  # fewer: the cell says "too few pairs to tell (2 of 4)" (withheld.py)
+            assert item.verdict.interval_text() in table, table
         if item.name != "accumulation":  # asked for by target_global_batch: kept for its own sake
             assert item.kept == (item.verdict.low > 1.03), table
     total = walk.overall()
