@@ -137,8 +137,12 @@ def fit(model=None, train_data=None, *, loss_fn=None, training_step=None, optimi
         recipe = recipe_for(model, train_data, loss_fn=loss_fn, training_step=training_step, optimizer=optimizer,
                             val_data=val_data, collate_fn=collate_fn, scheduler=scheduler,
                             scheduler_interval=scheduler_interval, metrics=metrics, validation_step=validation_step)
-    config = TrainConfig.of(config) or TrainConfig()
-    config = config.replace(**options) if options else config
+    config = TrainConfig.of(config)
+    # One config made, not a default one and then its replacement (each is validated whole)
+    if config is None:
+        config = TrainConfig.with_options(**options)
+    elif options:
+        config = config.replace(**options)
     config = recipe.adopt_settings(config)
     # DataParallel: one process driving several GPUs. A launcher named on purpose runs even one rank its way
     # (one GPU of a Ray cluster); by default one rank trains here, in the kernel.

@@ -62,9 +62,15 @@ class Record:
                         f"dict of every field)")
 
 
+_ATOMS = frozenset((int, float, str, bool, type(None)))  # exactly these: most of a summary's values
+
+
 def _plain(value):
-    if dataclasses.is_dataclass(value):
-        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+    if type(value) in _ATOMS:
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # field by field: asdict's deep copy of every value would be read again here anyway
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):

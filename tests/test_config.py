@@ -167,3 +167,26 @@ def test_the_demos_help_says_each_flags_meaning_once():
         phrases = [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
         repeated = {" ".join(p) for p in phrases if phrases.count(p) > 1}
         assert not repeated, f"said twice in {paragraph.split()[0]}: {repeated}\n{paragraph}"
+
+
+_SOME_OPTIONS = [{}, {"batch_size": 8}, {"max_epochs": 2, "lr": 0.3, "precision": "bf16-mixed"},
+                 {"checkpoint_every": "10m"}, {"checkpoint_every": 500, "seed": None}, {"max_steps": -1},
+                 {"num_workers": 2, "log_every_n_steps": 3, "shuffle": False}]
+
+
+@pytest.mark.parametrize("given", _SOME_OPTIONS)
+def test_a_config_made_from_options_at_once_is_the_default_config_replaced(given):
+    import dataclasses
+    made, replaced = TrainConfig.with_options(**given), TrainConfig().replace(**given)
+    assert made == replaced and made.given == replaced.given == frozenset(given)
+    # to_dict's own reading of the values is asdict's: the same dict, the same kinds (an Interval stays one)
+    assert made.to_dict() == dataclasses.asdict(made)
+    assert [type(v) for v in made.to_dict().values()] == [type(v) for v in dataclasses.asdict(made).values()]
+
+
+def test_a_config_made_from_options_at_once_refuses_an_unknown_name_as_replace_does():
+    with pytest.raises(ConfigError) as at_once:
+        TrainConfig.with_options(batch_sise=8)
+    with pytest.raises(ConfigError) as replaced:
+        TrainConfig().replace(batch_sise=8)
+    assert str(at_once.value) == str(replaced.value) and "did you mean 'batch_size'" in str(at_once.value)

@@ -52,3 +52,22 @@ def test_a_memory_format_is_set_wherever_a_4d_tensor_is_and_skipped_only_where_n
     assert moves == [conv] and conv[0].weight.is_contiguous(memory_format=torch.channels_last)
     toggles.set_memory_format(conv, False)
     assert moves == [conv, conv] and conv[0].weight.is_contiguous()
+
+
+class _ShowsNoChildren(nn.Sequential):
+    """A module whose children() hides its layers: model.to walks what children() gives."""
+
+    def named_children(self):
+        return iter(())
+
+
+def test_a_module_walking_its_children_its_own_way_is_moved_and_a_cycle_ends():
+    cpu = torch.device("cpu")
+    assert not moves_nothing(_ShowsNoChildren(nn.Linear(2, 2)), device=cpu)
+    shared = nn.Linear(2, 2)
+    assert moves_nothing(nn.Sequential(shared, nn.Sequential(shared)), device=cpu)
+    looped = nn.Sequential(nn.Linear(2, 2))
+    looped[0].back = looped  # a module under itself: read once, not forever
+    assert moves_nothing(looped, device=cpu)
+    looped[0].register_buffer("elsewhere", torch.zeros(1, device="meta"))
+    assert not moves_nothing(looped, device=cpu)

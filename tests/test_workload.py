@@ -137,3 +137,49 @@ def test_a_stored_run_keeps_its_digest_and_one_from_before_digests_has_none(tmp_
     assert store.load("a").summary.workload == a.summary.workload
     old = a.summary.replace(workload=None)  # a store written before the digest: never "the same settings"
     assert not same_settings(a.__class__(a.config, a.log, old), a)
+
+
+class _Hides(nn.Module):
+    """A module whose class walks its own way: it shows only its first layer's parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.first.named_parameters(prefix="first")
+
+
+def _generated_models():
+    """Modules with what nn.Module's walks step around: a submodule held twice, a weight tied between two
+    layers, a parameter and a buffer set to None, a buffer shared by two modules, nesting, and a class
+    walking its own way."""
+    for seed in range(24):
+        g = torch.Generator().manual_seed(seed)
+        draw = lambda n: int(torch.randint(0, n, (), generator=g))  # noqa: E731
+        layers = [nn.Linear(3, 3, bias=bool(draw(2))) for _ in range(1 + draw(3))]
+        if draw(2):
+            layers.append(layers[0])  # the same submodule at a second place
+        if draw(2) and len(layers) > 1:
+            layers[-1].weight = layers[0].weight  # tied
+        model = nn.Sequential(*layers, nn.Sequential(nn.BatchNorm1d(3), nn.Sequential(nn.Linear(3, 3))))
+        if draw(2):
+            model.register_buffer("nothing", None)
+        if draw(2):
+            shared = torch.zeros(2)
+            model[0].register_buffer("shared", shared)
+            model[-1].register_buffer("shared_too", shared)
+        if draw(2):
+            model[0].register_parameter("absent", None)
+        yield model
+    yield _Hides()
+    yield nn.Sequential(_Hides(), nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("model", list(_generated_models()), ids=lambda m: type(m).__name__)
+def test_the_one_walk_of_a_model_reads_what_its_three_walks_read(model):
+    from nbtrain.engine.workload import _walked
+    modules, parameters, buffers = _walked(model)
+    assert [(n, id(m)) for n, m in modules] == [(n, id(m)) for n, m in model.named_modules()]
+    assert [(n, id(p)) for n, p in parameters] == [(n, id(p)) for n, p in model.named_parameters()]
+    assert [(n, id(b)) for n, b in buffers] == [(n, id(b)) for n, b in model.named_buffers()]

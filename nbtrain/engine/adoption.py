@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import copy
 import functools
-import inspect
 import types
 import warnings
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import torch
 
 from ..recipe import RecipeError
 from .observed import Value, differences
+from .support import constructor_parameters
 
 IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")  # how a step computes (optimizer_impl), not what
 DERIVED = ("base_lrs", "lr", "initial_lr", "min_lr")  # a schedule's rates derived from its settings and the optimizer's
@@ -118,7 +118,7 @@ def describe(optimizer) -> str:
     """'SGD, lr 0.1, momentum 0.9': the class, the rate and the first group's values other than the defaults."""
     group = optimizer.param_groups[0]
     try:
-        defaults = {k: p.default for k, p in inspect.signature(type(optimizer).__init__).parameters.items()}
+        defaults = {k: p.default for k, p in constructor_parameters(type(optimizer)).items()}
     except (TypeError, ValueError):
         defaults = {}
     own = {k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr", *IMPLEMENTATION)}
@@ -176,7 +176,7 @@ def _copy(optimizer):
 
 
 def _constructed_copy(optimizer):
-    accepted = inspect.signature(type(optimizer).__init__).parameters
+    accepted = constructor_parameters(type(optimizer))
     groups = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in g.items() if k != "initial_lr"}
               for g in optimizer.param_groups]  # (a tensor rate is filled in place by a schedule: not shared)
     return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted and k != "params"})

@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import inspect
 import random
 
 import numpy as np
 import torch
+
+from .support import constructor_parameters
 
 
 class StateMismatch(ValueError):
@@ -158,7 +159,7 @@ class Snapshot:
 def copy_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """A new optimizer of the same class over the same parameters, with copies of `optimizer`'s groups and
     state: stepping it leaves `optimizer` exactly as it was."""
-    accepted = inspect.signature(type(optimizer).__init__).parameters
+    accepted = constructor_parameters(type(optimizer))
     takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
     # Some defaults are derived, not constructor arguments (AdamW's decoupled_weight_decay).
     defaults = {k: v for k, v in optimizer.defaults.items() if takes_any or k in accepted}
