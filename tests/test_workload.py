@@ -178,8 +178,9 @@ def _generated_models():
 
 @pytest.mark.parametrize("model", list(_generated_models()), ids=lambda m: type(m).__name__)
 def test_the_one_walk_of_a_model_reads_what_its_three_walks_read(model):
-    from nbtrain.engine.workload import _walked
-    modules, parameters, buffers = _walked(model)
+    from nbtrain.engine import walks
+    modules, parameters, buffers = walks.walked(model)
+    assert [id(p) for p in walks.parameters(model)] == [id(p) for p in model.parameters()]
     assert [(n, id(m)) for n, m in modules] == [(n, id(m)) for n, m in model.named_modules()]
     assert [(n, id(p)) for n, p in parameters] == [(n, id(p)) for n, p in model.named_parameters()]
     assert [(n, id(b)) for n, b in buffers] == [(n, id(b)) for n, b in model.named_buffers()]

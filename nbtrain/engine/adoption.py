@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..recipe import RecipeError
+from . import walks
 from .observed import Value, differences
 from .support import constructor_parameters
 
@@ -53,7 +54,7 @@ def is_scheduler_object(made) -> bool:
 
 
 def optimizer_record(optimizer, model, position: dict | None = None, within: tuple = ()) -> dict:
-    position = position if position is not None else {id(p): i for i, p in enumerate(model.parameters())}
+    position = position if position is not None else {id(p): i for i, p in enumerate(walks.parameters(model))}
     within = (*within, id(optimizer))  # the optimizers around this one: a wrapper its inner one points back to
     groups = optimizer.param_groups
     record = {"class": Value(type(optimizer)), "groups": Value(len(groups))}

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+_ATOMS = frozenset((type(None), bool, int, float, str))  # exactly these: immutable, each its own key
 _SMALL_TENSOR = 4096   # elements: a bigger tensor or array in a closure or a global is not copied but checksummed
 _CHECKSUMMED = 1 << 24  # elements: past this, its checksum (~5 GB/s) costs too much for each call: unknown
 _DEPTH = 5             # functions and objects reached through functions and objects
@@ -87,10 +88,23 @@ class Value:
     """One observed value: compared by what it is (a copy taken when observed), shown as it reads."""
 
     def __init__(self, value, name: str = "value"):
+        if type(value) in _ATOMS:  # its own key; its text, made from it alone, written when first read
+            self.key, self.unknown, self._text, self._atom = value, None, None, value
+            return
         unknown = _Read()
         self.key = _key(value, name, unknown, 0)
         self.unknown = unknown[0] if unknown else None
-        self.text = _text(value)
+        self._text = _text(value)  # now: what an object shows may change after it is observed
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = _text(self._atom)
+        return self._text
+
+    @text.setter
+    def text(self, text: str) -> None:
+        self._text = text
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Value) and self.key == other.key

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..options import ConfigError, Problem
+from . import walks
 from .support import constructor_parameters
 
 # --- channels_last -----------------------------------------------------------------------
@@ -56,7 +57,7 @@ def moves_nothing(model: nn.Module, device: torch.device | None = None, memory_f
     only tensors a memory format converts. A module that moves itself its own way (an overridden _apply) is
     not read: it is moved. Reading is ~5x cheaper than the walk model.to makes to change nothing."""
     tensors = []
-    for module in _every_module(model):
+    for module in walks.every_module(model):
         kind = type(module)
         # model.to walks what each module's _apply walks: its _modules, through children()
         if kind._apply is not _MODULE_APPLY or kind.children is not _CHILDREN or \
@@ -73,20 +74,6 @@ def moves_nothing(model: nn.Module, device: torch.device | None = None, memory_f
 
 _GRAD = operator.attrgetter("grad")
 _CHILDREN, _NAMED_CHILDREN = nn.Module.children, nn.Module.named_children
-
-
-def _every_module(model: nn.Module) -> list[nn.Module]:
-    """The model and every module under it through their _modules, each once (model.modules() without its
-    nested generators: ~3x the cost, at every engine built)."""
-    found, seen, stack = [], set(), [model]
-    while stack:
-        module = stack.pop()
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        found.append(module)
-        stack += [child for child in module._modules.values() if child is not None]
-    return found
 
 
 # --- optimizer kernels -------------------------------------------------------------------
@@ -143,7 +130,7 @@ def checkpoint_targets(model: nn.Module, names: str) -> list[str]:
 
 def set_activation_checkpointing(model: nn.Module, names: str | None) -> list[str]:
     """Recompute the named submodules' activations in backward (None undoes it); returns them."""
-    for module in _every_module(model):
+    for module in walks.every_module(model):
         # the mark is set below as an instance attribute; read there, a module without it costs no
         # AttributeError raised and caught inside nn.Module.__getattr__ (~2 us a module, at every engine built)
         if vars(module).get("_nbtrain_checkpointed", False):

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from . import walks
 from ..slots import Slot
 from ..version import __version__ as nbtrain_version  # the engine's own code: its version's
 
@@ -453,7 +454,7 @@ class _Reader:
             return
         add = self.parts.append
         add(repr(model))
-        modules, parameters, buffers = _walked(model)
+        modules, parameters, buffers = walks.walked(model)
         add(tuple((name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in parameters))
         add(tuple((name, tuple(b.shape), str(b.dtype)) for name, b in buffers))
         # Hooks where there are any, each named by its place (most modules and tensors have none: a GPT-2's
@@ -502,32 +503,6 @@ class _Reader:
                 raise Unreadable(type(data).__name__)
             self.add(len(data) if hasattr(data, "__len__") else None)
         self.value(data)
-
-
-_WALKS = ("named_modules", "named_parameters", "named_buffers", "_named_members")
-
-
-def _walked(model: nn.Module) -> tuple[list, list, list]:
-    """model.named_modules(), named_parameters() and named_buffers(), as lists, from one walk of the modules
-    where the model's class walks as nn.Module does (each of the three walks them again: ~0.1 ms a call on a
-    GPT-2); a class walking its own way is asked each of the three."""
-    modules = list(model.named_modules())
-    kind = type(model)
-    if any(getattr(kind, name) is not getattr(nn.Module, name) for name in _WALKS):
-        return modules, list(model.named_parameters()), list(model.named_buffers())
-    return modules, _members(modules, "_parameters"), _members(modules, "_buffers")
-
-
-def _members(modules: list, kind: str) -> list:
-    """nn.Module._named_members over `modules`: each tensor once, at its first place, None left out."""
-    seen, out = set(), []
-    for prefix, module in modules:
-        for name, tensor in getattr(module, kind).items():
-            if tensor is None or id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            out.append((f"{prefix}.{name}" if prefix else name, tensor))
-    return out
 
 
 @functools.lru_cache(maxsize=256)
