@@ -391,12 +391,16 @@ class _Reader:
                 self.add(said)
                 return
             raise Unreadable(_qualname(kind))
-        public = [(n, v) for n, v in attributes if not (library and n.startswith("_"))]
+        public = [pair for pair in attributes if not pair[0].startswith("_")] if library else attributes
         if library and not public:
             self.add(_repr_of(obj))  # a Path's private parts: its repr says them
-        for name, item in public:
-            self.add(name)
-            self.value(item)
+        add = self.parts.append
+        for name, item in public:  # a config's hundred settings: an atom added without value()'s call
+            add(name)
+            if type(item) in _ATOM_TYPES:
+                add(item)
+            else:
+                self.value(item)
 
     def klass(self, kind: type) -> None:
         """A class: a library's by name; a user's by its methods' code and its class attributes, for every
