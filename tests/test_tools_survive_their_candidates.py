@@ -76,7 +76,10 @@ def test_a_candidate_the_walk_chose_that_raises_is_a_row_and_the_walk_goes_on():
     assert not batch.kept and all("failed: ValueError: this model takes batches of at most 8" in t.note
                                   for t in batch.tried), table  # 32 was not tried once 16 failed
     assert "batch_size=16: failed: ValueError: this model takes batches of at most 8, got 16" in table
-    assert [item.name for item in walk.items] == ["batch_size", "precision"], table  # the walk went on
+    # the walk went on to the next item: one row each, in the order walked (an item raced again, as a clean
+    # clone's CI saw once when precision's first race ended with too few pairs, is one row, its earlier race in it)
+    assert [item.name for item in walk.rows()] == ["batch_size", "precision"], table
+    assert [item.name for item in walk.items][:2] == ["batch_size", "precision"], table
     assert walk.best_config.batch_size == 8
 
 
