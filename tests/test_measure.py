@@ -146,6 +146,34 @@ def test_quantiles_match_numpys_linear_percentiles():
         assert np.allclose(ours, np.percentile(values, [2.5, 25, 50, 75, 97.5]), rtol=0, atol=1e-12)
 
 
+def test_the_bootstrap_is_the_moving_block_resampling_written_out_and_its_shared_draws_stay_as_drawn():
+    # The draws are made once per (seed, length) and shared by every summary of that length: the rates are still
+    # each resample's blocks summed step by step, and one summary cannot change the next one's draws.
+    from nbtrain.measure.steady import _RESAMPLES, resampled_rates
+    rng = np.random.default_rng(3)
+    for n in (6, 7, 30, 31, 97):
+        for seed in (0, 1):
+            d, s = 1e-3 * rng.lognormal(size=n), rng.integers(1, 9, size=n).astype(float)
+            length = max(2, round(math.sqrt(n)))
+            picks = np.random.default_rng(seed).integers(0, n - length + 1, size=(_RESAMPLES, math.ceil(n / length)))
+            written_out = [sum(s[i:i + length].sum() for i in row) / sum(d[i:i + length].sum() for i in row)
+                           for row in picks]
+            first = resampled_rates(d, s, seed)
+            assert np.allclose(first, written_out, rtol=1e-12, atol=0)
+            first[:] = 0.0  # a caller's own array: the shared draws behind it are not touched
+            assert np.allclose(resampled_rates(d, s, seed), written_out, rtol=1e-12, atol=0)
+            assert repr(steady_rate(d, s, seed=seed)) == repr(steady_rate(list(d), list(s), seed=seed))  # NaN-safe
+    assert resampled_rates(np.ones(5), np.ones(5), 0) is None
+
+
+def test_the_peak_memory_of_a_cpu_run_is_the_kernels_vmhwm_line():
+    from nbtrain.engine.memory import _read_hwm
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    before = int(line.split()[1]) * 1024
+    assert before <= _read_hwm() <= before + 64 * 2**20  # it only grows, and this test allocates little
+
+
 def test_the_interval_holds_the_rate_when_a_slow_step_ends_the_series():
     # The last step is drawn by one moving block only: the resampled rates sit above the rate itself.
     for slow in (0.02, 0.05, 0.2):

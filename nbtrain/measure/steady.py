@@ -10,6 +10,7 @@ machine says so.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -102,7 +103,9 @@ def steady_rate(durations, samples, *, seed: int = 0) -> SteadyRate:
     d = np.asarray(list(durations), dtype=float)
     if len(d) == 0 or not np.all(np.isfinite(d)):
         return NOTHING
-    warm, steady_d, steady_s = steady_steps(d, samples)
+    warm = warmup_length(d)  # steady_steps' split, from the array in hand (all finite: checked above)
+    s = np.asarray(list(samples), dtype=float)
+    steady_d, steady_s = d[warm:], s[warm:]
     total = float(d.sum())
     if steady_d.sum() <= 0:
         return SteadyRate(float("nan"), float("nan"), float("nan"), float("nan"), warm, float(d[:warm].sum()),
@@ -117,29 +120,49 @@ def steady_rate(durations, samples, *, seed: int = 0) -> SteadyRate:
 
 def resampled_rates(d: np.ndarray, s: np.ndarray, seed: int, resamples: int = _RESAMPLES) -> np.ndarray | None:
     """sum(s)/sum(d) of `resamples` moving-block bootstrap draws of the steps (None: under 6 steps, too few)."""
-    n = len(d)
-    if n < 6:
+    if len(d) < 6:
         return None
-    length = max(2, int(round(math.sqrt(n))))
-    starts = np.arange(0, n - length + 1)
-    cd, cs = np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.cumsum(s)])
-    block_d, block_s = cd[starts + length] - cd[starts], cs[starts + length] - cs[starts]
-    picks = np.random.default_rng(seed).integers(0, len(starts), size=(resamples, math.ceil(n / length)))
-    return block_s[picks].sum(1) / block_d[picks].sum(1)
+    return _Blocks(d, s).resampled(seed, resamples)
+
+
+class _Blocks:
+    """A steady series' running sums, read by the bootstrap and by the spread alike (made once a summary)."""
+
+    def __init__(self, d: np.ndarray, s: np.ndarray):
+        self.n = n = len(d)
+        self.length = max(2, int(round(math.sqrt(n))))
+        self.cd, self.cs = np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.cumsum(s)])
+
+    def resampled(self, seed: int, resamples: int) -> np.ndarray:
+        length, cd, cs = self.length, self.cd, self.cs
+        starts = np.arange(0, self.n - length + 1)
+        block_d, block_s = cd[starts + length] - cd[starts], cs[starts + length] - cs[starts]
+        picks = _picks(seed, len(starts), math.ceil(self.n / length), resamples)
+        return block_s[picks].sum(1) / block_d[picks].sum(1)
+
+    def disjoint_rates(self) -> np.ndarray:
+        """Rates of non-overlapping blocks (the spread's)."""
+        length, cd, cs = self.length, self.cd, self.cs
+        disjoint = np.arange(0, self.n - length + 1, length)
+        return (cs[disjoint + length] - cs[disjoint]) / (cd[disjoint + length] - cd[disjoint])
+
+
+@functools.lru_cache(maxsize=8)  # the few lengths a session's runs have (a long run's draws: ~0.3 MB)
+def _picks(seed: int, starts: int, blocks: int, resamples: int) -> np.ndarray:
+    """The bootstrap's block draws: the same for every series of one length and seed (a run's summary, a
+    comparison's blocks), so drawn once; read-only, as every caller shares it."""
+    picks = np.random.default_rng(seed).integers(0, starts, size=(resamples, blocks))
+    picks.flags.writeable = False
+    return picks
 
 
 def _interval(d: np.ndarray, s: np.ndarray, seed: int) -> tuple[float, float, float]:
     """Moving-block bootstrap 95% interval of sum(s)/sum(d), and the IQR/median of block rates."""
-    rates = resampled_rates(d, s, seed)
-    if rates is None:
+    if len(d) < 6:
         return float("nan"), float("nan"), float("nan")
-    n = len(d)
-    length = max(2, int(round(math.sqrt(n))))
-    cd, cs = np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.cumsum(s)])
-    low, high = _quantiles(rates, (0.025, 0.975))
-    disjoint = np.arange(0, n - length + 1, length)  # non-overlapping blocks for the spread
-    block_rates = (cs[disjoint + length] - cs[disjoint]) / (cd[disjoint + length] - cd[disjoint])
-    q1, median, q3 = _quantiles(block_rates, (0.25, 0.5, 0.75))
+    blocks = _Blocks(d, s)
+    low, high = _quantiles(blocks.resampled(seed, _RESAMPLES), (0.025, 0.975))
+    q1, median, q3 = _quantiles(blocks.disjoint_rates(), (0.25, 0.5, 0.75))
     return low, high, (q3 - q1) / median if median > 0 else float("nan")
 
 
