@@ -17,7 +17,7 @@ from typing import Any
 
 from . import hardware
 from .monitored import AUTO_NOTE
-from .options import ConfigError, Option, Problem, Reject, flag_name, setting
+from .options import ATOMS, ConfigError, Option, Problem, Reject, flag_name, setting
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 _PRECISION_ALIASES = {
@@ -250,7 +250,7 @@ class TrainConfig:
         values = {name: getattr(self, name) for name in _OPTION_NAMES}
         # Every option reads as a number, a string, a bool or None: the values are asdict's, without its deep
         # copy of each (~0.1 ms of every run's start); anything else takes asdict's own path
-        if all(type(value) in _ATOMS for value in values.values()):
+        if all(type(value) in ATOMS for value in values.values()):
             return values
         return dataclasses.asdict(self)
 
@@ -323,7 +323,6 @@ TrainConfig.__init__ = _recording_given(TrainConfig.__init__)
 
 
 _OPTION_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))  # declared once, read at every config made
-_ATOMS = frozenset((int, float, str, bool, type(None)))
 _KNOWN = frozenset(_OPTION_NAMES)
 
 

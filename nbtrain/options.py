@@ -69,6 +69,10 @@ def option_name(flag: str) -> str:
 
 # --- how to read one value ----------------------------------------------------------
 
+# Exactly these types (a subclass may be anything): immutable, their own JSON form and their own key; most of a
+# config's values and of a run's summary (config.py, records.py, engine/observed.py read them from here).
+ATOMS = frozenset((int, float, str, bool, type(None)))
+
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 _NONE = {"none", "null", "auto", ""}

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
 from .measure.load import Load
 from .measure.steady import SteadyRate
+from .options import ATOMS
 
 
 class Record:
@@ -62,11 +63,8 @@ class Record:
                         f"dict of every field)")
 
 
-_ATOMS = frozenset((int, float, str, bool, type(None)))  # exactly these: most of a summary's values
-
-
 def _plain(value):
-    if type(value) in _ATOMS:
+    if type(value) in ATOMS:
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # field by field: asdict's deep copy of every value would be read again here anyway

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-_ATOMS = frozenset((type(None), bool, int, float, str))  # exactly these: immutable, each its own key
+from ..options import ATOMS
+
 _SMALL_TENSOR = 4096   # elements: a bigger tensor or array in a closure or a global is not copied but checksummed
 _CHECKSUMMED = 1 << 24  # elements: past this, its checksum (~5 GB/s) costs too much for each call: unknown
 _DEPTH = 5             # functions and objects reached through functions and objects
@@ -88,7 +89,7 @@ class Value:
     """One observed value: compared by what it is (a copy taken when observed), shown as it reads."""
 
     def __init__(self, value, name: str = "value"):
-        if type(value) in _ATOMS:  # its own key; its text, made from it alone, written when first read
+        if type(value) in ATOMS:  # its own key; its text, made from it alone, written when first read
             self.key, self.unknown, self._text, self._atom = value, None, None, value
             return
         unknown = _Read()
