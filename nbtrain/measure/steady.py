@@ -20,6 +20,7 @@ from ..format import duration, number, plural
 
 WIDE_SPREAD = 0.10  # IQR / median of block rates above this: too noisy to trust (torch.utils.benchmark's rule)
 _RESAMPLES = 400
+_FEWEST = 6  # steps a bootstrap needs: fewer give no interval
 
 
 @dataclass(frozen=True)
@@ -90,22 +91,26 @@ def warmup_length(durations) -> int:
     return n // 2
 
 
+def _floats(values) -> np.ndarray:
+    """`values` as an array of floats; an array of floats already is taken as it is (not listed and made again)."""
+    if isinstance(values, np.ndarray) and values.dtype == float:
+        return values
+    return np.asarray(list(values), dtype=float)
+
+
 def steady_steps(durations, samples) -> tuple[int, np.ndarray, np.ndarray]:
     """(warm-up length, durations, samples) of the steps after the warm-up."""
-    d = np.asarray(list(durations), dtype=float)
-    s = np.asarray(list(samples), dtype=float)
+    d, s = _floats(durations), _floats(samples)
     warm = warmup_length(d) if len(d) and np.all(np.isfinite(d)) else 0
     return warm, d[warm:], s[warm:]
 
 
 def steady_rate(durations, samples, *, seed: int = 0) -> SteadyRate:
     """The steady rate of steps taking `durations` seconds and holding `samples` samples each."""
-    d = np.asarray(list(durations), dtype=float)
+    d = _floats(durations)
     if len(d) == 0 or not np.all(np.isfinite(d)):
         return NOTHING
-    warm = warmup_length(d)  # steady_steps' split, from the array in hand (all finite: checked above)
-    s = np.asarray(list(samples), dtype=float)
-    steady_d, steady_s = d[warm:], s[warm:]
+    warm, steady_d, steady_s = steady_steps(d, samples)
     total = float(d.sum())
     if steady_d.sum() <= 0:
         return SteadyRate(float("nan"), float("nan"), float("nan"), float("nan"), warm, float(d[:warm].sum()),
@@ -119,8 +124,8 @@ def steady_rate(durations, samples, *, seed: int = 0) -> SteadyRate:
 
 
 def resampled_rates(d: np.ndarray, s: np.ndarray, seed: int, resamples: int = _RESAMPLES) -> np.ndarray | None:
-    """sum(s)/sum(d) of `resamples` moving-block bootstrap draws of the steps (None: under 6 steps, too few)."""
-    if len(d) < 6:
+    """sum(s)/sum(d) of `resamples` moving-block bootstrap draws of the steps (None: under _FEWEST steps)."""
+    if len(d) < _FEWEST:
         return None
     return _Blocks(d, s).resampled(seed, resamples)
 
@@ -158,7 +163,7 @@ def _picks(seed: int, starts: int, blocks: int, resamples: int) -> np.ndarray:
 
 def _interval(d: np.ndarray, s: np.ndarray, seed: int) -> tuple[float, float, float]:
     """Moving-block bootstrap 95% interval of sum(s)/sum(d), and the IQR/median of block rates."""
-    if len(d) < 6:
+    if len(d) < _FEWEST:
         return float("nan"), float("nan"), float("nan")
     blocks = _Blocks(d, s)
     low, high = _quantiles(blocks.resampled(seed, _RESAMPLES), (0.025, 0.975))
@@ -187,7 +192,7 @@ def of_columns(columns: dict, samples_start: int = 0) -> SteadyRate:
 
 def block_rates(durations, samples) -> list[float]:
     """Rates of disjoint blocks of the steady steps (what an unpaired comparison resamples)."""
-    d, s = np.asarray(list(durations), dtype=float), np.asarray(list(samples), dtype=float)
+    d, s = _floats(durations), _floats(samples)
     warm = warmup_length(d)
     d, s = d[warm:], s[warm:]
     length = max(2, int(round(math.sqrt(len(d))))) if len(d) >= 6 else max(len(d), 1)
