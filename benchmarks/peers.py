@@ -25,13 +25,19 @@ Per call: a short call (10 steps of the parity RNN) on each side, paired; nbtrai
 Targets (issue 51): per step <= 1.02 with the interval's upper end <= 1.04 on a quiet machine; per call
 <= 5 ms on the parity RNN.
 
-    python -m benchmarks.peers [--pairs 8] [--only gpt lstm ...]
+Where the extra time goes, without a clock: `--where N` prints, per peer, the N functions whose Python opcode
+counts differ most between one nbtrain call and one plain-loop call (the hf-gpt2 total is also a target).
+
+    python -m benchmarks.peers [--pairs 8] [--only gpt lstm ...] [--where 20]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import math
+import pathlib
 import statistics
+import sysconfig
 import time
 
 import torch
@@ -349,21 +355,22 @@ def per_call(pairs: int) -> dict[str, tuple[float, float, float]]:
     return {kind: median_interval(values) for kind, values in extra.items()}
 
 
-def extra_opcodes(peer) -> int:
-    """The Python opcodes nbtrain's call runs beyond the plain loop's, the same call otherwise (sys.settrace
-    counting every opcode of both, after a call of each; deterministic: no clock is read)."""
+def opcodes_by_function(peer) -> collections.Counter:
+    """The Python opcodes nbtrain's call runs beyond the plain loop's, the same call otherwise, by the function
+    that ran them ('nbtrain/engine/loop.py:_train_some', 'torch/nn/modules/module.py:named_modules'): sys.settrace
+    counting every opcode of both, after a call of each; deterministic, no clock is read. A library function both
+    sides call shows the difference of its counts (the plain loop's own function: negative)."""
     import sys
     model, plain, ours = peer()
     plain(model()), ours(model())
-    counts = {}
 
-    def counted(run) -> int:
-        count = [0]
+    def counted(run) -> collections.Counter:
+        counts = collections.Counter()  # by code object: a name is made once per function, not per opcode
 
         def tracer(frame, event, arg):
             frame.f_trace_opcodes = True
             if event == "opcode":
-                count[0] += 1
+                counts[frame.f_code] += 1
             return tracer
         m = model()
         previous = sys.gettrace()
@@ -372,10 +379,40 @@ def extra_opcodes(peer) -> int:
             run(m)
         finally:
             sys.settrace(previous)
-        return count[0]
-    for name, run in (("plain", plain), ("nbtrain", ours)):
-        counts[name] = counted(run)
-    return counts["nbtrain"] - counts["plain"]
+        return counts
+    extra = collections.Counter()
+    for sign, run in ((-1, plain), (1, ours)):
+        for code, n in counted(run).items():
+            extra[_where(code)] += sign * n
+    return extra
+
+
+def _where(code) -> str:
+    """A function's file, from its package (site-packages, the standard library's folder and this checkout left
+    out), and its name: 'torch/nn/modules/module.py:named_modules', 'dataclasses.py:replace'."""
+    path = pathlib.PurePath(code.co_filename)
+    for root in (*_LIBRARY_ROOTS, _CHECKOUT):
+        if path.is_relative_to(root):
+            path = path.relative_to(root)
+            break
+    return f"{path.as_posix()}:{code.co_name}"
+
+
+_LIBRARY_ROOTS = tuple(pathlib.PurePath(p) for p in dict.fromkeys(
+    sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")))
+_CHECKOUT = pathlib.PurePath(__file__).parent.parent
+
+
+def extra_opcodes(peer) -> int:
+    """The Python opcodes nbtrain's call runs beyond the plain loop's (opcodes_by_function, summed)."""
+    return sum(opcodes_by_function(peer).values())
+
+
+def where_table(extra: collections.Counter, rows: int) -> str:
+    """The `rows` functions whose counts differ most, largest first, with the total."""
+    lines = [f"{'extra opcodes':>13}  function"]
+    lines += [f"{n:>13,}  {name}" for name, n in sorted(extra.items(), key=lambda kv: -abs(kv[1]))[:rows]]
+    return "\n".join(lines + [f"{sum(extra.values()):>13,}  all of them"])
 
 
 def fmt(m: tuple[float, float, float]) -> str:
@@ -387,7 +424,12 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--only", nargs="*", choices=tuple(PEERS))
+    parser.add_argument("--where", type=int, default=0, metavar="N",
+                        help="also print the N functions whose opcode counts differ most in one call of each peer "
+                             "run (nbtrain's call less the plain loop's): where nbtrain's extra work is, no clock read")
     args = parser.parse_args(argv)
+    if args.where < 0:
+        parser.error(f"--where {args.where}: allowed: a whole number >= 0 (0: no table)")
     torch.set_num_threads(1)
     print(f"peers benchmark on {machine()}; {args.pairs} interleaved pairs a peer, one call of one epoch a side")
     out = {}
@@ -404,6 +446,9 @@ def main(argv=None) -> dict:
         out[f"{name}: per step, nbtrain / own loop, wall (95% interval)"] = (fmt(result["wall"]), STEP_TARGET)
         out[f"{name}: per step, CPU (95% interval)"] = (fmt(result["cpu"]), STEP_TARGET)
         out[f"{name}: weights bit-identical"] = ("yes" if result["same"] else "NO", "yes")
+        if args.where:
+            print(f"{name}: where nbtrain's call runs Python opcodes the plain loop's does not\n"
+                  + where_table(opcodes_by_function(PEERS[name]), args.where))
     if not args.only or "hf-gpt2" in args.only:
         try:
             opcodes = extra_opcodes(hf_peer)
